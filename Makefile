@@ -1,0 +1,53 @@
+# pgstage — `make demo` and `make test` work on a fresh machine (Python 3.11+ only).
+# DATABASE_URL unset: an embedded PostgreSQL is started under .data/ (pgserver).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+PYTEST_WORKERS ?= 2
+
+.PHONY: install test test-fast e2e lint format demo worker run migrate stop-db bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## The whole suite, slow fault-injection tests included (they run real workers).
+test: install
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
+
+## Everything but the slow fault-injection tests.
+test-fast: install
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow"
+
+lint: install
+	$(BIN)/ruff check .
+
+format: install
+	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
+
+migrate: install
+	$(BIN)/python manage.py migrate --noinput
+
+demo: migrate
+	$(BIN)/python manage.py demo
+
+worker: migrate
+	$(BIN)/python manage.py procrastinate worker
+
+run: migrate
+	$(BIN)/python manage.py run_all
+
+bench: migrate
+	$(BIN)/python -m bench
+
+stop-db:
+	$(BIN)/python -c "import pgserver; pgserver.get_server('.data/pg', cleanup_mode='stop').cleanup()" || true
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache test-output

@@ -1,0 +1,137 @@
+"""pgstage settings: every value comes from the environment (django-environ)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env(
+    DEBUG=(bool, False),
+    SECRET_KEY=(str, "pgstage-insecure-development-key-change-me-in-production"),
+    ALLOWED_HOSTS=(list, ["localhost", "127.0.0.1", "testserver"]),
+    SWEEP_GRACE_SECONDS=(int, 120),
+    DOC_HTML_TRIM_HOURS=(int, 24),
+    RELEASE_RETRY_WINDOW_SECONDS=(int, 1800),
+    STALLED_WORKER_SECONDS=(int, 30),
+    WORKER_GRACEFUL_TIMEOUT_SECONDS=(float, 60.0),
+    PGSTAGE_DATA_DIR=(str, str(BASE_DIR / ".data")),
+    STORAGE_ROOT=(str, ""),
+    METRICS_TOKEN=(str, ""),
+    CORE_AVAILABLE=(bool, True),
+    CORE_DAILY_BUDGET=(int, 1000),
+)
+env_file = BASE_DIR / ".env"
+if env_file.exists():
+    environ.Env.read_env(str(env_file))
+
+DEBUG = env("DEBUG")
+SECRET_KEY = env("SECRET_KEY")
+ALLOWED_HOSTS = env("ALLOWED_HOSTS")
+DATA_DIR = Path(env("PGSTAGE_DATA_DIR"))
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "procrastinate.contrib.django",
+    "accounts",
+    "queueing",
+    "pipeline",
+    "runs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database_url() -> str:
+    url = os.environ.get("DATABASE_URL", "").strip()
+    if url:
+        return url
+    from config.embedded import embedded_database_url
+
+    url = embedded_database_url(DATA_DIR / "pg")
+    # Child processes (workers started by tests or the demo) reuse the same server.
+    os.environ["DATABASE_URL"] = url
+    return url
+
+
+DATABASES = {"default": env.db_url_config(_database_url())}
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
+DATABASES["default"].setdefault("OPTIONS", {})
+DATABASES["default"]["TEST"] = {"NAME": env.str("TEST_DATABASE_NAME", default="") or None}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_USER_MODEL = "accounts.User"
+LOGIN_URL = "/admin/login/"
+LOGIN_REDIRECT_URL = "/dashboard/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+
+# Domain settings (DESIGN §6).
+SWEEP_GRACE_SECONDS = env("SWEEP_GRACE_SECONDS")
+DOC_HTML_TRIM_HOURS = env("DOC_HTML_TRIM_HOURS")
+RELEASE_RETRY_WINDOW_SECONDS = env("RELEASE_RETRY_WINDOW_SECONDS")
+STORAGE_ROOT = Path(env("STORAGE_ROOT") or DATA_DIR / "storage")
+METRICS_TOKEN = env("METRICS_TOKEN")
+CORE_AVAILABLE = env("CORE_AVAILABLE")
+CORE_DAILY_BUDGET = env("CORE_DAILY_BUDGET")
+
+# queueing: stalled-work recovery treats a worker as dead after this many seconds
+# without a heartbeat (procrastinate's workers beat every 10 s).
+QUEUEING_STALLED_WORKER_SECONDS = env("STALLED_WORKER_SECONDS")
+
+PROCRASTINATE_WORKER_DEFAULTS = {
+    "shutdown_graceful_timeout": env("WORKER_GRACEFUL_TIMEOUT_SECONDS"),
+    "stalled_worker_timeout": env("STALLED_WORKER_SECONDS"),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
+    "loggers": {
+        "procrastinate": {"level": env.str("PROCRASTINATE_LOG_LEVEL", default="WARNING")},
+        "queueing": {"level": env.str("LOG_LEVEL", default="INFO")},
+    },
+}

@@ -1,0 +1,13 @@
+"""URL map: admin, the JSON API (with OpenAPI docs at /api/docs), dashboard, metrics."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import path
+
+from config.api import api
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/", api.urls),
+]

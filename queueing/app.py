@@ -1,0 +1,53 @@
+"""The task decorator every pgstage task uses.
+
+It registers the function on procrastinate's Django app with the framework's jittered,
+capped retry strategy by default, and keeps Django's per-thread connection healthy around
+each sync job (procrastinate runs sync tasks in a thread pool, where Django's
+request-cycle cleanup never runs).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from django.db import close_old_connections
+from procrastinate.contrib.django import app as procrastinate_app
+
+from queueing.backoff import DEFAULT_RETRY
+
+
+def _with_connection_hygiene(func: Callable[..., Any]) -> Callable[..., Any]:
+    if inspect.iscoroutinefunction(func):
+        return func
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        close_old_connections()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return wrapper
+
+
+def task(*, name: str, queue: str = "default", retry: Any = DEFAULT_RETRY, **options: Any):
+    """``@task(name="pipeline.extract")``: a procrastinate task with pgstage's defaults.
+
+    Names are explicit so a job in the table survives a module move.
+    """
+
+    def decorator(func: Callable[..., Any]):
+        return procrastinate_app.task(
+            name=name, queue=queue, retry=retry, **options
+        )(_with_connection_hygiene(func))
+
+    return decorator
+
+
+def periodic(*, cron: str, periodic_id: str = ""):
+    """procrastinate's periodic decorator (cron takes an optional sixth field: seconds)."""
+    return procrastinate_app.periodic(cron=cron, periodic_id=periodic_id)

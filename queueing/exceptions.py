@@ -1,0 +1,64 @@
+"""Exceptions of the queueing framework; ``QueueingError`` is the root."""
+
+from __future__ import annotations
+
+import datetime
+
+
+class QueueingError(Exception):
+    """The queueing framework refused an operation."""
+
+    def __init__(self, message: str | None = None):
+        super().__init__(message or self.__doc__)
+
+
+class InvalidKey(QueueingError, ValueError):
+    """A singleton key part is empty, too long or holds a forbidden character."""
+
+
+class LockOutsideTransaction(QueueingError):
+    """A transaction-level advisory lock was requested outside ``transaction.atomic()``:
+    in autocommit it would be released at once and protect nothing."""
+
+
+class UnknownNamespace(QueueingError):
+    """This advisory-lock namespace was never declared with ``locks.namespace()``."""
+
+
+class DuplicateNamespace(QueueingError):
+    """This advisory-lock namespace is declared twice: two features would share keys."""
+
+
+class LeaseLost(QueueingError):
+    """The ledger row's fencing token moved on: another worker re-claimed the stage after
+    this worker's lease expired, so this worker's result is discarded."""
+
+
+class RowVanished(QueueingError):
+    """An INSERT … ON CONFLICT DO NOTHING hit a conflict, yet the conflicting row could not
+    be found afterwards (it was deleted in between)."""
+
+
+class UnknownSweep(QueueingError):
+    """No sweep is declared under this name."""
+
+
+class RetryLater(QueueingError):
+    """Raised by a task to be retried with the framework's capped, jittered backoff.
+
+    ``deadline`` bounds the retries in wall-clock time (the task gives up once no retry
+    fits before it); without one the task's ``max_attempts`` bounds them.
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        deadline: datetime.datetime | None = None,
+    ):
+        super().__init__(message)
+        self.deadline = deadline
+
+
+class DoNotRetry(QueueingError):
+    """Raised by a task whose failure is final: the job fails at once, without retries."""

@@ -1,0 +1,141 @@
+"""The stage ledger: each stage of a unit of work succeeds at most once.
+
+A concrete ledger is a model that subclasses :class:`LedgerEntry` and adds its key
+columns with a unique constraint over them (e.g. ``(tenant_id, anfrage_id, stage)``);
+:class:`Ledger` runs the claim protocol on it:
+
+* ``claim`` is one ``INSERT … ON CONFLICT … DO UPDATE … WHERE`` (no SELECT-then-INSERT):
+  *claimed* (with a fencing token, the attempt number), *done* (already ``success``: skip)
+  or *busy* (another worker holds a live lease: retry later, never skip).
+* ``complete`` and ``fail`` are compare-and-set on the token, so a worker whose lease
+  expired cannot overwrite its successor's row.
+
+``claim`` must commit before the work starts (call it outside ``atomic()``), so that its
+lease is visible to other workers.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from django.db import connections, models
+
+from queueing import sql
+from queueing.exceptions import LeaseLost
+
+
+class LedgerStatus(models.TextChoices):
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILED = "failed"
+
+
+class LedgerEntry(models.Model):
+    """Abstract: the columns the claim protocol relies on."""
+
+    status = models.CharField(max_length=16, choices=LedgerStatus.choices)
+    attempts = models.PositiveIntegerField(default=0)
+    input_hash = models.CharField(max_length=64, blank=True, default="")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        abstract = True
+
+
+class Outcome(enum.StrEnum):
+    CLAIMED = "claimed"
+    DONE = "done"
+    BUSY = "busy"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    outcome: Outcome
+    entry_id: int | None
+    token: int | None
+
+    @property
+    def claimed(self) -> bool:
+        return self.outcome is Outcome.CLAIMED
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """The claim protocol over ``model``, keyed by ``key_fields`` (its unique columns)."""
+
+    model: type[LedgerEntry]
+    key_fields: tuple[str, ...]
+    lease_seconds: float = 300.0
+    using: str = "default"
+
+    @cached_property
+    def _columns(self) -> tuple[str, ...]:
+        return tuple(self.model._meta.get_field(f).column for f in self.key_fields)
+
+    @cached_property
+    def _statements(self) -> dict[str, str]:
+        names = tuple(f"key_{i}" for i in range(len(self._columns)))
+        table = self.model._meta.db_table
+        return {
+            "claim": sql.render(
+                sql.queries["ledger_claim"],
+                table=table,
+                keys=self._columns,
+                values=sql.placeholders(names),
+            ),
+            "complete": sql.render(sql.queries["ledger_complete"], table=table),
+            "fail": sql.render(sql.queries["ledger_fail"], table=table),
+        }
+
+    def claim(self, *, input_hash: str = "", lease_seconds: float | None = None,
+              **key: Any) -> Claim:
+        """Claim the stage named by ``key`` in one statement. Race-free: of any number of
+        concurrent claimers exactly one gets *claimed*; the others see *busy* or *done*."""
+        missing = set(self.key_fields) ^ set(key)
+        if missing:
+            raise TypeError(f"claim() needs exactly the key fields {self.key_fields}")
+        params: dict[str, Any] = {
+            f"key_{i}": key[f] for i, f in enumerate(self.key_fields)
+        }
+        params["input_hash"] = input_hash
+        params["lease_seconds"] = self.lease_seconds if lease_seconds is None else lease_seconds
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(self._statements["claim"], params)
+            row = cursor.fetchone()
+        if row is None:
+            return Claim(outcome=Outcome.BUSY, entry_id=None, token=None)
+        outcome, entry_id, attempts = row
+        outcome = Outcome(outcome)
+        return Claim(
+            outcome=outcome,
+            entry_id=entry_id,
+            token=attempts if outcome is Outcome.CLAIMED else None,
+        )
+
+    def complete(self, claim: Claim) -> None:
+        """Mark the claimed stage ``success``; raises :class:`LeaseLost` when another
+        worker re-claimed it meanwhile (so the caller's transaction rolls back)."""
+        self._close("complete", claim, {})
+
+    def fail(self, claim: Claim, *, error: str) -> None:
+        """Mark the claimed stage ``failed`` with ``error``; it stays claimable. Raises
+        :class:`LeaseLost` when another worker re-claimed it meanwhile."""
+        self._close("fail", claim, {"error": error[:10_000]})
+
+    def _close(self, statement: str, claim: Claim, extra: dict[str, Any]) -> None:
+        if not claim.claimed:
+            raise LeaseLost(f"cannot {statement} a claim that is {claim.outcome}")
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(
+                self._statements[statement], {"id": claim.entry_id, "token": claim.token, **extra}
+            )
+            if cursor.fetchone() is None:
+                raise LeaseLost(
+                    f"{self.model.__name__} {claim.entry_id}: token {claim.token} is stale"
+                )

@@ -1,0 +1,66 @@
+"""Keyed advisory locks: the only module that issues ``pg_advisory_*``.
+
+Every lock is transaction-level (``pg_advisory_xact_lock``): PostgreSQL releases it when
+the transaction ends, so a crashed request can never leak one, and it works behind
+PgBouncer in transaction mode. Its 64-bit id is ``hashtextextended(namespace || ':' ||
+key, 0)``, built in SQL in one place; namespaces are declared once as constants, so two
+features can never share (or split) a key space by accident.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import connections
+
+from queueing.exceptions import DuplicateNamespace, LockOutsideTransaction, UnknownNamespace
+from queueing.keys import validate_part
+from queueing.sql import queries
+
+_declared: dict[str, Namespace] = {}
+
+
+@dataclass(frozen=True)
+class Namespace:
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def namespace(name: str) -> Namespace:
+    """Declare a lock namespace (once per process; a second declaration raises)."""
+    validate_part("namespace", name)
+    if name in _declared:
+        raise DuplicateNamespace(f"lock namespace {name!r} is declared twice")
+    _declared[name] = Namespace(name)
+    return _declared[name]
+
+
+def declared_namespaces() -> tuple[str, ...]:
+    return tuple(sorted(_declared))
+
+
+def _check(ns: Namespace, using: str) -> None:
+    if _declared.get(ns.name) is not ns:
+        raise UnknownNamespace(f"lock namespace {ns.name!r} was not declared")
+    if not connections[using].in_atomic_block:
+        raise LockOutsideTransaction()
+
+
+def xact_lock(ns: Namespace, key: str | int, *, using: str = "default") -> None:
+    """Block until this transaction holds the lock on ``(ns, key)``; released at commit
+    or rollback. Refuses to run outside ``transaction.atomic()``."""
+    _check(ns, using)
+    with connections[using].cursor() as cursor:
+        cursor.execute(queries["advisory_xact_lock"], {"namespace": ns.name, "key": str(key)})
+
+
+def try_xact_lock(ns: Namespace, key: str | int, *, using: str = "default") -> bool:
+    """Take the lock on ``(ns, key)`` if free, without waiting; True when taken."""
+    _check(ns, using)
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            queries["try_advisory_xact_lock"], {"namespace": ns.name, "key": str(key)}
+        )
+        return bool(cursor.fetchone()[0])

@@ -1,0 +1,55 @@
+"""Run sweeps once, in this process. Safe from cron and beside running workers: each
+sweep takes its rows FOR UPDATE SKIP LOCKED and re-checks state in every write."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from queueing.exceptions import UnknownSweep
+from queueing.sweeps import get_sweep, run_sweep, sweeps
+
+
+class Command(BaseCommand):
+    help = "Run one sweep (or --all) once and print what it selected and changed."
+
+    def add_arguments(self, parser):
+        parser.add_argument("name", nargs="?", help="sweep name (see --list)")
+        parser.add_argument("--all", action="store_true", help="run every declared sweep")
+        parser.add_argument("--list", action="store_true", help="list sweeps and exit")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="only count what would be selected")
+        parser.add_argument("--batch-size", type=int, default=None)
+
+    def handle(self, *args, name=None, all=False, list=False, dry_run=False, batch_size=None,
+               **options):
+        declared = sweeps()
+        if list:
+            self._table(["sweep", "cron", "batch", "grace s", "what it does"],
+                        [[s.name, s.cron, s.batch_size, s.grace_seconds, s.description]
+                         for s in declared.values()])
+            return
+        if bool(name) == bool(all):
+            raise CommandError(
+                "name one sweep or pass --all; declared sweeps: " + ", ".join(declared)
+            )
+        if batch_size is not None and batch_size < 1:
+            raise CommandError("--batch-size must be at least 1.")
+        names = list(declared) if all else [name]
+        rows = []
+        for sweep_name in names:
+            try:
+                get_sweep(sweep_name)
+            except UnknownSweep as exc:
+                raise CommandError(f"{exc}. Run 'manage.py sweep --list'.") from exc
+            result = run_sweep(sweep_name, dry_run=dry_run, batch_size=batch_size)
+            notes = ", ".join(f"{k}={v}" for k, v in sorted(result.notes.items()))
+            rows.append([sweep_name, result.selected, "-" if dry_run else result.changed,
+                         result.failed, notes])
+        self._table(["sweep", "selected", "changed", "failed", "notes"], rows)
+        if dry_run:
+            self.stdout.write("dry run: nothing was written")
+
+    def _table(self, header, rows):
+        from queueing.display import format_table
+
+        self.stdout.write(format_table(header, rows))

@@ -1,0 +1,75 @@
+"""Row helpers that stay correct under retries and concurrent writers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
+
+from django.db import connections, models, transaction
+
+from queueing.exceptions import RowVanished
+
+M = TypeVar("M", bound=models.Model)
+
+
+def replace_children(
+    model: type[M], *, parent: Mapping[str, Any], rows: Iterable[M], using: str = "default"
+) -> list[M]:
+    """Replace every ``model`` row matching ``parent`` with ``rows``: DELETE, then INSERT,
+    in one transaction.
+
+    A retry never trips the children's own unique key (the old rows are gone first), and a
+    failure before or during the transaction leaves the old rows intact.
+    """
+    rows = list(rows)
+    for row in rows:
+        for field, value in parent.items():
+            setattr(row, field, value)
+    with transaction.atomic(using=using):
+        model._default_manager.using(using).filter(**parent).delete()
+        return model._default_manager.using(using).bulk_create(rows)
+
+
+def insert_or_get(
+    model: type[models.Model],
+    *,
+    values: Mapping[str, Any],
+    conflict_fields: tuple[str, ...],
+    using: str = "default",
+) -> tuple[int, bool]:
+    """Insert a row or find the one that holds its unique key; return ``(id, created)``.
+
+    ``INSERT … ON CONFLICT (conflict_fields) DO NOTHING RETURNING id``; on a conflict the
+    existing id is looked up by the same key, and :class:`RowVanished` is raised if it is
+    gone — so an audit entry that follows always names the row that is in the table.
+    """
+    meta = model._meta
+    connection = connections[using]
+    fields = [meta.get_field(name) for name in values]
+    conflict = [meta.get_field(name).column for name in conflict_fields]
+    from queueing import sql
+
+    statement = sql.render(
+        "INSERT INTO {table} ({columns}) VALUES ({values}) "
+        "ON CONFLICT ({conflict}) DO NOTHING RETURNING {pk}",
+        table=meta.db_table,
+        columns=tuple(f.column for f in fields),
+        values=sql.placeholders(tuple(f"v{i}" for i in range(len(fields)))),
+        conflict=tuple(conflict),
+        pk=meta.pk.column,
+    )
+    params = {
+        f"v{i}": f.get_db_prep_save(values[f.name], connection) for i, f in enumerate(fields)
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        row = cursor.fetchone()
+    if row is not None:
+        return row[0], True
+    lookup = {name: values[name] for name in conflict_fields}
+    existing = (
+        model._default_manager.using(using).filter(**lookup).values_list("pk", flat=True).first()
+    )
+    if existing is None:
+        raise RowVanished(f"{model.__name__} with {lookup} conflicted but cannot be found")
+    return existing, False

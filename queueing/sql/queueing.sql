@@ -1,0 +1,144 @@
+-- advisory_xact_lock --
+-- Take a transaction-level advisory lock on namespace:key (blocking).
+SELECT pg_advisory_xact_lock(hashtextextended(%(namespace)s || ':' || %(key)s, 0));
+
+-- try_advisory_xact_lock --
+-- Take a transaction-level advisory lock on namespace:key if it is free.
+SELECT pg_try_advisory_xact_lock(hashtextextended(%(namespace)s || ':' || %(key)s, 0));
+
+-- enqueue --
+-- Insert a procrastinate job unless a unique index (queueing lock, exclusive key) already
+-- holds one; then return that job instead. Mirrors procrastinate_defer_jobs_v1's INSERT;
+-- the job table's triggers (NOTIFY, events) fire as for procrastinate's own defer.
+WITH inserted AS (
+    INSERT INTO procrastinate_jobs (queue_name, task_name, priority, queueing_lock, args, scheduled_at)
+    VALUES (%(queue)s, %(task_name)s, %(priority)s, %(queueing_lock)s, %(args)s, %(scheduled_at)s)
+    ON CONFLICT DO NOTHING
+    RETURNING id
+)
+SELECT id, true AS created FROM inserted
+UNION ALL
+SELECT id, false AS created
+  FROM procrastinate_jobs
+ WHERE %(queueing_lock)s::text IS NOT NULL
+   AND queueing_lock = %(queueing_lock)s
+   AND status = ANY(%(statuses)s::procrastinate_job_status[])
+   AND NOT EXISTS (SELECT 1 FROM inserted)
+LIMIT 1;
+
+-- enqueue_lookup --
+-- Find the job that holds a queueing lock (second statement, fresh snapshot).
+SELECT id
+  FROM procrastinate_jobs
+ WHERE queueing_lock = %(queueing_lock)s
+   AND status = ANY(%(statuses)s::procrastinate_job_status[])
+ ORDER BY id
+ LIMIT 1;
+
+-- stalled_jobs --
+-- Jobs in 'doing' whose worker stopped heart-beating (or was pruned), oldest first.
+-- SKIP LOCKED: two recoveries never take the same job.
+SELECT j.id, j.attempts, j.task_name, j.queueing_lock
+  FROM procrastinate_jobs j
+  LEFT JOIN procrastinate_workers w ON w.id = j.worker_id
+ WHERE j.status = 'doing'
+   AND (j.worker_id IS NULL
+        OR w.id IS NULL
+        OR w.last_heartbeat < now() - %(seconds)s * interval '1 second')
+ ORDER BY j.id
+ LIMIT %(limit)s
+   FOR UPDATE OF j SKIP LOCKED;
+
+-- retry_stalled_job --
+-- Put a stalled job back to 'todo' (procrastinate's own retry function, attempts + 1).
+SELECT procrastinate_retry_job_v2(%(job_id)s, now(), NULL, NULL, NULL);
+
+-- fail_stalled_job --
+-- Give up on a stalled job: mark it failed (kept for inspection).
+SELECT procrastinate_finish_job_v1(%(job_id)s, 'failed', false);
+
+-- ledger_claim --
+-- Claim a stage in one statement: insert, or take over a row that is not 'success' and
+-- not held under a live lease. The CASE/UNION reports why nothing was claimed; a row that
+-- committed after this statement's snapshot is invisible here and reported as busy.
+WITH claimed AS (
+    INSERT INTO {table} AS r ({keys}, status, attempts, input_hash, started_at,
+                              lease_expires_at, finished_at, error)
+    VALUES ({values}, 'running', 1, %(input_hash)s, now(),
+            now() + %(lease_seconds)s * interval '1 second', NULL, '')
+    ON CONFLICT ({keys}) DO UPDATE
+       SET status = 'running',
+           attempts = r.attempts + 1,
+           input_hash = EXCLUDED.input_hash,
+           started_at = now(),
+           lease_expires_at = EXCLUDED.lease_expires_at,
+           finished_at = NULL,
+           error = ''
+     WHERE r.status <> 'success'
+       AND (r.status <> 'running' OR r.lease_expires_at < now())
+    RETURNING r.id, r.attempts
+)
+SELECT 'claimed' AS outcome, id, attempts FROM claimed
+UNION ALL
+SELECT CASE WHEN status = 'success' THEN 'done' ELSE 'busy' END, id, attempts
+  FROM {table}
+ WHERE ({keys}) = ({values})
+   AND NOT EXISTS (SELECT 1 FROM claimed);
+
+-- ledger_complete --
+-- Compare-and-set on the fencing token: only the current holder closes the row.
+UPDATE {table}
+   SET status = 'success', finished_at = now(), lease_expires_at = NULL, error = ''
+ WHERE id = %(id)s AND attempts = %(token)s AND status = 'running'
+RETURNING id;
+
+-- ledger_fail --
+-- Compare-and-set on the fencing token; the row stays claimable for the retry.
+UPDATE {table}
+   SET status = 'failed', finished_at = now(), lease_expires_at = NULL, error = %(error)s
+ WHERE id = %(id)s AND attempts = %(token)s AND status = 'running'
+RETURNING id;
+
+-- serial_admit --
+-- Insert a row whose status is decided under the key's advisory lock: 'queued' when an
+-- active first-pass sibling exists, else the start status.
+INSERT INTO {table} ({columns}, {status})
+VALUES ({placeholders},
+        CASE WHEN EXISTS (
+                 SELECT 1 FROM {table} b
+                  WHERE b.{key} = %(key)s
+                    AND b.{parent} IS NULL
+                    AND b.{status} = ANY(%(active)s)
+                    AND (NOT %(has_deleted)s OR b.{deleted} IS NULL))
+             THEN %(queued)s ELSE %(start)s END)
+RETURNING {pk}, {status};
+
+-- serial_promote --
+-- Under the key's lock: the oldest queued row becomes the start status, only when no
+-- first-pass sibling is active.
+UPDATE {table} SET {status} = %(start)s, {updated} = now()
+ WHERE {pk} = (
+        SELECT {pk} FROM {table}
+         WHERE {key} = %(key)s AND {status} = %(queued)s AND {parent} IS NULL
+           AND (NOT %(has_deleted)s OR {deleted} IS NULL)
+         ORDER BY {created}, {pk}
+         LIMIT 1)
+   AND NOT EXISTS (
+        SELECT 1 FROM {table} b
+         WHERE b.{key} = %(key)s AND b.{parent} IS NULL
+           AND b.{status} = ANY(%(active)s)
+           AND (NOT %(has_deleted)s OR b.{deleted} IS NULL))
+RETURNING {pk};
+
+-- serial_stuck_keys --
+-- Keys with queued work and no active first-pass row (the resume tick promotes them).
+SELECT DISTINCT q.{key}
+  FROM {table} q
+ WHERE q.{status} = %(queued)s AND q.{parent} IS NULL
+   AND (NOT %(has_deleted)s OR q.{deleted} IS NULL)
+   AND NOT EXISTS (
+        SELECT 1 FROM {table} b
+         WHERE b.{key} = q.{key} AND b.{parent} IS NULL
+           AND b.{status} = ANY(%(active)s)
+           AND (NOT %(has_deleted)s OR b.{deleted} IS NULL))
+ LIMIT %(limit)s;

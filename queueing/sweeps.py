@@ -1,0 +1,214 @@
+"""Sweeps: periodic, never stacked, safe beside themselves during overlapping deploys.
+
+Declare a sweep once::
+
+    @declare_sweep(name="unsaved_runs", cron="* * * * * */30", batch_size=100,
+                   grace_setting="SWEEP_GRACE_SECONDS")
+    def sweep_unsaved_runs(ctx: SweepContext) -> SweepResult: ...
+
+and get:
+
+* a periodic *tick* task that only enqueues the sweep as its own job, so a slow sweep
+  never blocks the tick (or the other periodic work);
+* the sweep job, enqueued with the singleton key ``sweep:<name>`` under the ``EXCLUSIVE``
+  policy: never more than one waiting or running per sweep, across every worker and host;
+* ``manage.py sweep NAME|--all [--dry-run]`` to run it once by hand.
+
+Inside, :func:`sweep_rows` selects a bounded batch ``FOR UPDATE … SKIP LOCKED`` (two
+sweeps on two hosts take disjoint rows), oldest first as the query orders it, and runs
+each row in its own savepoint so one failing row does not stop the batch. The work per
+row must re-check state (compare-and-set) in its UPDATE. A sweep job is a normal running
+job, so a worker's SIGTERM drains it: it finishes the batch it holds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import connections, transaction
+
+from queueing.app import periodic, task
+from queueing.enqueue import Enqueued, Policy, enqueue
+from queueing.exceptions import UnknownSweep
+from queueing.keys import KeyFormat
+
+logger = logging.getLogger(__name__)
+
+SWEEP_KEY = KeyFormat(prefix="sweep", parts=("name",))
+SWEEP_QUEUE = "sweeps"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepResult:
+    """Counts of one sweep run: rows selected, changed, failed (isolated errors)."""
+
+    selected: int = 0
+    changed: int = 0
+    failed: int = 0
+    notes: Mapping[str, int] = field(default_factory=dict)
+
+    def __add__(self, other: SweepResult) -> SweepResult:
+        notes = dict(self.notes)
+        for k, v in other.notes.items():
+            notes[k] = notes.get(k, 0) + v
+        return SweepResult(
+            selected=self.selected + other.selected,
+            changed=self.changed + other.changed,
+            failed=self.failed + other.failed,
+            notes=notes,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepContext:
+    name: str
+    batch_size: int
+    grace_seconds: int
+    dry_run: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sweep:
+    name: str
+    func: Callable[[SweepContext], SweepResult]
+    cron: str
+    batch_size: int
+    grace_setting: str | None
+    grace_default: int
+    description: str
+
+    @property
+    def grace_seconds(self) -> int:
+        if self.grace_setting is None:
+            return self.grace_default
+        return int(getattr(settings, self.grace_setting, self.grace_default))
+
+    @property
+    def task_name(self) -> str:
+        return f"queueing.sweep.{self.name}"
+
+    def context(self, *, dry_run: bool = False, batch_size: int | None = None) -> SweepContext:
+        return SweepContext(
+            name=self.name,
+            batch_size=batch_size or self.batch_size,
+            grace_seconds=self.grace_seconds,
+            dry_run=dry_run,
+        )
+
+
+_registry: dict[str, Sweep] = {}
+
+
+def declare_sweep(
+    *,
+    name: str,
+    cron: str,
+    batch_size: int = 100,
+    grace_setting: str | None = None,
+    grace_default: int = 0,
+):
+    """Register ``func(ctx) -> SweepResult`` as a sweep with a tick and a singleton job."""
+    SWEEP_KEY.build(name=name)  # validates the name
+
+    def decorator(func: Callable[[SweepContext], SweepResult]):
+        if name in _registry:
+            raise ValueError(f"sweep {name!r} is declared twice")
+        sweep = Sweep(
+            name=name,
+            func=func,
+            cron=cron,
+            batch_size=batch_size,
+            grace_setting=grace_setting,
+            grace_default=grace_default,
+            description=(func.__doc__ or "").strip().splitlines()[0] if func.__doc__ else "",
+        )
+        _registry[name] = sweep
+
+        @task(name=sweep.task_name, queue=SWEEP_QUEUE, retry=False)
+        def run_job() -> dict[str, Any]:
+            result = run_sweep(name)
+            return {"selected": result.selected, "changed": result.changed,
+                    "failed": result.failed}
+
+        @periodic(cron=cron, periodic_id=name)
+        @task(name=f"queueing.sweep_tick.{name}", queue=SWEEP_QUEUE, retry=False)
+        def tick(timestamp: int) -> int:
+            return request_sweep(name).job_id
+
+        return func
+
+    return decorator
+
+
+def sweeps() -> Mapping[str, Sweep]:
+    return dict(sorted(_registry.items()))
+
+
+def get_sweep(name: str) -> Sweep:
+    try:
+        return _registry[name]
+    except KeyError:
+        known = ", ".join(sorted(_registry)) or "none"
+        raise UnknownSweep(f"no sweep named {name!r} (known: {known})") from None
+
+
+def request_sweep(name: str) -> Enqueued:
+    """Enqueue the sweep's job unless one is already waiting or running (EXCLUSIVE)."""
+    sweep = get_sweep(name)
+    return enqueue(
+        sweep.task_name, key=SWEEP_KEY.build(name=name), policy=Policy.EXCLUSIVE
+    )
+
+
+def run_sweep(name: str, *, dry_run: bool = False, batch_size: int | None = None) -> SweepResult:
+    """Run one sweep once, in this process."""
+    sweep = get_sweep(name)
+    result = sweep.func(sweep.context(dry_run=dry_run, batch_size=batch_size))
+    if result.selected or result.failed:
+        logger.info(
+            "sweep %s: selected=%d changed=%d failed=%d%s",
+            name, result.selected, result.changed, result.failed,
+            " (dry run)" if dry_run else "",
+        )
+    return result
+
+
+def sweep_rows(
+    ctx: SweepContext,
+    *,
+    select_sql: str,
+    params: Mapping[str, Any],
+    process: Callable[[Sequence[Any]], bool | str],
+    using: str = "default",
+) -> SweepResult:
+    """Select a batch (``select_sql`` must end ``FOR UPDATE … SKIP LOCKED``) and process
+    each row in its own savepoint; the row locks are held until the batch commits.
+
+    ``process(row)`` returns True (changed), False (nothing to do: a re-check failed) or a
+    note name to count. An exception in one row is logged and counted as failed.
+    """
+    changed = failed = 0
+    notes: dict[str, int] = {}
+    with transaction.atomic(using=using):
+        with connections[using].cursor() as cursor:
+            cursor.execute(select_sql, {**params, "limit": ctx.batch_size})
+            rows = cursor.fetchall()
+        if ctx.dry_run:
+            return SweepResult(selected=len(rows))
+        for row in rows:
+            try:
+                with transaction.atomic(using=using):
+                    outcome = process(row)
+            except Exception:
+                failed += 1
+                logger.exception("sweep %s: row %r failed; the batch goes on", ctx.name, row[0])
+                continue
+            if outcome is True:
+                changed += 1
+            elif isinstance(outcome, str):
+                notes[outcome] = notes.get(outcome, 0) + 1
+    return SweepResult(selected=len(rows), changed=changed, failed=failed, notes=notes)

@@ -1,0 +1,5 @@
+"""The framework's own jobs (autodiscovered by procrastinate's Django app)."""
+
+from __future__ import annotations
+
+from queueing import stalled  # noqa: F401  (declares the stalled-work sweep)

@@ -1,0 +1,171 @@
+"""Shared fixtures: real PostgreSQL, real worker subprocesses, time travel by back-dating.
+
+Tests that start workers or use concurrent connections need committed data: mark them
+``@pytest.mark.django_db(transaction=True)`` and use ``clean_queue`` (procrastinate's
+tables are not managed by Django, so the flush after a transactional test misses them).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+PROCRASTINATE_TABLES = (
+    "procrastinate_events",
+    "procrastinate_periodic_defers",
+    "procrastinate_jobs",
+    "procrastinate_workers",
+)
+
+
+def database_url() -> str:
+    """A URL for the database this test session uses (the test database)."""
+    s = connection.settings_dict
+    user = quote(s.get("USER") or "postgres")
+    password = f":{quote(s['PASSWORD'])}" if s.get("PASSWORD") else ""
+    host = s.get("HOST") or ""
+    port = s.get("PORT") or ""
+    if host.startswith("/"):
+        return f"postgresql://{user}{password}@/{s['NAME']}?host={quote(host)}" + (
+            f"&port={port}" if port else ""
+        )
+    return f"postgresql://{user}{password}@{host}{':' + str(port) if port else ''}/{s['NAME']}"
+
+
+@pytest.fixture
+def clean_queue(transactional_db) -> Iterator[None]:
+    """Empty procrastinate's tables before and after the test."""
+
+    def truncate() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"TRUNCATE {', '.join(PROCRASTINATE_TABLES)} RESTART IDENTITY CASCADE")
+
+    truncate()
+    yield
+    truncate()
+
+
+@dataclass
+class WorkerProcess:
+    process: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def signal(self, sig: int) -> None:
+        self.process.send_signal(sig)
+
+    def wait(self, timeout: float = 60) -> int:
+        return self.process.wait(timeout=timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+@pytest.fixture
+def worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["DATABASE_URL"] = database_url()
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("LOG_LEVEL", "INFO")
+    env["PROCRASTINATE_LOG_LEVEL"] = "INFO"
+    return env
+
+
+@pytest.fixture
+def start_worker(worker_env, tmp_path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ``manage.py procrastinate worker`` subprocesses; each is stopped with SIGTERM
+    (then SIGKILL) at teardown."""
+    started: list[WorkerProcess] = []
+
+    def start(*extra: str, env: dict[str, str] | None = None, name: str | None = None,
+              concurrency: int = 1, wait_ready: bool = True) -> WorkerProcess:
+        index = len(started)
+        log_path = tmp_path / f"worker-{index}.log"
+        args = [sys.executable, "manage.py", "procrastinate", "worker",
+                f"--concurrency={concurrency}", f"--name={name or f'test-worker-{index}'}",
+                *extra]
+        handle = open(log_path, "w")  # noqa: SIM115 - closed with the process
+        process = subprocess.Popen(
+            args, cwd=ROOT, env={**worker_env, **(env or {})}, stdout=handle,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        worker = WorkerProcess(process=process, log_path=log_path)
+        started.append(worker)
+        if wait_ready:
+            wait_for(lambda: "Starting worker" in worker.log() or not worker.alive,
+                     timeout=30, message="worker start")
+            assert worker.alive, worker.log()
+        return worker
+
+    yield start
+    for worker in started:
+        if worker.alive:
+            worker.signal(signal.SIGTERM)
+    for worker in started:
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.process.pid, signal.SIGKILL)
+            worker.wait(timeout=10)
+
+
+def wait_for(predicate: Callable[[], bool], *, timeout: float = 30, interval: float = 0.05,
+             message: str = "condition") -> None:
+    """Poll ``predicate`` until it holds (waiting on real processes, not moving time)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+def run_concurrently(func: Callable[[int], object], count: int) -> list[object]:
+    """Run ``func(i)`` in ``count`` threads released together; each thread has its own
+    Django connection. Returns results (or raised exceptions) in index order."""
+    from django.db import connections
+
+    barrier = threading.Barrier(count)
+    results: list[object] = [None] * count
+
+    def body(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results[i] = func(i)
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            results[i] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return results
+
+
+def jobs(**filters) -> list[dict]:
+    """Rows of procrastinate_jobs (as dicts), filtered by equality on columns."""
+    where = " AND ".join(f"{k} = %({k})s" for k in filters) or "TRUE"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id, task_name, status, queueing_lock, args, attempts, worker_id "
+            f"FROM procrastinate_jobs WHERE {where} ORDER BY id", filters)
+        cols = [c[0] for c in cursor.description]
+        return [dict(zip(cols, row, strict=True)) for row in cursor.fetchall()]
