@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest
-from ninja.security import HttpBearer
+from ninja.security import HttpBearer, SessionAuth
 
 from accounts.services import api_token_authenticate
 
@@ -46,9 +46,11 @@ class BearerTokenAuth(HttpBearer):
         return user
 
 
-def session_auth(request: HttpRequest):
+class TenantSessionAuth(SessionAuth):
     """Logged-in dashboard users call the same API with their session (CSRF-checked)."""
-    user = getattr(request, "user", None)
-    if user is not None and user.is_authenticated and user.tenant_id is not None:
-        return user
-    return None
+
+    def authenticate(self, request: HttpRequest, key: str | None):
+        user = request.user
+        if user.is_authenticated and user.tenant_id is not None:
+            return user
+        return None

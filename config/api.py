@@ -9,14 +9,14 @@ from django.http import Http404, HttpRequest
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
-from accounts.api import BearerTokenAuth, ClientError, session_auth
+from accounts.api import BearerTokenAuth, ClientError, TenantSessionAuth
 
 api = NinjaAPI(
     title="pgstage API",
     version="1",
     description="Inquiry pipelines and per-user analyses. Authenticate with "
     "`Authorization: Bearer <token>` (manage.py create_api_token) or a session.",
-    auth=[BearerTokenAuth(), session_auth],
+    auth=[BearerTokenAuth(), TenantSessionAuth()],
     urls_namespace="api",
 )
 

@@ -22,6 +22,9 @@ def embedded_database_url(data_dir: Path) -> str:
 
     Idempotent: a second call (from a worker or another process) finds the running server.
     """
+    # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); pgserver then
+    # falls back to a temporary directory, which is fine.
+    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
     try:
         import pgserver
     except ImportError as exc:  # pragma: no cover - installed by pyproject
@@ -30,9 +33,6 @@ def embedded_database_url(data_dir: Path) -> str:
             "or set DATABASE_URL=postgresql://user@host:5432/dbname."
         ) from exc
     data_dir.mkdir(parents=True, exist_ok=True)
-    # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); pgserver then
-    # falls back to a temporary directory, which is fine.
-    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
     try:
         server = pgserver.get_server(str(data_dir), cleanup_mode=None)
         exists = server.psql(

@@ -89,7 +89,8 @@ def _database_url() -> str:
 
 
 DATABASES = {"default": env.db_url_config(_database_url())}
-DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {})
 DATABASES["default"]["TEST"] = {"NAME": env.str("TEST_DATABASE_NAME", default="") or None}
 
@@ -118,6 +119,9 @@ CORE_DAILY_BUDGET = env("CORE_DAILY_BUDGET")
 # queueing: stalled-work recovery treats a worker as dead after this many seconds
 # without a heartbeat (procrastinate's workers beat every 10 s).
 QUEUEING_STALLED_WORKER_SECONDS = env("STALLED_WORKER_SECONDS")
+
+# Extra task modules for the worker (tests add their own fixture tasks this way).
+PROCRASTINATE_IMPORT_PATHS = env.list("PGSTAGE_TASK_MODULES", default=[])
 
 PROCRASTINATE_WORKER_DEFAULTS = {
     "shutdown_graceful_timeout": env("WORKER_GRACEFUL_TIMEOUT_SECONDS"),

@@ -5,7 +5,9 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import path
 
-from config.api import api
+from config.api import api, register_routers
+
+register_routers()
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -147,7 +147,7 @@ def run_concurrently(func: Callable[[int], object], count: int) -> list[object]:
         try:
             barrier.wait(timeout=30)
             results[i] = func(i)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
+        except BaseException as exc:
             results[i] = exc
         finally:
             connections.close_all()

@@ -1,0 +1,7 @@
+"""JSON API of runs (attached by config.api)."""
+
+from __future__ import annotations
+
+from ninja import Router
+
+router = Router(tags=["runs"])
