@@ -35,9 +35,7 @@ def user_get_or_create(*, tenant: Tenant, username: str) -> User:
 def api_token_create(*, user: User, name: str = "default") -> str:
     """Create a token and return its plaintext (stored only as a SHA-256 hash)."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    ApiToken.objects.create(
-        user=user, name=name, prefix=token[:12], token_hash=hash_token(token)
-    )
+    ApiToken.objects.create(user=user, name=name, prefix=token[:12], token_hash=hash_token(token))
     return token
 
 

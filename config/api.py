@@ -37,8 +37,12 @@ def on_validation_error(request, exc: ValidationError):
 
 @api.exception_handler(AuthenticationError)
 def on_auth_error(request, exc):
-    return _error(request, 401, "unauthenticated",
-                  "send 'Authorization: Bearer <token>' (manage.py create_api_token)")
+    return _error(
+        request,
+        401,
+        "unauthenticated",
+        "send 'Authorization: Bearer <token>' (manage.py create_api_token)",
+    )
 
 
 @api.exception_handler(Http404)

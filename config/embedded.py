@@ -35,9 +35,7 @@ def embedded_database_url(data_dir: Path) -> str:
     data_dir.mkdir(parents=True, exist_ok=True)
     try:
         server = pgserver.get_server(str(data_dir), cleanup_mode=None)
-        exists = server.psql(
-            f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';"
-        )
+        exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';")
         if "(1 row)" not in exists:
             server.psql(f"CREATE DATABASE {DATABASE_NAME};")
     except Exception as exc:

@@ -41,9 +41,9 @@ def task(*, name: str, queue: str = "default", retry: Any = DEFAULT_RETRY, **opt
     """
 
     def decorator(func: Callable[..., Any]):
-        return procrastinate_app.task(
-            name=name, queue=queue, retry=retry, **options
-        )(_with_connection_hygiene(func))
+        return procrastinate_app.task(name=name, queue=queue, retry=retry, **options)(
+            _with_connection_hygiene(func)
+        )
 
     return decorator
 

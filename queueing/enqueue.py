@@ -123,5 +123,3 @@ def enqueue(
                 continue
             return Enqueued(job_id=row[0], created=row[1])
     raise QueueingError(f"could not enqueue {task_name} with key {key!r}: it kept changing")
-
-

@@ -56,9 +56,7 @@ class KeyFormat:
         missing = [p for p in self.parts if p not in values]
         extra = sorted(set(values) - set(self.parts))
         if missing or extra:
-            raise InvalidKey(
-                f"key format {self.parts} got missing={missing} unexpected={extra}"
-            )
+            raise InvalidKey(f"key format {self.parts} got missing={missing} unexpected={extra}")
         texts = [validate_part(p, values[p]) for p in self.parts]
         if self.prefix is not None:
             texts.insert(0, self.prefix)

@@ -93,16 +93,15 @@ class Ledger:
             "fail": sql.render(sql.queries["ledger_fail"], table=table),
         }
 
-    def claim(self, *, input_hash: str = "", lease_seconds: float | None = None,
-              **key: Any) -> Claim:
+    def claim(
+        self, *, input_hash: str = "", lease_seconds: float | None = None, **key: Any
+    ) -> Claim:
         """Claim the stage named by ``key`` in one statement. Race-free: of any number of
         concurrent claimers exactly one gets *claimed*; the others see *busy* or *done*."""
         missing = set(self.key_fields) ^ set(key)
         if missing:
             raise TypeError(f"claim() needs exactly the key fields {self.key_fields}")
-        params: dict[str, Any] = {
-            f"key_{i}": key[f] for i, f in enumerate(self.key_fields)
-        }
+        params: dict[str, Any] = {f"key_{i}": key[f] for i, f in enumerate(self.key_fields)}
         params["input_hash"] = input_hash
         params["lease_seconds"] = self.lease_seconds if lease_seconds is None else lease_seconds
         with connections[self.using].cursor() as cursor:

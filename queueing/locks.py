@@ -60,7 +60,5 @@ def try_xact_lock(ns: Namespace, key: str | int, *, using: str = "default") -> b
     """Take the lock on ``(ns, key)`` if free, without waiting; True when taken."""
     _check(ns, using)
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            queries["try_advisory_xact_lock"], {"namespace": ns.name, "key": str(key)}
-        )
+        cursor.execute(queries["try_advisory_xact_lock"], {"namespace": ns.name, "key": str(key)})
         return bool(cursor.fetchone()[0])

@@ -6,7 +6,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from django.db import connections, models, transaction
+from django.utils import timezone
 
+from queueing import sql
 from queueing.exceptions import RowVanished
 
 M = TypeVar("M", bound=models.Model)
@@ -30,6 +32,21 @@ def replace_children(
         return model._default_manager.using(using).bulk_create(rows)
 
 
+def model_defaults(model: type[models.Model], *, exclude: Iterable[str]) -> dict[str, Any]:
+    """Python-side defaults (``default=``, ``auto_now(_add)``) for fields not given, as the
+    ORM would fill them on ``create()``."""
+    now = timezone.now()
+    out: dict[str, Any] = {}
+    for field in model._meta.concrete_fields:
+        if field.primary_key or field.name in exclude:
+            continue
+        if getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False):
+            out[field.name] = now
+        elif field.has_default():
+            out[field.name] = field.get_default()
+    return out
+
+
 def insert_or_get(
     model: type[models.Model],
     *,
@@ -45,10 +62,9 @@ def insert_or_get(
     """
     meta = model._meta
     connection = connections[using]
+    values = {**model_defaults(model, exclude=values.keys()), **values}
     fields = [meta.get_field(name) for name in values]
     conflict = [meta.get_field(name).column for name in conflict_fields]
-    from queueing import sql
-
     statement = sql.render(
         "INSERT INTO {table} ({columns}) VALUES ({values}) "
         "ON CONFLICT ({conflict}) DO NOTHING RETURNING {pk}",
@@ -58,9 +74,7 @@ def insert_or_get(
         conflict=tuple(conflict),
         pk=meta.pk.column,
     )
-    params = {
-        f"v{i}": f.get_db_prep_save(values[f.name], connection) for i, f in enumerate(fields)
-    }
+    params = {f"v{i}": f.get_db_prep_save(values[f.name], connection) for i, f in enumerate(fields)}
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
         row = cursor.fetchone()

@@ -18,6 +18,7 @@ from typing import Any
 from django.db import connections, models, transaction
 
 from queueing import locks, sql
+from queueing.rows import model_defaults
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,9 +73,11 @@ class SerialQueue:
         the key's lock (joins the caller's transaction, or opens one)."""
         meta = self.model._meta
         connection = connections[self.using]
-        values = dict(values)
+        values = {meta.get_field(name).name: value for name, value in values.items()}
+        values = {**model_defaults(self.model, exclude=values.keys()), **values}
         values[self.key_field] = key
-        fields = [meta.get_field(name) for name in values if name != self.status_field]
+        decided_in_sql = {self.status_field, self.created_field, self.updated_field}
+        fields = [meta.get_field(name) for name in values if name not in decided_in_sql]
         names = tuple(f"v{i}" for i in range(len(fields)))
         statement = sql.render(
             sql.queries["serial_admit"],
@@ -84,8 +87,10 @@ class SerialQueue:
         )
         params = self._params(key)
         params.update(
-            {n: f.get_db_prep_save(values[f.name], connection) for n, f in zip(names, fields,
-                                                                               strict=True)}
+            {
+                n: f.get_db_prep_save(values[f.name], connection)
+                for n, f in zip(names, fields, strict=True)
+            }
         )
         is_child = values.get(self.parent_field) is not None
         if is_child:
@@ -132,8 +137,11 @@ class SerialQueue:
     def position(self, *, key: Any, row_id: int, created: Any) -> int:
         """1-based position of a queued row among the key's queued rows (0 if not queued)."""
         manager = self.model._default_manager.using(self.using)
-        filters = {self.key_field: key, self.status_field: self.queued,
-                   f"{self.parent_field}__isnull": True}
+        filters = {
+            self.key_field: key,
+            self.status_field: self.queued,
+            f"{self.parent_field}__isnull": True,
+        }
         if self.deleted_field:
             filters[f"{self.deleted_field}__isnull"] = True
         ahead = manager.filter(**filters).filter(

@@ -34,16 +34,21 @@ def _recover(row) -> str:
     with connection.cursor() as cursor:
         if attempts + 1 >= _max_attempts():
             cursor.execute(queries["fail_stalled_job"], {"job_id": job_id})
-            logger.warning("stalled job %s (%s) failed after %d attempts", job_id, task_name,
-                           attempts + 1)
+            logger.warning(
+                "stalled job %s (%s) failed after %d attempts", job_id, task_name, attempts + 1
+            )
             return "gave_up"
         try:
             with transaction.atomic():
                 cursor.execute(queries["retry_stalled_job"], {"job_id": job_id})
         except IntegrityError:
             cursor.execute(queries["fail_stalled_job"], {"job_id": job_id})
-            logger.warning("stalled job %s (%s) superseded by a waiting job with lock %r",
-                           job_id, task_name, queueing_lock)
+            logger.warning(
+                "stalled job %s (%s) superseded by a waiting job with lock %r",
+                job_id,
+                task_name,
+                queueing_lock,
+            )
             return "superseded"
     logger.warning("stalled job %s (%s) put back to todo", job_id, task_name)
     return "retried"
@@ -65,5 +70,6 @@ def recover_stalled_jobs(ctx: SweepContext) -> SweepResult:
         process=_recover,
     )
     changed = sum(result.notes.values())
-    return SweepResult(selected=result.selected, changed=changed, failed=result.failed,
-                       notes=result.notes)
+    return SweepResult(
+        selected=result.selected, changed=changed, failed=result.failed, notes=result.notes
+    )

@@ -131,8 +131,7 @@ def declare_sweep(
         @task(name=sweep.task_name, queue=SWEEP_QUEUE, retry=False)
         def run_job() -> dict[str, Any]:
             result = run_sweep(name)
-            return {"selected": result.selected, "changed": result.changed,
-                    "failed": result.failed}
+            return {"selected": result.selected, "changed": result.changed, "failed": result.failed}
 
         @periodic(cron=cron, periodic_id=name)
         @task(name=f"queueing.sweep_tick.{name}", queue=SWEEP_QUEUE, retry=False)
@@ -159,9 +158,7 @@ def get_sweep(name: str) -> Sweep:
 def request_sweep(name: str) -> Enqueued:
     """Enqueue the sweep's job unless one is already waiting or running (EXCLUSIVE)."""
     sweep = get_sweep(name)
-    return enqueue(
-        sweep.task_name, key=SWEEP_KEY.build(name=name), policy=Policy.EXCLUSIVE
-    )
+    return enqueue(sweep.task_name, key=SWEEP_KEY.build(name=name), policy=Policy.EXCLUSIVE)
 
 
 def run_sweep(name: str, *, dry_run: bool = False, batch_size: int | None = None) -> SweepResult:
@@ -171,7 +168,10 @@ def run_sweep(name: str, *, dry_run: bool = False, batch_size: int | None = None
     if result.selected or result.failed:
         logger.info(
             "sweep %s: selected=%d changed=%d failed=%d%s",
-            name, result.selected, result.changed, result.failed,
+            name,
+            result.selected,
+            result.changed,
+            result.failed,
             " (dry run)" if dry_run else "",
         )
     return result

@@ -7,6 +7,7 @@ tables are not managed by Django, so the flush after a transactional test misses
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -92,23 +93,41 @@ def start_worker(worker_env, tmp_path) -> Iterator[Callable[..., WorkerProcess]]
     (then SIGKILL) at teardown."""
     started: list[WorkerProcess] = []
 
-    def start(*extra: str, env: dict[str, str] | None = None, name: str | None = None,
-              concurrency: int = 1, wait_ready: bool = True) -> WorkerProcess:
+    def start(
+        *extra: str,
+        env: dict[str, str] | None = None,
+        name: str | None = None,
+        concurrency: int = 1,
+        wait_ready: bool = True,
+    ) -> WorkerProcess:
         index = len(started)
         log_path = tmp_path / f"worker-{index}.log"
-        args = [sys.executable, "manage.py", "procrastinate", "worker",
-                f"--concurrency={concurrency}", f"--name={name or f'test-worker-{index}'}",
-                *extra]
+        args = [
+            sys.executable,
+            "manage.py",
+            "procrastinate",
+            "worker",
+            f"--concurrency={concurrency}",
+            f"--name={name or f'test-worker-{index}'}",
+            *extra,
+        ]
         handle = open(log_path, "w")  # noqa: SIM115 - closed with the process
         process = subprocess.Popen(
-            args, cwd=ROOT, env={**worker_env, **(env or {})}, stdout=handle,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            args,
+            cwd=ROOT,
+            env={**worker_env, **(env or {})},
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         worker = WorkerProcess(process=process, log_path=log_path)
         started.append(worker)
         if wait_ready:
-            wait_for(lambda: "Starting worker" in worker.log() or not worker.alive,
-                     timeout=30, message="worker start")
+            wait_for(
+                lambda: "Starting worker" in worker.log() or not worker.alive,
+                timeout=30,
+                message="worker start",
+            )
             assert worker.alive, worker.log()
         return worker
 
@@ -124,8 +143,13 @@ def start_worker(worker_env, tmp_path) -> Iterator[Callable[..., WorkerProcess]]
             worker.wait(timeout=10)
 
 
-def wait_for(predicate: Callable[[], bool], *, timeout: float = 30, interval: float = 0.05,
-             message: str = "condition") -> None:
+def wait_for(
+    predicate: Callable[[], bool],
+    *,
+    timeout: float = 30,
+    interval: float = 0.05,
+    message: str = "condition",
+) -> None:
     """Poll ``predicate`` until it holds (waiting on real processes, not moving time)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -166,6 +190,13 @@ def jobs(**filters) -> list[dict]:
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT id, task_name, status, queueing_lock, args, attempts, worker_id "
-            f"FROM procrastinate_jobs WHERE {where} ORDER BY id", filters)
+            f"FROM procrastinate_jobs WHERE {where} ORDER BY id",
+            filters,
+        )
         cols = [c[0] for c in cursor.description]
-        return [dict(zip(cols, row, strict=True)) for row in cursor.fetchall()]
+        rows = [dict(zip(cols, row, strict=True)) for row in cursor.fetchall()]
+    for row in rows:
+        # Django's psycopg backend hands jsonb back as text.
+        if isinstance(row["args"], str):
+            row["args"] = json.loads(row["args"])
+    return rows

@@ -101,9 +101,10 @@ RETURNING id;
 
 -- serial_admit --
 -- Insert a row whose status is decided under the key's advisory lock: 'queued' when an
--- active first-pass sibling exists, else the start status.
-INSERT INTO {table} ({columns}, {status})
-VALUES ({placeholders},
+-- active first-pass sibling exists, else the start status. created/updated come from the
+-- clock under the lock, so FIFO order is admission order.
+INSERT INTO {table} ({columns}, {created}, {updated}, {status})
+VALUES ({placeholders}, clock_timestamp(), clock_timestamp(),
         CASE WHEN EXISTS (
                  SELECT 1 FROM {table} b
                   WHERE b.{key} = %(key)s

@@ -14,27 +14,44 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("name", nargs="?", help="sweep name (see --list)")
-        parser.add_argument("--all", action="store_true", help="run every declared sweep")
-        parser.add_argument("--list", action="store_true", help="list sweeps and exit")
-        parser.add_argument("--dry-run", action="store_true",
-                            help="only count what would be selected")
+        parser.add_argument(
+            "--all", dest="run_all", action="store_true", help="run every declared sweep"
+        )
+        parser.add_argument(
+            "--list", dest="list_only", action="store_true", help="list sweeps and exit"
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="only count what would be selected"
+        )
         parser.add_argument("--batch-size", type=int, default=None)
 
-    def handle(self, *args, name=None, all=False, list=False, dry_run=False, batch_size=None,
-               **options):
+    def handle(
+        self,
+        *args,
+        name=None,
+        run_all=False,
+        list_only=False,
+        dry_run=False,
+        batch_size=None,
+        **options,
+    ):
         declared = sweeps()
-        if list:
-            self._table(["sweep", "cron", "batch", "grace s", "what it does"],
-                        [[s.name, s.cron, s.batch_size, s.grace_seconds, s.description]
-                         for s in declared.values()])
+        if list_only:
+            self._table(
+                ["sweep", "cron", "batch", "grace s", "what it does"],
+                [
+                    [s.name, s.cron, s.batch_size, s.grace_seconds, s.description]
+                    for s in declared.values()
+                ],
+            )
             return
-        if bool(name) == bool(all):
+        if bool(name) == run_all:
             raise CommandError(
                 "name one sweep or pass --all; declared sweeps: " + ", ".join(declared)
             )
         if batch_size is not None and batch_size < 1:
             raise CommandError("--batch-size must be at least 1.")
-        names = list(declared) if all else [name]
+        names = list(declared) if run_all else [name]
         rows = []
         for sweep_name in names:
             try:
@@ -43,8 +60,15 @@ class Command(BaseCommand):
                 raise CommandError(f"{exc}. Run 'manage.py sweep --list'.") from exc
             result = run_sweep(sweep_name, dry_run=dry_run, batch_size=batch_size)
             notes = ", ".join(f"{k}={v}" for k, v in sorted(result.notes.items()))
-            rows.append([sweep_name, result.selected, "-" if dry_run else result.changed,
-                         result.failed, notes])
+            rows.append(
+                [
+                    sweep_name,
+                    result.selected,
+                    "-" if dry_run else result.changed,
+                    result.failed,
+                    notes,
+                ]
+            )
         self._table(["sweep", "selected", "changed", "failed", "notes"], rows)
         if dry_run:
             self.stdout.write("dry run: nothing was written")

@@ -1,0 +1,44 @@
+"""Tasks the framework tests run in real worker subprocesses."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from django.db import connection, transaction
+
+from queueing.app import task
+from queueing.enqueue import enqueue
+from queueing.exceptions import DoNotRetry
+
+
+def record(label: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO test_effects (label) VALUES (%s)", [label])
+
+
+@task(name="tests.record")
+def record_task(label: str) -> None:
+    record(label)
+
+
+@task(name="tests.enqueue_child")
+def enqueue_child(label: str, fail: bool) -> None:
+    """Inside a running task: a business write and an enqueue in one transaction."""
+    with transaction.atomic():
+        record(label)
+        enqueue("tests.record", args={"label": f"{label}-child"})
+        if fail:
+            raise DoNotRetry("rolled back on purpose")
+
+
+@task(name="tests.block")
+def block(label: str, release_file: str, timeout: float = 60.0) -> None:
+    """Record the start (committed), wait until ``release_file`` exists, record the end."""
+    record(f"{label}:started")
+    deadline = time.monotonic() + timeout
+    while not Path(release_file).exists():
+        if time.monotonic() > deadline:
+            raise DoNotRetry("release file never appeared")
+        time.sleep(0.05)
+    record(f"{label}:finished")

@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from queueing import locks
+from queueing.serial import SerialQueue
+from tests.conftest import run_concurrently
+from tests.queueing.models import Item
+
+QUEUE = SerialQueue(
+    model=Item,
+    namespace=locks.namespace("test_serial"),
+    key_field="owner",
+    parent_field="parent",
+    deleted_field="deleted_at",
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def statuses(owner: str) -> list[str]:
+    return list(Item.objects.filter(owner=owner).order_by("id").values_list("status", flat=True))
+
+
+def finish(item_id: int) -> None:
+    Item.objects.filter(pk=item_id).update(status="complete")
+
+
+def test_fifty_concurrent_admits_one_active_fortynine_queued_promoted_fifo():
+    results = run_concurrently(lambda i: QUEUE.admit(key="alice", values={"label": f"job-{i}"}), 50)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert sorted(r.status for r in results).count("pending") == 1
+    assert statuses("alice").count("queued") == 49
+
+    # Drain: finish the active one, promote, repeat — order must follow created_at.
+    order = []
+    active = Item.objects.get(owner="alice", status="pending")
+    for _ in range(50):
+        order.append(active.pk)
+        Item.objects.filter(pk=active.pk).update(status="running")
+        assert QUEUE.promote(key="alice") is None  # slot is taken
+        finish(active.pk)
+        promoted = QUEUE.promote(key="alice")
+        if promoted is None:
+            break
+        active = Item.objects.get(pk=promoted)
+    expected = list(
+        Item.objects.filter(owner="alice").order_by("created_at", "id").values_list("pk", flat=True)
+    )
+    assert order == expected
+    assert set(statuses("alice")) == {"complete"}
+
+
+def test_two_promoters_at_once_start_one_job():
+    first = QUEUE.admit(key="bob", values={})
+    for _ in range(5):
+        QUEUE.admit(key="bob", values={})
+    finish(first.id)
+    results = run_concurrently(lambda i: QUEUE.promote(key="bob"), 10)
+    assert len([r for r in results if r is not None]) == 1
+    assert statuses("bob").count("pending") == 1
+
+
+def test_keys_are_independent():
+    assert QUEUE.admit(key="carol", values={}).status == "pending"
+    assert QUEUE.admit(key="dave", values={}).status == "pending"
+    assert QUEUE.admit(key="carol", values={}).status == "queued"
+
+
+def test_children_bypass_the_queue_and_never_block_it():
+    parent = QUEUE.admit(key="erin", values={})
+    queued = [QUEUE.admit(key="erin", values={}) for _ in range(5)]
+    assert {q.status for q in queued} == {"queued"}
+    child = QUEUE.admit(key="erin", values={"parent_id": parent.id})
+    assert child.status == "pending"
+    finish(parent.id)
+    # An active child does not hold the slot.
+    assert QUEUE.promote(key="erin") == queued[0].id
+
+
+def test_deleted_rows_neither_hold_nor_wait():
+    active = QUEUE.admit(key="frank", values={})
+    Item.objects.filter(pk=active.id).update(deleted_at="2020-01-01T00:00:00Z")
+    assert QUEUE.admit(key="frank", values={}).status == "pending"
+
+
+def test_stuck_keys_are_promoted_by_the_resume_pass():
+    a = QUEUE.admit(key="gina", values={})
+    b = QUEUE.admit(key="gina", values={})
+    finish(a.id)  # e.g. the worker died before promoting
+    assert QUEUE.stuck_keys() == ["gina"]
+    assert QUEUE.promote_stuck() == [b.id]
+    assert QUEUE.stuck_keys() == []
+
+
+def test_positions_count_from_one_in_fifo_order():
+    QUEUE.admit(key="hank", values={})
+    queued = [QUEUE.admit(key="hank", values={}) for _ in range(3)]
+    rows = {i.pk: i for i in Item.objects.filter(owner="hank")}
+    assert [
+        QUEUE.position(key="hank", row_id=q.id, created=rows[q.id].created_at) for q in queued
+    ] == [1, 2, 3]
+
+
+def test_admit_waits_for_a_concurrent_admit_holding_the_lock():
+    """Two tabs: the second admit blocks on the first's lock and then sees its row."""
+    from django.db import transaction
+
+    started = threading.Event()
+    release = threading.Event()
+    outcome = {}
+
+    def slow_admit():
+        try:
+            with transaction.atomic():
+                outcome["first"] = QUEUE.admit(key="ivy", values={})
+                started.set()
+                release.wait(timeout=10)
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+
+    t = threading.Thread(target=slow_admit)
+    t.start()
+    assert started.wait(timeout=10)
+
+    def second():
+        try:
+            outcome["second"] = QUEUE.admit(key="ivy", values={})
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+
+    t2 = threading.Thread(target=second)
+    t2.start()
+    t2.join(timeout=0.5)
+    assert t2.is_alive(), "second admit must wait for the lock"
+    release.set()
+    t.join(timeout=10)
+    t2.join(timeout=10)
+    assert outcome["first"].status == "pending"
+    assert outcome["second"].status == "queued"

@@ -1,0 +1,100 @@
+"""Real `manage.py procrastinate worker` subprocesses: transactional enqueue from inside a
+task, drain on SIGTERM, and recovery of a SIGKILLed worker's job."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from django.core.management import call_command
+from django.db import connection, transaction
+
+import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
+from queueing.enqueue import Policy, enqueue
+from queueing.sweeps import run_sweep
+from tests.conftest import jobs, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def statuses() -> dict[str, list[str]]:
+    """Statuses of the test tasks' jobs (the workers' own periodic sweeps left out)."""
+    out: dict[str, list[str]] = {}
+    for job in jobs():
+        if job["task_name"].startswith("tests."):
+            out.setdefault(job["task_name"], []).append(job["status"])
+    return out
+
+
+def finished(task_name: str) -> int:
+    return sum(s in ("succeeded", "failed") for s in statuses().get(task_name, []))
+
+
+def test_enqueue_inside_a_running_task_commits_and_rolls_back_with_it(effects, task_worker):
+    worker = task_worker()
+    enqueue("tests.enqueue_child", args={"label": "kept", "fail": False})
+    enqueue("tests.enqueue_child", args={"label": "dropped", "fail": True})
+    wait_for(
+        lambda: finished("tests.enqueue_child") == 2 and finished("tests.record") == 1,
+        timeout=30,
+        message=f"jobs to finish\n{worker.log()}",
+    )
+    assert sorted(effects()) == ["kept", "kept-child"]
+    # The failing task's business write and its child job rolled back together.
+    assert "dropped" not in effects()
+    assert [j["args"]["label"] for j in jobs(task_name="tests.record")] == ["kept-child"]
+    assert sorted(statuses()["tests.enqueue_child"]) == ["failed", "succeeded"]
+
+
+def test_enqueue_from_a_command_rolls_back_with_its_transaction(effects):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        call_command("sweep", "stalled_jobs")  # any write path: then enqueue and fail
+        enqueue("tests.record", args={"label": "x"})
+        raise RuntimeError
+    assert jobs() == []
+
+
+def test_sigterm_drains_the_running_job_and_exits_zero(effects, task_worker, tmp_path):
+    worker = task_worker()
+    release = tmp_path / "release"
+    enqueue("tests.block", args={"label": "drain", "release_file": str(release)})
+    wait_for(lambda: "drain:started" in effects(), message="job start")
+    worker.signal(signal.SIGTERM)
+    # After SIGTERM the worker takes no new job...
+    enqueue("tests.record", args={"label": "after-sigterm"})
+    release.touch()
+    assert worker.wait(timeout=30) == 0, worker.log()
+    assert effects() == ["drain:started", "drain:finished"]
+    assert statuses() == {"tests.block": ["succeeded"], "tests.record": ["todo"]}
+
+
+def test_sigkilled_workers_job_is_recovered_and_completes_once(effects, task_worker, tmp_path):
+    first = task_worker(name="doomed")
+    release = tmp_path / "release"
+    job = enqueue(
+        "tests.block",
+        args={"label": "k", "release_file": str(release)},
+        key="block:k",
+        policy=Policy.EXCLUSIVE,
+    )
+    wait_for(lambda: "k:started" in effects(), message="job start")
+    first.signal(signal.SIGKILL)
+    first.wait(timeout=10)
+    assert statuses() == {"tests.block": ["doing"]}
+
+    # Not yet stalled: the heartbeat is fresh, recovery leaves the job alone.
+    assert run_sweep("stalled_jobs").changed == 0
+    # Time travel: the dead worker's last heartbeat is a minute old.
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE procrastinate_workers SET last_heartbeat = now() - interval '60 s'")
+    result = run_sweep("stalled_jobs")
+    assert (result.changed, dict(result.notes)) == (1, {"retried": 1})
+
+    release.touch()
+    second = task_worker(name="rescuer")
+    wait_for(
+        lambda: statuses() == {"tests.block": ["succeeded"]}, message=f"recovery\n{second.log()}"
+    )
+    assert [j["id"] for j in jobs(task_name="tests.block")] == [job.job_id]
+    assert effects().count("k:finished") == 1
+    assert run_sweep("stalled_jobs").selected == 0

@@ -1,0 +1,45 @@
+"""DESIGN §1: queueing knows neither the domains nor accounts; the domains never import
+each other; only config knows them all."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FORBIDDEN = {
+    "queueing": {"pipeline", "runs", "accounts", "config"},
+    "pipeline": {"runs", "config"},
+    "runs": {"pipeline", "config"},
+    "accounts": {"pipeline", "runs", "queueing", "config"},
+}
+
+
+def imported_packages(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_dependency_direction(package):
+    violations = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        bad = imported_packages(path) & FORBIDDEN[package]
+        if bad:
+            violations.append(f"{path.relative_to(ROOT)} imports {sorted(bad)}")
+    assert violations == []
+
+
+def test_the_checker_sees_imports(tmp_path):
+    sample = tmp_path / "x.py"
+    sample.write_text("import runs.models\nfrom pipeline import tasks\nfrom . import local\n")
+    assert imported_packages(sample) == {"runs", "pipeline"}
