@@ -9,7 +9,6 @@ process share it; ``make stop-db`` stops it.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -22,9 +21,12 @@ def embedded_database_url(data_dir: Path) -> str:
 
     Idempotent: a second call (from a worker or another process) finds the running server.
     """
-    # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); pgserver then
-    # falls back to a temporary directory, which is fine.
-    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
+    # pgserver asks platformdirs for a runtime directory, which warns when
+    # XDG_RUNTIME_DIR is unset or shared (containers, CI): give it a private one.
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        runtime = data_dir.parent / "run"
+        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.environ["XDG_RUNTIME_DIR"] = str(runtime)
     try:
         import pgserver
     except ImportError as exc:  # pragma: no cover - installed by pyproject

@@ -32,17 +32,15 @@ PROCRASTINATE_TABLES = (
 
 
 def database_url() -> str:
-    """A URL for the database this test session uses (the test database)."""
-    s = connection.settings_dict
-    user = quote(s.get("USER") or "postgres")
-    password = f":{quote(s['PASSWORD'])}" if s.get("PASSWORD") else ""
-    host = s.get("HOST") or ""
-    port = s.get("PORT") or ""
-    if host.startswith("/"):
-        return f"postgresql://{user}{password}@/{s['NAME']}?host={quote(host)}" + (
-            f"&port={port}" if port else ""
-        )
-    return f"postgresql://{user}{password}@{host}{':' + str(port) if port else ''}/{s['NAME']}"
+    """A URL for the database this test session uses (the test database), read from the
+    live connection so it is right for a TCP server and the embedded (socket) one alike."""
+    connection.ensure_connection()
+    info = connection.connection.info
+    password = connection.settings_dict.get("PASSWORD") or ""
+    auth = quote(info.user) + (f":{quote(password)}" if password else "")
+    if info.host.startswith("/"):
+        return f"postgresql://{auth}@/{info.dbname}?host={quote(info.host)}&port={info.port}"
+    return f"postgresql://{auth}@{info.host}:{info.port}/{info.dbname}"
 
 
 @pytest.fixture
