@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
 from accounts.services import api_token_create, tenant_get_or_create, user_get_or_create
 
@@ -22,11 +23,13 @@ class Command(BaseCommand):
             raise CommandError(f"--tenant {tenant!r} is not a slug: use lowercase, digits and '-'.")
         if not user.strip():
             raise CommandError("--user must not be empty.")
-        tenant_row = tenant_get_or_create(slug=tenant)
         try:
-            user_row = user_get_or_create(tenant=tenant_row, username=user)
+            # One transaction: a refused user leaves no half-created tenant behind.
+            with transaction.atomic():
+                tenant_row = tenant_get_or_create(slug=tenant)
+                user_row = user_get_or_create(tenant=tenant_row, username=user)
+                token = api_token_create(user=user_row, name=name)
         except ValueError as exc:
             raise CommandError(f"{exc}; pick another --user or --tenant.") from exc
-        token = api_token_create(user=user_row, name=name)
         self.stderr.write(f"token for {user_row.username} (tenant {tenant_row.slug}):")
         self.stdout.write(token)
