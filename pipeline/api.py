@@ -1,7 +1,180 @@
-"""JSON API of pipeline (attached by config.api)."""
+"""JSON API of the pipeline (attached by config.api): submit an inquiry, read its status.
+
+Every call is scoped to the caller's tenant; another tenant's inquiry is a 404. Pipeline
+errors become ``{"error": code, "detail": ...}`` with their status, here in one place.
+"""
 
 from __future__ import annotations
 
-from ninja import Router
+import datetime
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from decimal import Decimal
+
+from django.http import HttpRequest
+from ninja import File, Form, Router, Schema, Status
+from ninja.files import UploadedFile
+
+from accounts.api import ClientError
+from pipeline.exceptions import FileTooLarge, PipelineError
+from pipeline.selectors import anfrage_detail, anfrage_get
+from pipeline.services import MAX_FILE_BYTES, Upload, anfrage_submit
 
 router = Router(tags=["pipeline"])
+
+
+@contextmanager
+def _client_errors() -> Iterator[None]:
+    try:
+        yield
+    except PipelineError as exc:
+        raise ClientError(exc.detail, code=exc.code, status=exc.status) from exc
+
+
+class AnfrageCreated(Schema):
+    id: int
+
+
+class StageOut(Schema):
+    stage: str
+    status: str
+    attempts: int
+    error: str
+    started_at: datetime.datetime | None
+    finished_at: datetime.datetime | None
+
+
+class FileOut(Schema):
+    id: int
+    filename: str
+    format: str
+    size: int
+    sha256: str
+
+
+class PositionOut(Schema):
+    index: int
+    label: str
+    source_file_id: int | None
+    source_line: int
+    quantity: Decimal
+    unit: str
+    item: str
+    material: str
+    catalog_item: str
+    catalog_material: str
+    length_mm: int | None
+    feasible: bool | None
+    reason: str
+    unit_price: Decimal | None
+    total: Decimal | None
+
+
+class WarningOut(Schema):
+    source_file_id: int | None
+    line_no: int
+    line: str
+    message: str
+
+
+class AnfrageOut(Schema):
+    id: int
+    title: str
+    created_at: datetime.datetime
+    complete: bool
+    stages: list[StageOut]
+    files: list[FileOut]
+    positions: list[PositionOut]
+    warnings: list[WarningOut]
+    quote_total: Decimal | None
+    currency: str
+
+
+def _actor(request: HttpRequest) -> str:
+    return f"user:{request.auth.username}"
+
+
+@router.post(
+    "/anfragen",
+    response={201: AnfrageCreated},
+    summary="Submit an inquiry (multipart: one or more 'files', optional 'title')",
+)
+def anfrage_create(
+    request: HttpRequest,
+    title: Form[str] = "",
+    files: File[list[UploadedFile]] = None,
+):
+    """Files: plain text (``12 pcs steel beam HEA 200, 6 m`` per line), CSV
+    (``position;qty;unit;item;material;length_mm``) or Markdown lists, at most 5 MiB each.
+    Returns at once; the pipeline runs in the background (poll ``GET /anfragen/{id}``)."""
+    with _client_errors():
+        uploads = []
+        for upload in files or ():
+            # Checked before reading: an oversized file is never read into memory.
+            if upload.size > MAX_FILE_BYTES:
+                raise FileTooLarge(
+                    f"file {upload.name!r} has {upload.size} bytes; at most {MAX_FILE_BYTES}"
+                )
+            uploads.append(Upload(filename=upload.name or "", data=upload.read()))
+        anfrage = anfrage_submit(
+            tenant=request.auth.tenant, uploads=uploads, title=title, actor=_actor(request)
+        )
+    return Status(201, {"id": anfrage.id})
+
+
+@router.get("/anfragen/{anfrage_id}", response=AnfrageOut, summary="An inquiry's pipeline")
+def anfrage_read(request: HttpRequest, anfrage_id: int):
+    """Each stage's status, attempts and error; the positions with feasibility and prices;
+    the quote total once ``calculate`` succeeded."""
+    with _client_errors():
+        anfrage = anfrage_get(tenant_id=request.auth.tenant_id, anfrage_id=anfrage_id)
+    detail = anfrage_detail(anfrage=anfrage)
+    return {
+        "id": anfrage.id,
+        "title": anfrage.title,
+        "created_at": anfrage.created_at,
+        "complete": detail.complete,
+        "stages": [asdict(s) for s in detail.stages],
+        "files": [
+            {
+                "id": f.id,
+                "filename": f.filename,
+                "format": f.format,
+                "size": f.size,
+                "sha256": f.sha256,
+            }
+            for f in detail.files
+        ],
+        "positions": [
+            {
+                "index": p.position_index,
+                "label": p.label,
+                "source_file_id": p.source_file_id,
+                "source_line": p.source_line,
+                "quantity": p.quantity,
+                "unit": p.unit,
+                "item": p.item,
+                "material": p.material,
+                "catalog_item": p.catalog_item,
+                "catalog_material": p.catalog_material,
+                "length_mm": p.length_mm,
+                "feasible": p.feasible,
+                "reason": p.reason,
+                "unit_price": p.unit_price,
+                "total": p.total,
+            }
+            for p in detail.positions
+        ],
+        "warnings": [
+            {
+                "source_file_id": w.source_file_id,
+                "line_no": w.line_no,
+                "line": w.line,
+                "message": w.message,
+            }
+            for w in detail.warnings
+        ],
+        "quote_total": anfrage.quote_total,
+        "currency": anfrage.currency,
+    }

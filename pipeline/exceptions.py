@@ -1,0 +1,123 @@
+"""Exceptions of the pipeline; ``PipelineError`` is the root.
+
+Each carries the HTTP ``status`` and the machine-readable ``code`` the API answers with
+(``pipeline.api`` translates them in one place); commands turn them into ``CommandError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PipelineError(Exception):
+    """The pipeline refused an operation."""
+
+    status: int = 400
+    code: str = "pipeline_error"
+    #: False when running the stage again cannot help (the job fails at once).
+    retryable: bool = True
+
+    def __init__(self, detail: Any = None):
+        self.detail = detail if detail is not None else self.__doc__
+        super().__init__(str(self.detail))
+
+
+class InvalidUpload(PipelineError):
+    """An uploaded file cannot be turned into an inquiry."""
+
+    code = "invalid_upload"
+
+
+class NoFiles(InvalidUpload):
+    """An inquiry needs at least one file (multipart field 'files')."""
+
+    code = "no_files"
+
+
+class TooManyFiles(InvalidUpload):
+    """Too many files in one inquiry."""
+
+    code = "too_many_files"
+
+
+class EmptyFile(InvalidUpload):
+    """A file is empty."""
+
+    code = "empty_file"
+
+
+class FileTooLarge(InvalidUpload):
+    """A file is larger than the limit."""
+
+    status = 413
+    code = "file_too_large"
+
+
+class BinaryFile(InvalidUpload):
+    """A file is binary; send plain text, CSV or Markdown."""
+
+    status = 415
+    code = "binary_file"
+
+
+class UnknownFormat(InvalidUpload):
+    """A file has an unknown format; send .txt, .csv or .md."""
+
+    status = 415
+    code = "unknown_format"
+
+
+class UnparseableFile(InvalidUpload):
+    """No line of a file could be read as a requested item."""
+
+    status = 422
+    code = "unparseable_file"
+
+
+class InvalidTitle(InvalidUpload):
+    """The title is too long."""
+
+    code = "invalid_title"
+
+
+class AnfrageNotFound(PipelineError):
+    """No such inquiry (or it belongs to another tenant)."""
+
+    status = 404
+    code = "not_found"
+
+
+class UnknownStage(PipelineError):
+    """No such stage; the stages are intake, extract, feasibility, calculate."""
+
+    code = "unknown_stage"
+
+
+class ReplayRefused(PipelineError):
+    """The stage cannot be replayed in its current state."""
+
+    status = 409
+    code = "replay_refused"
+
+
+class StorageCorrupt(PipelineError):
+    """A stored file's bytes no longer match its SHA-256."""
+
+    status = 500
+    code = "storage_corrupt"
+    retryable = False
+
+
+class InvalidCatalog(PipelineError):
+    """A catalog definition is malformed."""
+
+    code = "invalid_catalog"
+    retryable = False
+
+
+class StageInputChanged(PipelineError):
+    """A stage's input no longer matches what the stage before it decided."""
+
+    status = 409
+    code = "stage_input_changed"
+    retryable = False

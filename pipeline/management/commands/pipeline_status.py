@@ -1,0 +1,124 @@
+"""Show inquiries and their stages (read-only; safe to run any time, also from cron)."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from pipeline.exceptions import AnfrageNotFound
+from pipeline.selectors import anfrage_detail, anfrage_get_any, anfrage_overview, tenant_by_slug
+from queueing.display import format_table
+
+
+def _short(text: str, width: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+class Command(BaseCommand):
+    help = "Stage status per inquiry; with --anfrage, its stages, positions and quote."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--tenant", help="only this tenant's inquiries (slug)")
+        parser.add_argument("--anfrage", type=int, help="one inquiry in detail")
+        parser.add_argument("--limit", type=int, default=50, help="newest N inquiries (50)")
+
+    def handle(self, *args, tenant: str | None, anfrage: int | None, limit: int, **options):
+        tenant_id = None
+        if tenant is not None:
+            tenant_row = tenant_by_slug(slug=tenant)
+            if tenant_row is None:
+                raise CommandError(f"no tenant {tenant!r}; list tenants in the admin")
+            tenant_id = tenant_row.id
+        if anfrage is None:
+            self._overview(tenant_id, limit)
+            return
+        try:
+            row = anfrage_get_any(anfrage_id=anfrage)
+        except AnfrageNotFound as exc:
+            raise CommandError(f"{exc.detail}; run without --anfrage to list inquiries") from exc
+        if tenant_id is not None and row.tenant_id != tenant_id:
+            raise CommandError(f"inquiry {anfrage} belongs to another tenant than {tenant!r}")
+        self._detail(row)
+
+    def _overview(self, tenant_id: int | None, limit: int) -> None:
+        rows = []
+        for anfrage, stages in anfrage_overview(tenant_id=tenant_id, limit=limit):
+            rows.append(
+                (
+                    anfrage.id,
+                    anfrage.tenant.slug,
+                    _short(anfrage.title, 30),
+                    *(s.status for s in stages),
+                    anfrage.quote_total,
+                )
+            )
+        header = ("id", "tenant", "title", "intake", "extract", "feasibility", "calculate", "total")
+        self.stdout.write(format_table(header, rows))
+
+    def _detail(self, anfrage) -> None:
+        detail = anfrage_detail(anfrage=anfrage)
+        self.stdout.write(f"inquiry {anfrage.id} ({anfrage.tenant.slug}): {anfrage.title}")
+        stage_rows = [
+            (
+                s.stage,
+                s.status,
+                s.attempts,
+                s.started_at and f"{s.started_at:%Y-%m-%d %H:%M:%S}",
+                s.finished_at and f"{s.finished_at:%Y-%m-%d %H:%M:%S}",
+                _short(s.error),
+            )
+            for s in detail.stages
+        ]
+        self.stdout.write(
+            format_table(
+                ("stage", "status", "attempts", "started", "finished", "error"), stage_rows
+            )
+        )
+        self.stdout.write("")
+        position_rows = [
+            (
+                p.position_index,
+                f"{p.quantity.normalize():f}",
+                p.unit,
+                _short(p.item, 40),
+                p.catalog_material or p.material,
+                p.length_mm,
+                {True: "yes", False: "no", None: ""}[p.feasible],
+                _short(p.reason, 50),
+                p.unit_price,
+                p.total,
+            )
+            for p in detail.positions
+        ]
+        self.stdout.write(
+            format_table(
+                (
+                    "#",
+                    "qty",
+                    "unit",
+                    "item",
+                    "material",
+                    "length_mm",
+                    "feasible",
+                    "reason",
+                    "unit_price",
+                    "total",
+                ),
+                position_rows,
+            )
+        )
+        if detail.warnings:
+            self.stdout.write("")
+            self.stdout.write(
+                format_table(
+                    ("line", "warning", "text"),
+                    [(w.line_no, w.message, _short(w.line, 50)) for w in detail.warnings],
+                )
+            )
+        total = anfrage.quote_total
+        self.stdout.write("")
+        self.stdout.write(
+            f"quote total: {total} {anfrage.currency}"
+            if total is not None
+            else "quote total: not calculated yet"
+        )

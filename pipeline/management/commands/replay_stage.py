@@ -1,0 +1,78 @@
+"""Run one stage of an inquiry again (audited). Not for cron: an operator's decision.
+
+Examples::
+
+    manage.py replay_stage --tenant acme --anfrage 42 --stage extract            # failed stage
+    manage.py replay_stage --tenant acme --anfrage 42 --stage extract --force --cascade
+    manage.py replay_stage --tenant acme --anfrage 42 --stage calculate --force --dry-run
+"""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from pipeline.exceptions import PipelineError
+from pipeline.models import Stage
+from pipeline.selectors import parse_stage, tenant_by_slug
+from pipeline.services import pipeline_stage_replay
+from queueing.display import format_table
+
+
+class Command(BaseCommand):
+    help = "Replay a stage of an inquiry: --force for a successful stage, --cascade for the rest."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--tenant", required=True, help="tenant slug")
+        parser.add_argument("--anfrage", required=True, type=int, help="inquiry id")
+        parser.add_argument("--stage", required=True, help=f"one of {', '.join(Stage.values)}")
+        parser.add_argument("--force", action="store_true", help="replay a successful stage")
+        parser.add_argument(
+            "--cascade", action="store_true", help="re-run the stages after it as well"
+        )
+        parser.add_argument("--dry-run", action="store_true", help="show, change nothing")
+
+    def handle(
+        self,
+        *args,
+        tenant: str,
+        anfrage: int,
+        stage: str,
+        force: bool,
+        cascade: bool,
+        dry_run: bool,
+        **options,
+    ):
+        tenant_row = tenant_by_slug(slug=tenant)
+        if tenant_row is None:
+            raise CommandError(f"no tenant {tenant!r}; check the slug in the admin")
+        try:
+            stage_value = parse_stage(stage)
+            result = pipeline_stage_replay(
+                tenant_id=tenant_row.id,
+                anfrage_id=anfrage,
+                stage=stage_value,
+                force=force,
+                cascade=cascade,
+                dry_run=dry_run,
+                actor="command:replay_stage",
+            )
+        except PipelineError as exc:
+            raise CommandError(str(exc.detail)) from exc
+        if result.dry_run:
+            job = "would enqueue"
+        else:
+            job = f"{'enqueued' if result.enqueued else 'already queued'} job {result.job_id}"
+        self.stdout.write(
+            format_table(
+                ("anfrage", "stage", "reopened", "job"),
+                [(result.anfrage_id, result.stage.value, ", ".join(result.reopened) or "-", job)],
+            )
+        )
+        later = stage_value.following
+        if force and not cascade and later:
+            self.stderr.write(
+                f"note: {', '.join(s.value for s in later)} will not run again and lose "
+                "their results once this stage rewrites its output; add --cascade to re-run them"
+            )
+        if result.dry_run:
+            self.stdout.write("dry run: nothing changed")

@@ -1,0 +1,53 @@
+"""Create an inquiry from files and start its pipeline. Not for cron (each run creates one).
+
+The new inquiry's id is the last line of the output, for scripts:
+``ID=$(manage.py submit_anfrage --tenant acme items.txt | tail -n1)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from pipeline.exceptions import PipelineError
+from pipeline.selectors import tenant_by_slug
+from pipeline.services import Upload, anfrage_submit
+from queueing.display import format_table
+
+
+class Command(BaseCommand):
+    help = "Create an inquiry from FILE... (text, CSV or Markdown) and start its pipeline."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--tenant", required=True, help="tenant slug")
+        parser.add_argument("--title", default="", help="title (default: the first file name)")
+        parser.add_argument("files", nargs="+", metavar="FILE")
+
+    def handle(self, *args, tenant: str, title: str, files: list[str], **options):
+        tenant_row = tenant_by_slug(slug=tenant)
+        if tenant_row is None:
+            raise CommandError(
+                f"no tenant {tenant!r}: create it with "
+                f"'manage.py create_api_token --tenant {tenant} --user <name>'"
+            )
+        uploads = []
+        for name in files:
+            path = Path(name)
+            try:
+                uploads.append(Upload(filename=path.name, data=path.read_bytes()))
+            except OSError as exc:
+                raise CommandError(f"cannot read {name}: {exc.strerror}; check the path") from exc
+        try:
+            anfrage = anfrage_submit(
+                tenant=tenant_row, uploads=uploads, title=title, actor="command:submit_anfrage"
+            )
+        except PipelineError as exc:
+            raise CommandError(f"{exc.detail}; nothing was created") from exc
+        rows = [(m["filename"], m["format"], m["size"], m["sha256"][:12]) for m in anfrage.uploads]
+        self.stdout.write(format_table(("file", "format", "bytes", "sha256"), rows))
+        self.stdout.write(
+            f"inquiry {anfrage.id} ({tenant_row.slug}) submitted; intake is queued. "
+            f"Follow it with 'manage.py pipeline_status --anfrage {anfrage.id}'."
+        )
+        self.stdout.write(str(anfrage.id))

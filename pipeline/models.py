@@ -1,0 +1,253 @@
+"""Inquiries (Anfragen), their stage ledger, files, positions, warnings, catalogs and the
+audit log (DESIGN §3). Models hold fields and constraints; services hold the writes."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models.functions import Now
+
+from accounts.models import Tenant
+from queueing.ledger import LedgerEntry, LedgerStatus
+
+
+class Stage(models.TextChoices):
+    """The stages, in the order they run."""
+
+    INTAKE = "intake"
+    EXTRACT = "extract"
+    FEASIBILITY = "feasibility"
+    CALCULATE = "calculate"
+
+    @property
+    def next(self) -> Stage | None:
+        order = list(Stage)
+        index = order.index(self)
+        return order[index + 1] if index + 1 < len(order) else None
+
+    @property
+    def previous(self) -> tuple[Stage, ...]:
+        order = list(Stage)
+        return tuple(order[: order.index(self)])
+
+    @property
+    def following(self) -> tuple[Stage, ...]:
+        order = list(Stage)
+        return tuple(order[order.index(self) + 1 :])
+
+
+class FileFormat(models.TextChoices):
+    TEXT = "text"
+    CSV = "csv"
+    MARKDOWN = "markdown"
+
+
+class Unit(models.TextChoices):
+    """Canonical units: extraction converts mm/cm to m and t to kg."""
+
+    PIECES = "pcs"
+    METRES = "m"
+    KILOGRAMS = "kg"
+
+
+class Anfrage(models.Model):
+    """An inquiry of a tenant. ``uploads`` is the manifest fixed at submit time (name,
+    sha256, size, format per file); intake turns it into ``AnfrageFile`` rows."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="anfragen")
+    title = models.CharField(max_length=200, blank=True, default="")
+    uploads = models.JSONField(default=list, blank=True)
+    quote_total = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    currency = models.CharField(max_length=3, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "anfragen"
+        ordering = ["-id"]
+        verbose_name = "inquiry"
+        verbose_name_plural = "inquiries"
+        indexes = [models.Index(fields=["tenant", "-id"], name="anfragen_tenant_id_idx")]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.title}".strip()
+
+
+class PipelineRun(LedgerEntry):
+    """The stage ledger: at most one row per (tenant, anfrage, stage), claimed by
+    ``queueing.ledger.Ledger``. Only the ledger columns may be NOT NULL without a
+    database default: the claim is a raw ``INSERT``."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    anfrage = models.ForeignKey(Anfrage, on_delete=models.CASCADE, related_name="runs")
+    stage = models.CharField(max_length=16, choices=Stage.choices)
+
+    class Meta:
+        db_table = "pipeline_runs"
+        ordering = ["anfrage_id", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "anfrage", "stage"], name="pipeline_runs_tenant_anfrage_stage_uq"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(status__in=LedgerStatus.values),
+                name="pipeline_runs_status_valid",
+            ),
+        ]
+        indexes = [models.Index(fields=["stage", "status"], name="pipeline_runs_stage_status_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.stage} of #{self.anfrage_id}: {self.status}"
+
+
+class AnfrageFile(models.Model):
+    """A stored file. ``storage_key`` names tenant, inquiry and content, so the same bytes
+    sent twice to one inquiry are one row, and to two inquiries two rows."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    anfrage = models.ForeignKey(Anfrage, on_delete=models.CASCADE, related_name="files")
+    sha256 = models.CharField(max_length=64)
+    storage_key = models.CharField(max_length=300)
+    size = models.PositiveBigIntegerField()
+    filename = models.CharField(max_length=255)
+    format = models.CharField(max_length=16, choices=FileFormat.choices)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "anfrage_files"
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["sha256", "storage_key"], name="anfrage_files_sha256_storage_key_uq"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.filename} ({self.sha256[:12]})"
+
+
+class Position(models.Model):
+    """A requested item parsed from a file; feasibility and calculate fill the rest."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    anfrage = models.ForeignKey(Anfrage, on_delete=models.CASCADE, related_name="positions")
+    position_index = models.PositiveIntegerField()
+    source_file = models.ForeignKey(
+        AnfrageFile, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    source_line = models.PositiveIntegerField()
+    label = models.CharField(max_length=32, blank=True, default="")
+    raw = models.TextField()
+    quantity = models.DecimalField(max_digits=15, decimal_places=3)
+    unit = models.CharField(max_length=8, choices=Unit.choices)
+    item = models.CharField(max_length=300)
+    material = models.CharField(max_length=64, blank=True, default="")
+    length_mm = models.PositiveIntegerField(null=True, blank=True)
+    catalog_item = models.CharField(max_length=64, blank=True, default="")
+    catalog_material = models.CharField(max_length=64, blank=True, default="")
+    feasible = models.BooleanField(null=True, blank=True)
+    reason = models.CharField(max_length=300, blank=True, default="")
+    unit_price = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    total = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+
+    class Meta:
+        db_table = "anfrage_positions"
+        ordering = ["anfrage_id", "position_index"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "anfrage", "position_index"],
+                name="anfrage_positions_tenant_anfrage_index_uq",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.anfrage_id}.{self.position_index} {self.quantity} {self.unit} {self.item}"
+
+
+class ExtractionWarning(models.Model):
+    """A line extract could not read; replaced together with the positions."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    anfrage = models.ForeignKey(Anfrage, on_delete=models.CASCADE, related_name="warnings")
+    source_file = models.ForeignKey(
+        AnfrageFile, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    line_no = models.PositiveIntegerField()
+    line = models.TextField()
+    message = models.CharField(max_length=300)
+
+    class Meta:
+        db_table = "anfrage_warnings"
+        ordering = ["anfrage_id", "id"]
+
+    def __str__(self) -> str:
+        return f"#{self.anfrage_id} line {self.line_no}: {self.message}"
+
+
+class AuditEntry(models.Model):
+    """Append-only: who did what to which row. ``entity_id`` names a row that exists
+    (file entries come from ``insert_or_get``, never from a guess)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    entity_type = models.CharField(max_length=32)
+    entity_id = models.BigIntegerField()
+    action = models.CharField(max_length=64)
+    actor = models.CharField(max_length=150)
+    payload = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "audit_log"
+        ordering = ["-id"]
+        verbose_name = "audit entry"
+        verbose_name_plural = "audit log"
+        indexes = [
+            models.Index(fields=["entity_type", "entity_id"], name="audit_log_entity_idx"),
+            models.Index(fields=["tenant", "-id"], name="audit_log_tenant_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.entity_type}#{self.entity_id} by {self.actor}"
+
+
+class Catalog(models.Model):
+    """A tenant's own catalog; tenants without one use the default shipped as data
+    (``pipeline/data/default_catalog.json``). ``materials`` maps a material code to its
+    aliases, e.g. ``{"S235": ["steel", "St37"]}``."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="catalog")
+    name = models.CharField(max_length=200)
+    currency = models.CharField(max_length=3, default="EUR")
+    materials = models.JSONField(default=dict, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "catalogs"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.tenant})"
+
+
+class CatalogItem(models.Model):
+    """What a tenant makes: matched by keywords, limited by materials, length and a
+    minimum quantity, priced per ``unit`` with quantity breaks
+    (``price_breaks = [[min_quantity, unit_price], ...]``, decimals as strings)."""
+
+    catalog = models.ForeignKey(Catalog, on_delete=models.CASCADE, related_name="items")
+    code = models.SlugField(max_length=64)
+    name = models.CharField(max_length=200)
+    keywords = models.JSONField(default=list)
+    materials = models.JSONField(default=list)
+    unit = models.CharField(max_length=8, choices=Unit.choices)
+    max_length_mm = models.PositiveIntegerField(null=True, blank=True)
+    min_quantity = models.DecimalField(max_digits=15, decimal_places=3, default=1)
+    price_breaks = models.JSONField(default=list)
+    sort_order = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        db_table = "catalog_items"
+        ordering = ["catalog_id", "sort_order", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["catalog", "code"], name="catalog_items_code_uq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.code} ({self.catalog})"

@@ -1,0 +1,176 @@
+"""Reads of the pipeline: inquiries scoped to a tenant, their status, catalogs."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.db import connection
+
+from accounts.models import Tenant
+from pipeline.catalog import CatalogSpec, catalog_from_dict, default_catalog
+from pipeline.exceptions import AnfrageNotFound, UnknownStage
+from pipeline.models import (
+    Anfrage,
+    AnfrageFile,
+    Catalog,
+    ExtractionWarning,
+    PipelineRun,
+    Position,
+    Stage,
+)
+from pipeline.queries import QUERIES
+
+#: Shown for a stage that has no ledger row yet (it is not a ledger status).
+PENDING = "pending"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageStatus:
+    stage: str
+    status: str
+    attempts: int = 0
+    error: str = ""
+    started_at: datetime.datetime | None = None
+    finished_at: datetime.datetime | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnfrageDetail:
+    anfrage: Anfrage
+    stages: tuple[StageStatus, ...]
+    files: tuple[AnfrageFile, ...]
+    positions: tuple[Position, ...]
+    warnings: tuple[ExtractionWarning, ...]
+
+    @property
+    def complete(self) -> bool:
+        return all(s.status == "success" for s in self.stages)
+
+    @property
+    def quote_total(self) -> Decimal | None:
+        return self.anfrage.quote_total
+
+
+def parse_stage(value: str | Stage) -> Stage:
+    """``value`` as a Stage, or :class:`UnknownStage` naming the valid ones."""
+    try:
+        return Stage(value)
+    except ValueError:
+        raise UnknownStage(
+            f"unknown stage {value!r}; the stages are {', '.join(Stage.values)}"
+        ) from None
+
+
+def anfrage_get(*, tenant_id: int, anfrage_id: int) -> Anfrage:
+    """The tenant's inquiry; another tenant's id is :class:`AnfrageNotFound` (a 404)."""
+    anfrage = (
+        Anfrage.objects.select_related("tenant").filter(tenant_id=tenant_id, pk=anfrage_id).first()
+    )
+    if anfrage is None:
+        raise AnfrageNotFound(f"no inquiry {anfrage_id} for this tenant")
+    return anfrage
+
+
+def anfrage_get_any(*, anfrage_id: int) -> Anfrage:
+    """Any tenant's inquiry, for operators (commands and admin), never for the API."""
+    anfrage = Anfrage.objects.select_related("tenant").filter(pk=anfrage_id).first()
+    if anfrage is None:
+        raise AnfrageNotFound(f"no inquiry {anfrage_id}")
+    return anfrage
+
+
+def tenant_by_slug(*, slug: str) -> Tenant | None:
+    return Tenant.objects.filter(slug=slug).first()
+
+
+def stage_statuses(runs: list[PipelineRun]) -> tuple[StageStatus, ...]:
+    """One status per stage, in order; stages without a ledger row are ``pending``."""
+    by_stage = {run.stage: run for run in runs}
+    statuses = []
+    for stage in Stage:
+        run = by_stage.get(stage.value)
+        if run is None:
+            statuses.append(StageStatus(stage=stage.value, status=PENDING))
+        else:
+            statuses.append(
+                StageStatus(
+                    stage=stage.value,
+                    status=run.status,
+                    attempts=run.attempts,
+                    error=run.error,
+                    started_at=run.started_at,
+                    finished_at=run.finished_at,
+                )
+            )
+    return tuple(statuses)
+
+
+def anfrage_detail(*, anfrage: Anfrage) -> AnfrageDetail:
+    return AnfrageDetail(
+        anfrage=anfrage,
+        stages=stage_statuses(list(anfrage.runs.all())),
+        files=tuple(anfrage.files.order_by("id")),
+        positions=tuple(anfrage.positions.order_by("position_index")),
+        warnings=tuple(anfrage.warnings.order_by("id")),
+    )
+
+
+def anfrage_overview(
+    *, tenant_id: int | None = None, limit: int = 50
+) -> list[tuple[Anfrage, tuple[StageStatus, ...]]]:
+    """The newest inquiries (optionally of one tenant) with their stage statuses."""
+    anfragen = Anfrage.objects.select_related("tenant").order_by("-id")
+    if tenant_id is not None:
+        anfragen = anfragen.filter(tenant_id=tenant_id)
+    rows = list(anfragen[:limit])
+    runs: dict[int, list[PipelineRun]] = {}
+    for run in PipelineRun.objects.filter(anfrage__in=rows):
+        runs.setdefault(run.anfrage_id, []).append(run)
+    return [(a, stage_statuses(runs.get(a.id, []))) for a in rows]
+
+
+def replayable_runs(
+    *, stage: Stage, tenant_id: int | None = None, limit: int = 10_000
+) -> list[tuple[int, int]]:
+    """``(tenant_id, anfrage_id)`` of runs of ``stage`` that failed or were abandoned with
+    an expired lease, whose earlier stages succeeded; oldest first."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            QUERIES["replayable_runs"],
+            {
+                "stage": stage.value,
+                "tenant_id": tenant_id,
+                "previous": [s.value for s in stage.previous],
+                "limit": limit,
+            },
+        )
+        return [(row[0], row[1]) for row in cursor.fetchall()]
+
+
+def catalog_for(*, tenant_id: int) -> CatalogSpec:
+    """The tenant's own catalog, else the default shipped as data."""
+    catalog = Catalog.objects.filter(tenant_id=tenant_id).prefetch_related("items").first()
+    if catalog is None:
+        return default_catalog()
+    return catalog_from_dict(
+        {
+            "name": catalog.name,
+            "currency": catalog.currency,
+            "materials": catalog.materials,
+            "items": [
+                {
+                    "code": item.code,
+                    "name": item.name,
+                    "keywords": item.keywords,
+                    "materials": item.materials,
+                    "unit": item.unit,
+                    "max_length_mm": item.max_length_mm,
+                    "min_quantity": str(item.min_quantity),
+                    "price_breaks": item.price_breaks,
+                }
+                for item in catalog.items.all()
+            ],
+        }
+    )

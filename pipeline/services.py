@@ -1,0 +1,562 @@
+"""Writes of the pipeline: submitting an inquiry, running a stage, replaying stages.
+
+Every stage runs the same protocol (:func:`pipeline_stage_run`):
+
+1. read its input and claim ``(tenant, anfrage, stage)`` in the ledger — one statement,
+   committed before the work starts: *done* skips, *busy* retries later;
+2. compute outside any transaction (a crash here changes nothing in the database);
+3. in ONE transaction: write the results, mark the run ``success`` (compare-and-set on the
+   fencing token) and enqueue the next stage (EXCLUSIVE key ``stage:tenant:anfrage``);
+4. on an error: mark the run ``failed`` with the message and re-raise, so the framework
+   retries with its jittered backoff (the ledger row stays claimable).
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import PurePath
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from accounts.models import Tenant
+from pipeline import storage
+from pipeline.catalog import check_position, price_position
+from pipeline.exceptions import (
+    FileTooLarge,
+    InvalidTitle,
+    NoFiles,
+    PipelineError,
+    ReplayRefused,
+    StageInputChanged,
+    TooManyFiles,
+    UnparseableFile,
+)
+from pipeline.extract import SourceFile, decode, get_extractor, inspect_upload
+from pipeline.models import (
+    Anfrage,
+    AnfrageFile,
+    AuditEntry,
+    ExtractionWarning,
+    FileFormat,
+    PipelineRun,
+    Position,
+    Stage,
+)
+from pipeline.queries import QUERIES
+from pipeline.selectors import anfrage_get, catalog_for, parse_stage
+from queueing.enqueue import Enqueued, Policy, enqueue
+from queueing.exceptions import DoNotRetry, LeaseLost, RetryLater
+from queueing.keys import KeyFormat
+from queueing.ledger import Claim, Ledger, LedgerStatus, Outcome
+from queueing.rows import insert_or_get, replace_children
+
+logger = logging.getLogger(__name__)
+
+#: The singleton key of every stage job, e.g. ``extract:acme:42``.
+STAGE_KEY = KeyFormat(parts=("stage", "tenant", "anfrage"))
+#: A stage's lease: longer than any stage takes, short enough that a dead worker's stage
+#: is taken over within minutes.
+LEASE_SECONDS = 300.0
+LEDGER = Ledger(
+    model=PipelineRun, key_fields=("tenant", "anfrage", "stage"), lease_seconds=LEASE_SECONDS
+)
+TASK_NAMES = {stage: f"pipeline.{stage.value}" for stage in Stage}
+
+MAX_FILES = 20
+MAX_FILE_BYTES = 5 * 1024 * 1024
+MAX_TITLE = 200
+WORKER_ACTOR = "worker"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Upload:
+    filename: str
+    data: bytes
+
+
+class StageOutcome(enum.StrEnum):
+    COMPLETED = "completed"
+    SKIPPED = "skipped"
+    LEASE_LOST = "lease_lost"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayResult:
+    anfrage_id: int
+    stage: Stage
+    reopened: tuple[str, ...]
+    job_id: int | None
+    enqueued: bool
+    dry_run: bool
+
+
+def stage_key(*, stage: Stage, anfrage: Anfrage) -> str:
+    return STAGE_KEY.build(stage=stage.value, tenant=anfrage.tenant.slug, anfrage=anfrage.id)
+
+
+def pipeline_stage_enqueue(*, anfrage: Anfrage, stage: Stage) -> Enqueued:
+    """Enqueue ``stage`` of ``anfrage`` inside the caller's transaction. EXCLUSIVE: at most
+    one waiting-or-running job per stage key; a duplicate returns the existing job."""
+    return enqueue(
+        TASK_NAMES[stage],
+        args={"anfrage_id": anfrage.id},
+        key=stage_key(stage=stage, anfrage=anfrage),
+        policy=Policy.EXCLUSIVE,
+    )
+
+
+def audit_entry_create(
+    *,
+    tenant_id: int,
+    entity_type: str,
+    entity_id: int,
+    action: str,
+    actor: str,
+    payload: dict[str, Any] | None = None,
+) -> AuditEntry:
+    """Append one audit entry (joins the caller's transaction; entries are never updated)."""
+    return AuditEntry.objects.create(
+        tenant_id=tenant_id,
+        entity_type=entity_type,
+        entity_id=entity_id,
+        action=action,
+        actor=actor[:150],
+        payload=payload or {},
+    )
+
+
+def _clean_filename(name: str) -> str:
+    return PurePath((name or "").replace("\\", "/")).name.strip()[:255] or "upload.txt"
+
+
+def anfrage_submit(
+    *, tenant: Tenant, uploads: Sequence[Upload], title: str = "", actor: str
+) -> Anfrage:
+    """Create an inquiry and enqueue its intake; returns the new row.
+
+    Every file is checked first (not empty, not binary, a known format, at least one
+    readable line): bad input raises an ``InvalidUpload`` and writes nothing. Then the
+    bytes are staged content-addressed (idempotent, before the row exists, so intake always
+    finds them) and the row, its audit entry and the intake job commit in one transaction.
+    """
+    if not uploads:
+        raise NoFiles()
+    if len(uploads) > MAX_FILES:
+        raise TooManyFiles(f"{len(uploads)} files; at most {MAX_FILES} per inquiry")
+    title = (title or "").strip()
+    if len(title) > MAX_TITLE:
+        raise InvalidTitle(f"the title has {len(title)} characters; at most {MAX_TITLE}")
+    extractor = get_extractor()
+    manifest = []
+    for upload in uploads:
+        filename = _clean_filename(upload.filename)
+        if len(upload.data) > MAX_FILE_BYTES:
+            raise FileTooLarge(
+                f"file {filename!r} has {len(upload.data)} bytes; at most {MAX_FILE_BYTES}"
+            )
+        source = inspect_upload(filename, upload.data)
+        extraction = extractor.extract(source)
+        if not extraction.positions:
+            problems = "; ".join(f"line {w.line_no}: {w.message}" for w in extraction.warnings[:3])
+            raise UnparseableFile(
+                f"file {filename!r}: no line reads as a requested item"
+                + (f" ({problems})" if problems else "")
+            )
+        manifest.append(
+            {
+                "filename": filename,
+                "sha256": storage.sha256_hex(upload.data),
+                "size": len(upload.data),
+                "format": source.format.value,
+            }
+        )
+    for upload in uploads:
+        storage.stage_upload(upload.data)
+    with transaction.atomic():
+        anfrage = Anfrage.objects.create(
+            tenant=tenant, title=title or manifest[0]["filename"], uploads=manifest
+        )
+        audit_entry_create(
+            tenant_id=tenant.id,
+            entity_type="anfrage",
+            entity_id=anfrage.id,
+            action="anfrage.submitted",
+            actor=actor,
+            payload={
+                "files": [{"filename": m["filename"], "sha256": m["sha256"]} for m in manifest]
+            },
+        )
+        pipeline_stage_enqueue(anfrage=anfrage, stage=Stage.INTAKE)
+    return anfrage
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# --- the four stages: prepare (read input) / compute (no writes) / write (in the
+# --- closing transaction, beside ledger.complete and the next enqueue)
+
+
+@dataclass(frozen=True)
+class _StageWork:
+    prepare: Callable[[Anfrage], tuple[Any, str]]
+    compute: Callable[[Anfrage, Any], Any]
+    write: Callable[[Anfrage, Any], None]
+
+
+def _intake_prepare(anfrage: Anfrage) -> tuple[list[dict], str]:
+    manifest = list(anfrage.uploads)
+    return manifest, _digest([m["sha256"] for m in manifest])
+
+
+def _intake_compute(anfrage: Anfrage, manifest: list[dict]) -> list[dict]:
+    stored = []
+    for entry in manifest:
+        key = storage.storage_key(
+            tenant_slug=anfrage.tenant.slug, anfrage_id=anfrage.id, sha256=entry["sha256"]
+        )
+        size = storage.store_staged(sha256=entry["sha256"], key=key)
+        stored.append({**entry, "storage_key": key, "size": size})
+    return stored
+
+
+def _intake_write(anfrage: Anfrage, stored: list[dict]) -> None:
+    for entry in stored:
+        # The audit entry names the id that is in the table: a duplicate upload (or a
+        # replayed intake) gets the existing row's id, never a guessed one.
+        file_id, created = insert_or_get(
+            AnfrageFile,
+            values={
+                "tenant": anfrage.tenant_id,
+                "anfrage": anfrage.id,
+                "sha256": entry["sha256"],
+                "storage_key": entry["storage_key"],
+                "size": entry["size"],
+                "filename": entry["filename"],
+                "format": entry["format"],
+            },
+            conflict_fields=("sha256", "storage_key"),
+        )
+        audit_entry_create(
+            tenant_id=anfrage.tenant_id,
+            entity_type="anfrage_file",
+            entity_id=file_id,
+            action="file.stored",
+            actor=WORKER_ACTOR,
+            payload={
+                "anfrage_id": anfrage.id,
+                "created": created,
+                "filename": entry["filename"],
+                "sha256": entry["sha256"],
+                "storage_key": entry["storage_key"],
+            },
+        )
+
+
+def _extract_prepare(anfrage: Anfrage) -> tuple[list[AnfrageFile], str]:
+    files = list(anfrage.files.order_by("id"))
+    return files, _digest([f.sha256 for f in files])
+
+
+def _extract_compute(anfrage: Anfrage, files: list[AnfrageFile]) -> tuple[list, list]:
+    extractor = get_extractor()
+    positions: list[Position] = []
+    warnings: list[ExtractionWarning] = []
+    for file in files:
+        data = storage.read_stored(key=file.storage_key, sha256=file.sha256)
+        source = SourceFile(
+            file_id=file.id,
+            filename=file.filename,
+            format=FileFormat(file.format),
+            text=decode(file.filename, data),
+        )
+        extraction = extractor.extract(source)
+        for parsed in extraction.positions:
+            positions.append(
+                Position(
+                    position_index=len(positions) + 1,
+                    source_file_id=parsed.file_id,
+                    source_line=parsed.line_no,
+                    label=parsed.label,
+                    raw=parsed.raw,
+                    quantity=parsed.quantity,
+                    unit=parsed.unit,
+                    item=parsed.item,
+                    material=parsed.material,
+                    length_mm=parsed.length_mm,
+                )
+            )
+        warnings.extend(
+            ExtractionWarning(
+                source_file_id=w.file_id, line_no=w.line_no, line=w.line, message=w.message[:300]
+            )
+            for w in extraction.warnings
+        )
+    return positions, warnings
+
+
+def _extract_write(anfrage: Anfrage, result: tuple[list, list]) -> None:
+    positions, warnings = result
+    parent = {"tenant_id": anfrage.tenant_id, "anfrage_id": anfrage.id}
+    # DELETE-before-INSERT in this (the closing) transaction: until it commits, readers
+    # and a failed attempt see the previous positions.
+    replace_children(Position, parent=parent, rows=positions)
+    replace_children(ExtractionWarning, parent=parent, rows=warnings)
+    # New positions invalidate the old quote.
+    Anfrage.objects.filter(pk=anfrage.id).update(quote_total=None, currency="")
+
+
+def _positions_prepare(anfrage: Anfrage) -> tuple[list[Position], str]:
+    positions = list(anfrage.positions.order_by("position_index"))
+    digest = _digest(
+        [
+            [
+                p.position_index,
+                p.item,
+                p.quantity,
+                p.unit,
+                p.material,
+                p.length_mm,
+                p.catalog_item,
+                p.feasible,
+            ]
+            for p in positions
+        ]
+    )
+    return positions, digest
+
+
+def _feasibility_compute(anfrage: Anfrage, positions: list[Position]) -> list[Position]:
+    # The catalog is read after the claim, so a broken catalog is recorded on the run.
+    catalog = catalog_for(tenant_id=anfrage.tenant_id)
+    for position in positions:
+        verdict = check_position(
+            catalog,
+            item=position.item,
+            quantity=position.quantity,
+            unit=position.unit,
+            material=position.material,
+            length_mm=position.length_mm,
+        )
+        position.feasible = verdict.feasible
+        position.reason = verdict.reason[:300]
+        position.catalog_item = verdict.catalog_item
+        position.catalog_material = verdict.catalog_material
+        position.unit_price = None
+        position.total = None
+    return positions
+
+
+def _feasibility_write(anfrage: Anfrage, positions: list[Position]) -> None:
+    Position.objects.bulk_update(
+        positions,
+        ["feasible", "reason", "catalog_item", "catalog_material", "unit_price", "total"],
+    )
+    Anfrage.objects.filter(pk=anfrage.id).update(quote_total=None, currency="")
+
+
+def _calculate_compute(
+    anfrage: Anfrage, positions: list[Position]
+) -> tuple[list[Position], Decimal, str]:
+    catalog = catalog_for(tenant_id=anfrage.tenant_id)
+    total = Decimal("0.00")
+    for position in positions:
+        if position.feasible is None:
+            raise StageInputChanged(
+                f"position {position.position_index} has no feasibility verdict; "
+                "replay feasibility with --cascade"
+            )
+        if not position.feasible:
+            position.unit_price = position.total = None
+            continue
+        entry = catalog.entry(position.catalog_item)
+        if entry is None:
+            raise StageInputChanged(
+                f"catalog item {position.catalog_item!r} of position "
+                f"{position.position_index} is no longer in the catalog; "
+                "replay feasibility with --cascade"
+            )
+        price = price_position(
+            entry, quantity=position.quantity, unit=position.unit, length_mm=position.length_mm
+        )
+        position.unit_price = price.unit_price
+        position.total = price.total
+        total += price.total
+    return positions, total, catalog.currency
+
+
+def _calculate_write(anfrage: Anfrage, result: tuple[list[Position], Decimal, str]) -> None:
+    positions, total, currency = result
+    Position.objects.bulk_update(positions, ["unit_price", "total"])
+    Anfrage.objects.filter(pk=anfrage.id).update(quote_total=total, currency=currency)
+
+
+_STAGES: dict[Stage, _StageWork] = {
+    Stage.INTAKE: _StageWork(_intake_prepare, _intake_compute, _intake_write),
+    Stage.EXTRACT: _StageWork(_extract_prepare, _extract_compute, _extract_write),
+    Stage.FEASIBILITY: _StageWork(_positions_prepare, _feasibility_compute, _feasibility_write),
+    Stage.CALCULATE: _StageWork(_positions_prepare, _calculate_compute, _calculate_write),
+}
+
+
+def _record_failure(claim: Claim, exc: BaseException) -> None:
+    try:
+        LEDGER.fail(claim, error=f"{type(exc).__name__}: {exc}")
+    except LeaseLost:
+        logger.warning("run %s: lease lost before the failure could be recorded", claim.entry_id)
+
+
+def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
+    """Run one stage of an inquiry at most once to success.
+
+    Must run outside ``transaction.atomic()`` (the claim commits on its own). The claim is
+    one statement: an already successful stage is *skipped*; a stage another worker holds
+    under a live lease raises ``RetryLater``. Results, ``success`` and the next stage's job
+    commit in one transaction; a worker whose lease was taken over commits nothing
+    (``LEASE_LOST``). An error marks the run ``failed`` and propagates, to be retried.
+    """
+    stage = parse_stage(stage)
+    anfrage = Anfrage.objects.select_related("tenant").filter(pk=anfrage_id).first()
+    if anfrage is None:
+        raise DoNotRetry(f"inquiry {anfrage_id} does not exist")
+    work = _STAGES[stage]
+    inputs, input_hash = work.prepare(anfrage)
+    claim = LEDGER.claim(
+        tenant=anfrage.tenant_id, anfrage=anfrage.id, stage=stage.value, input_hash=input_hash
+    )
+    if claim.outcome is Outcome.DONE:
+        return StageOutcome.SKIPPED
+    if claim.outcome is Outcome.BUSY:
+        # Never skip: the holder may die; its lease then expires and a retry takes over.
+        raise RetryLater(
+            f"{stage.value} of inquiry {anfrage.id} is running elsewhere",
+            deadline=timezone.now() + datetime.timedelta(seconds=2 * LEASE_SECONDS),
+        )
+    try:
+        result = work.compute(anfrage, inputs)
+        with transaction.atomic():
+            work.write(anfrage, result)
+            LEDGER.complete(claim)
+            if stage.next is not None:
+                pipeline_stage_enqueue(anfrage=anfrage, stage=stage.next)
+    except LeaseLost:
+        logger.warning("%s of inquiry %s: lease lost, result discarded", stage, anfrage.id)
+        return StageOutcome.LEASE_LOST
+    except Exception as exc:
+        _record_failure(claim, exc)
+        if isinstance(exc, PipelineError) and not exc.retryable:
+            raise DoNotRetry(str(exc)) from exc
+        raise
+    return StageOutcome.COMPLETED
+
+
+def pipeline_stage_replay(
+    *,
+    tenant_id: int,
+    anfrage_id: int,
+    stage: Stage | str,
+    force: bool = False,
+    cascade: bool = False,
+    dry_run: bool = False,
+    actor: str,
+) -> ReplayResult:
+    """Run a stage again (with ``cascade``, the stages after it too), audited.
+
+    Refused (``ReplayRefused``) while an earlier stage has not succeeded, while a target
+    stage runs under a live lease, and for a successful stage without ``force``. In one
+    transaction: reopen the successful targets (compare-and-set on ``success``), enqueue the
+    stage (EXCLUSIVE key) and write a ``stage.replayed`` audit entry; so the same replay
+    run twice at once reopens once and enqueues one job. ``dry_run`` writes nothing.
+    """
+    stage = parse_stage(stage)
+    anfrage = anfrage_get(tenant_id=tenant_id, anfrage_id=anfrage_id)
+    runs = {run.stage: run for run in anfrage.runs.all()}
+    for earlier in stage.previous:
+        run = runs.get(earlier.value)
+        if run is None or run.status != LedgerStatus.SUCCESS:
+            status = run.status if run else "pending"
+            raise ReplayRefused(
+                f"stage {earlier.value} of inquiry {anfrage.id} has not succeeded ({status}); "
+                f"replay {earlier.value} first"
+            )
+    targets = (stage, *stage.following) if cascade else (stage,)
+    now = timezone.now()
+    for target in targets:
+        run = runs.get(target.value)
+        if (
+            run is not None
+            and run.status == LedgerStatus.RUNNING
+            and run.lease_expires_at is not None
+            and run.lease_expires_at > now
+        ):
+            raise ReplayRefused(
+                f"stage {target.value} of inquiry {anfrage.id} is running (lease until "
+                f"{run.lease_expires_at:%Y-%m-%d %H:%M:%S}); wait for it to finish"
+            )
+    reopen = [
+        t.value for t in targets if t.value in runs and runs[t.value].status == LedgerStatus.SUCCESS
+    ]
+    if reopen and not force:
+        raise ReplayRefused(
+            f"stage {', '.join(reopen)} of inquiry {anfrage.id} already succeeded; "
+            "pass --force to run it again"
+        )
+    if dry_run:
+        return ReplayResult(
+            anfrage_id=anfrage.id,
+            stage=stage,
+            reopened=tuple(reopen),
+            job_id=None,
+            enqueued=False,
+            dry_run=True,
+        )
+    with transaction.atomic():
+        reopened: list[str] = []
+        if reopen:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    QUERIES["replay_reset"],
+                    {
+                        "tenant_id": anfrage.tenant_id,
+                        "anfrage_id": anfrage.id,
+                        "stages": reopen,
+                        "reason": f"replay requested by {actor} at {now:%Y-%m-%d %H:%M:%S}",
+                    },
+                )
+                reopened = sorted(
+                    (row[0] for row in cursor.fetchall()), key=[s.value for s in Stage].index
+                )
+        job = pipeline_stage_enqueue(anfrage=anfrage, stage=stage)
+        audit_entry_create(
+            tenant_id=anfrage.tenant_id,
+            entity_type="anfrage",
+            entity_id=anfrage.id,
+            action="stage.replayed",
+            actor=actor,
+            payload={
+                "stage": stage.value,
+                "force": force,
+                "cascade": cascade,
+                "reopened": reopened,
+                "job_id": job.job_id,
+                "enqueued": job.created,
+            },
+        )
+    return ReplayResult(
+        anfrage_id=anfrage.id,
+        stage=stage,
+        reopened=tuple(reopened),
+        job_id=job.job_id,
+        enqueued=job.created,
+        dry_run=False,
+    )

@@ -1,0 +1,29 @@
+-- replay_reset --
+-- Reopen successful stages for an audited replay: compare-and-set on 'success', so of two
+-- concurrent replays only the first reopens a row (the second finds it reopened already).
+-- The row becomes claimable ('failed' with the replay as its reason); attempts stay, so
+-- the fencing tokens keep growing.
+UPDATE pipeline_runs
+   SET status = 'failed', error = %(reason)s, finished_at = now(), lease_expires_at = NULL
+ WHERE tenant_id = %(tenant_id)s
+   AND anfrage_id = %(anfrage_id)s
+   AND stage = ANY(%(stages)s)
+   AND status = 'success'
+RETURNING stage;
+
+-- replayable_runs --
+-- Runs of one stage that need a replay: failed, or abandoned while running (lease
+-- expired, its job gone), whose earlier stages all succeeded. Oldest first.
+SELECT r.tenant_id, r.anfrage_id
+  FROM pipeline_runs r
+ WHERE r.stage = %(stage)s
+   AND (%(tenant_id)s::bigint IS NULL OR r.tenant_id = %(tenant_id)s::bigint)
+   AND (r.status = 'failed' OR (r.status = 'running' AND r.lease_expires_at < now()))
+   AND (SELECT count(*)
+          FROM pipeline_runs p
+         WHERE p.tenant_id = r.tenant_id
+           AND p.anfrage_id = r.anfrage_id
+           AND p.stage = ANY(%(previous)s)
+           AND p.status = 'success') = cardinality(%(previous)s::text[])
+ ORDER BY r.id
+ LIMIT %(limit)s;

@@ -1,0 +1,90 @@
+"""Content-addressed file storage under ``settings.STORAGE_ROOT``.
+
+Two areas, both written with write-to-temp-then-rename, so a reader never sees half a file
+and writing the same bytes again is a no-op:
+
+* ``staging/<sha[:2]>/<sha>``: the bytes of an upload, written at submit time *before* the
+  inquiry's row commits (so the intake job can always find them). Keyed by content only.
+* ``files/<storage_key>``: the stored file, copied there by intake and verified against
+  its SHA-256. The storage key names tenant, inquiry and content
+  (``<tenant>/<anfrage>/<sha256>``), so a retried intake writes the same path again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from pathlib import Path
+
+from django.conf import settings
+
+from pipeline.exceptions import StorageCorrupt
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def storage_key(*, tenant_slug: str, anfrage_id: int, sha256: str) -> str:
+    """The one builder of storage keys: ``<tenant>/<anfrage>/<sha256>``."""
+    return f"{tenant_slug}/{anfrage_id}/{sha256}"
+
+
+def _root() -> Path:
+    return Path(settings.STORAGE_ROOT)
+
+
+def staging_path(sha256: str) -> Path:
+    return _root() / "staging" / sha256[:2] / sha256
+
+
+def stored_path(key: str) -> Path:
+    return _root() / "files" / key
+
+
+def _write_once(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically unless a file of that size is there (the
+    name is derived from the content, so equal size means equal bytes)."""
+    if path.exists() and path.stat().st_size == len(data):
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def stage_upload(data: bytes) -> str:
+    """Keep an upload's bytes for intake; returns their SHA-256. Idempotent."""
+    digest = sha256_hex(data)
+    _write_once(staging_path(digest), data)
+    return digest
+
+
+def read_verified(path: Path, sha256: str) -> bytes:
+    """The bytes at ``path``; raises :class:`StorageCorrupt` unless they hash to ``sha256``."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise StorageCorrupt(f"{path} is missing (expected sha256 {sha256})") from None
+    if sha256_hex(data) != sha256:
+        raise StorageCorrupt(f"{path} does not match its sha256 {sha256}")
+    return data
+
+
+def store_staged(*, sha256: str, key: str) -> int:
+    """Copy a staged upload to its storage key (verified); returns its size. Idempotent:
+    a retry rewrites the same bytes to the same path."""
+    data = read_verified(staging_path(sha256), sha256)
+    _write_once(stored_path(key), data)
+    return len(data)
+
+
+def read_stored(*, key: str, sha256: str) -> bytes:
+    return read_verified(stored_path(key), sha256)

@@ -1,0 +1,32 @@
+"""The four stage tasks. Thin: each takes an inquiry id and runs its stage's service.
+
+A job of each carries the singleton key ``stage:tenant:anfrage`` under the EXCLUSIVE
+policy (``services.pipeline_stage_enqueue``); the stage ledger makes a duplicate run a
+no-op even if a job escaped that (e.g. one recovered after its worker died).
+"""
+
+from __future__ import annotations
+
+from pipeline.models import Stage
+from pipeline.services import TASK_NAMES, pipeline_stage_run
+from queueing.app import task
+
+
+@task(name=TASK_NAMES[Stage.INTAKE])
+def intake(anfrage_id: int) -> str:
+    return pipeline_stage_run(anfrage_id=anfrage_id, stage=Stage.INTAKE)
+
+
+@task(name=TASK_NAMES[Stage.EXTRACT])
+def extract(anfrage_id: int) -> str:
+    return pipeline_stage_run(anfrage_id=anfrage_id, stage=Stage.EXTRACT)
+
+
+@task(name=TASK_NAMES[Stage.FEASIBILITY])
+def feasibility(anfrage_id: int) -> str:
+    return pipeline_stage_run(anfrage_id=anfrage_id, stage=Stage.FEASIBILITY)
+
+
+@task(name=TASK_NAMES[Stage.CALCULATE])
+def calculate(anfrage_id: int) -> str:
+    return pipeline_stage_run(anfrage_id=anfrage_id, stage=Stage.CALCULATE)

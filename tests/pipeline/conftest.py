@@ -1,0 +1,79 @@
+"""Fixtures of the pipeline tests: a storage root per test, tenants, inline stage runs and
+worker subprocesses that share the storage root."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pipeline.models import Anfrage, Stage
+from pipeline.services import Upload, anfrage_submit, pipeline_stage_run
+from tests.factories import TenantFactory, UserFactory
+from tests.pipeline.extractors import ScriptedExtractor
+
+ITEMS_TXT = "12 pcs steel beam HEA 200, 6 m\n30 m Flachstahl 40x5\n200 Stk Schrauben M12 V2A\n"
+ITEMS_CSV = (
+    "position;qty;unit;item;material;length_mm\n"
+    "1;4;Stk;Stahlträger IPE 240;S355;8000\n"
+    "2;10;pcs;Rohr 60x4;1.4301;6000\n"
+)
+
+
+@pytest.fixture(autouse=True)
+def storage_root(settings, tmp_path) -> Path:
+    root = tmp_path / "storage"
+    settings.STORAGE_ROOT = root
+    return root
+
+
+@pytest.fixture
+def scripted_extractor(settings):
+    settings.PIPELINE_EXTRACTOR = "tests.pipeline.extractors.ScriptedExtractor"
+    ScriptedExtractor.reset()
+    yield ScriptedExtractor
+    ScriptedExtractor.release.set()
+    ScriptedExtractor.reset()
+
+
+@pytest.fixture
+def tenant(db):
+    return TenantFactory(slug="acme")
+
+
+@pytest.fixture
+def other_tenant(db):
+    return TenantFactory(slug="globex")
+
+
+@pytest.fixture
+def user(tenant):
+    return UserFactory(username="alice", tenant=tenant)
+
+
+def submit(tenant, files: dict[str, str | bytes] | None = None, *, title: str = "") -> Anfrage:
+    """Submit an inquiry through the service (default: one text file of three items)."""
+    files = files if files is not None else {"items.txt": ITEMS_TXT}
+    uploads = [
+        Upload(filename=name, data=data.encode() if isinstance(data, str) else data)
+        for name, data in files.items()
+    ]
+    return anfrage_submit(tenant=tenant, uploads=uploads, title=title, actor="test")
+
+
+def run_stages(anfrage_id: int, stages=tuple(Stage)) -> list[str]:
+    """Run stages in this process, in order (what the worker does, without the queue)."""
+    return [pipeline_stage_run(anfrage_id=anfrage_id, stage=stage) for stage in stages]
+
+
+@pytest.fixture
+def pipeline_worker(start_worker, storage_root) -> Callable:
+    """Start a worker subprocess that uses this test's storage root."""
+
+    def start(*extra: str, env: dict[str, str] | None = None, **kwargs):
+        return start_worker(
+            *extra, env={"STORAGE_ROOT": str(storage_root), **(env or {})}, **kwargs
+        )
+
+    return start

@@ -1,0 +1,60 @@
+"""Test extractors, plugged in with ``PIPELINE_EXTRACTOR`` (a setting, so production code
+has no test hook). Both only interfere with the extract stage (``file_id`` set), never with
+the validation at submit time."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from pipeline.extract import Extraction, LineExtractor, SourceFile
+
+
+class GatedExtractor(LineExtractor):
+    """For worker subprocesses: touches ``$PIPELINE_TEST_GATE/entered`` and waits until
+    ``$PIPELINE_TEST_GATE/release`` exists, so a test can SIGKILL the worker inside extract."""
+
+    def extract(self, source: SourceFile) -> Extraction:
+        if source.file_id is not None:
+            gate = Path(os.environ["PIPELINE_TEST_GATE"])
+            (gate / "entered").touch()
+            deadline = time.monotonic() + 60
+            while not (gate / "release").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return super().extract(source)
+
+
+class ScriptedExtractor(LineExtractor):
+    """For in-process tests: optionally blocks (``entered``/``release`` events), then
+    raises ``fail_with`` or returns only the first ``keep`` positions."""
+
+    block = False
+    entered = threading.Event()
+    release = threading.Event()
+    fail_with: Exception | None = None
+    keep: int | None = None
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.block = False
+        cls.entered = threading.Event()
+        cls.release = threading.Event()
+        cls.fail_with = None
+        cls.keep = None
+
+    def extract(self, source: SourceFile) -> Extraction:
+        extraction = super().extract(source)
+        if source.file_id is None:
+            return extraction
+        if self.block:
+            self.entered.set()
+            assert self.release.wait(timeout=30), "the test never released the extractor"
+        if self.fail_with is not None:
+            raise self.fail_with
+        if self.keep is not None:
+            return Extraction(
+                positions=extraction.positions[: self.keep], warnings=extraction.warnings
+            )
+        return extraction

@@ -1,0 +1,530 @@
+"""The stage protocol in one process: submit, the four stages, retries, files, replays."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from pipeline import services, storage
+from pipeline.exceptions import (
+    AnfrageNotFound,
+    BinaryFile,
+    EmptyFile,
+    FileTooLarge,
+    InvalidTitle,
+    NoFiles,
+    ReplayRefused,
+    TooManyFiles,
+    UnknownFormat,
+    UnknownStage,
+    UnparseableFile,
+)
+from pipeline.models import (
+    Anfrage,
+    AnfrageFile,
+    AuditEntry,
+    Catalog,
+    PipelineRun,
+    Position,
+    Stage,
+)
+from pipeline.services import (
+    LEDGER,
+    StageOutcome,
+    Upload,
+    anfrage_submit,
+    pipeline_stage_enqueue,
+    pipeline_stage_replay,
+    pipeline_stage_run,
+)
+from queueing.exceptions import DoNotRetry, RetryLater
+from tests.conftest import jobs, run_concurrently
+from tests.pipeline.conftest import ITEMS_CSV, ITEMS_TXT, run_stages, submit
+
+
+def runs(anfrage) -> dict[str, tuple[str, int]]:
+    return {r.stage: (r.status, r.attempts) for r in PipelineRun.objects.filter(anfrage=anfrage)}
+
+
+def drop_jobs() -> None:
+    """Forget the jobs the inline stage runs enqueued (no worker consumed them)."""
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM procrastinate_jobs")
+
+
+def positions(anfrage) -> list[tuple[int, int, str]]:
+    return list(
+        Position.objects.filter(anfrage=anfrage)
+        .order_by("position_index")
+        .values_list("id", "position_index", "item")
+    )
+
+
+# --- submit
+
+
+def test_submit_creates_the_inquiry_stages_the_bytes_and_queues_intake(tenant, storage_root):
+    anfrage = submit(tenant, {"items.txt": ITEMS_TXT, "list.csv": ITEMS_CSV}, title="Hall 3")
+    assert anfrage.title == "Hall 3"
+    assert [m["format"] for m in anfrage.uploads] == ["text", "csv"]
+    for entry in anfrage.uploads:
+        assert storage.staging_path(entry["sha256"]).read_bytes() in (
+            ITEMS_TXT.encode(),
+            ITEMS_CSV.encode(),
+        )
+    [job] = jobs(task_name="pipeline.intake")
+    assert job["queueing_lock"] == f"exclusive/intake:acme:{anfrage.id}"
+    assert job["args"] == {"anfrage_id": anfrage.id}
+    [entry] = AuditEntry.objects.filter(action="anfrage.submitted")
+    assert (entry.entity_type, entry.entity_id) == ("anfrage", anfrage.id)
+
+
+@pytest.mark.parametrize(
+    ("uploads", "title", "error"),
+    [
+        ([], "", NoFiles),
+        ([Upload(filename=f"f{i}.txt", data=b"1 pcs beam") for i in range(21)], "", TooManyFiles),
+        ([Upload(filename="a.txt", data=b"")], "", EmptyFile),
+        ([Upload(filename="a.bin", data=b"\x00\x01\x02")], "", UnknownFormat),
+        ([Upload(filename="a.txt", data=b"\x00\x01\x02garbage")], "", BinaryFile),
+        ([Upload(filename="a.txt", data=b"please send a quote")], "", UnparseableFile),
+        ([Upload(filename="a.txt", data=b"1 pcs beam\n" * 600_000)], "", FileTooLarge),
+        ([Upload(filename="a.txt", data=b"1 pcs beam")], "x" * 201, InvalidTitle),
+        # One bad file spoils the whole inquiry: nothing of the good one is kept either.
+        (
+            [Upload(filename="good.txt", data=b"1 pcs beam"), Upload(filename="bad.txt", data=b"")],
+            "",
+            EmptyFile,
+        ),
+    ],
+)
+def test_bad_input_writes_nothing(tenant, storage_root, uploads, title, error):
+    with pytest.raises(error):
+        anfrage_submit(tenant=tenant, uploads=uploads, title=title, actor="test")
+    assert not Anfrage.objects.exists()
+    assert not AuditEntry.objects.exists()
+    assert jobs() == []
+    assert not storage_root.exists()
+
+
+# --- the stages
+
+
+def test_four_stages_run_once_each_and_write_a_quote(tenant):
+    anfrage = submit(tenant)
+    assert run_stages(anfrage.id) == [StageOutcome.COMPLETED] * 4
+    assert runs(anfrage) == {s.value: ("success", 1) for s in Stage}
+    anfrage.refresh_from_db()
+    assert anfrage.quote_total is not None and anfrage.quote_total > 0
+    assert anfrage.currency == "EUR"
+    assert [p[2] for p in positions(anfrage)] == [
+        "steel beam HEA 200",
+        "Flachstahl 40x5",
+        "Schrauben M12 V2A",
+    ]
+    # Each stage enqueued the next one, in its own closing transaction.
+    assert [j["task_name"] for j in jobs()] == [
+        "pipeline.intake",
+        "pipeline.extract",
+        "pipeline.feasibility",
+        "pipeline.calculate",
+    ]
+    # Running them again is a no-op: the ledger says done.
+    assert run_stages(anfrage.id) == [StageOutcome.SKIPPED] * 4
+    assert runs(anfrage) == {s.value: ("success", 1) for s in Stage}
+
+
+def test_partly_parsing_file_keeps_good_positions_and_records_warnings(tenant):
+    anfrage = submit(tenant, {"mixed.txt": "12 pcs steel beam HEA 200, 6 m\nwhat?\n3 m Rohr\n"})
+    run_stages(anfrage.id)
+    assert [p[1] for p in positions(anfrage)] == [1, 2]
+    assert list(anfrage.warnings.values_list("line_no", "line")) == [(2, "what?")]
+
+
+def test_infeasible_positions_are_not_priced(tenant):
+    anfrage = submit(tenant, {"a.txt": "12 pcs steel beam HEA 200, 6 m\n1 pcs garden gnome\n"})
+    run_stages(anfrage.id)
+    beam, gnome = Position.objects.filter(anfrage=anfrage).order_by("position_index")
+    assert beam.feasible and beam.total is not None
+    assert gnome.feasible is False and gnome.total is None
+    assert "no catalog item" in gnome.reason
+    anfrage.refresh_from_db()
+    assert anfrage.quote_total == beam.total
+
+
+def test_a_stage_error_marks_the_run_failed_and_the_retry_takes_over(tenant, monkeypatch):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, [Stage.INTAKE])
+    real = services.pipeline_stage_enqueue
+
+    def broken(**kwargs):
+        raise ConnectionError("queue unreachable")
+
+    monkeypatch.setattr(services, "pipeline_stage_enqueue", broken)
+    with pytest.raises(ConnectionError):
+        pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT)
+    run = PipelineRun.objects.get(anfrage=anfrage, stage="extract")
+    assert (run.status, run.attempts) == ("failed", 1)
+    assert run.error == "ConnectionError: queue unreachable"
+    # The closing transaction rolled back: no positions, no next job.
+    assert not Position.objects.filter(anfrage=anfrage).exists()
+    monkeypatch.setattr(services, "pipeline_stage_enqueue", real)
+    assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT) == "completed"
+    assert runs(anfrage)["extract"] == ("success", 2)
+
+
+def test_intake_retry_after_a_failure_stores_each_file_once(tenant, monkeypatch, storage_root):
+    anfrage = submit(tenant, {"items.txt": ITEMS_TXT, "list.csv": ITEMS_CSV})
+    real = services.pipeline_stage_enqueue
+    monkeypatch.setattr(
+        services,
+        "pipeline_stage_enqueue",
+        lambda **kw: (_ for _ in ()).throw(ConnectionError("down")),
+    )
+    with pytest.raises(ConnectionError):
+        pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.INTAKE)
+    # The bytes are on disk (idempotent), but no row or audit entry committed.
+    assert not AnfrageFile.objects.exists()
+    assert not AuditEntry.objects.filter(action="file.stored").exists()
+    monkeypatch.setattr(services, "pipeline_stage_enqueue", real)
+    pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.INTAKE)
+    files = list(AnfrageFile.objects.filter(anfrage=anfrage))
+    assert len(files) == 2
+    for f in files:
+        assert f.storage_key == f"acme/{anfrage.id}/{f.sha256}"
+        assert storage.read_stored(key=f.storage_key, sha256=f.sha256)
+    stored = AuditEntry.objects.filter(action="file.stored")
+    assert sorted(e.entity_id for e in stored) == sorted(f.id for f in files)
+
+
+def test_duplicate_upload_is_one_row_with_consistent_audit_entries(tenant):
+    anfrage = submit(tenant, {"items.txt": ITEMS_TXT, "copy-of-items.txt": ITEMS_TXT})
+    other = submit(tenant, {"items.txt": ITEMS_TXT})
+    run_stages(anfrage.id, [Stage.INTAKE])
+    run_stages(other.id, [Stage.INTAKE])
+    [row] = AnfrageFile.objects.filter(anfrage=anfrage)
+    [other_row] = AnfrageFile.objects.filter(anfrage=other)
+    assert row.sha256 == other_row.sha256 and row.storage_key != other_row.storage_key
+    entries = list(
+        AuditEntry.objects.filter(action="file.stored", payload__anfrage_id=anfrage.id).order_by(
+            "id"
+        )
+    )
+    assert [(e.entity_type, e.entity_id, e.payload["created"]) for e in entries] == [
+        ("anfrage_file", row.id, True),
+        ("anfrage_file", row.id, False),
+    ]
+    # A forced intake replay adds an entry naming the same existing row, no second row.
+    pipeline_stage_replay(
+        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="intake", force=True, actor="test"
+    )
+    run_stages(anfrage.id, [Stage.INTAKE])
+    assert AnfrageFile.objects.filter(anfrage=anfrage).count() == 1
+    entries = AuditEntry.objects.filter(action="file.stored", payload__anfrage_id=anfrage.id)
+    assert {e.entity_id for e in entries} == {row.id} and entries.count() == 4
+    # Invariant: every file entry names a row that exists, every file has an entry.
+    file_ids = set(AnfrageFile.objects.values_list("id", flat=True))
+    entry_ids = set(
+        AuditEntry.objects.filter(entity_type="anfrage_file").values_list("entity_id", flat=True)
+    )
+    assert entry_ids == file_ids
+
+
+def test_extract_failure_keeps_the_old_positions_until_new_ones_commit(tenant, scripted_extractor):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id)
+    before = positions(anfrage)
+    assert len(before) == 3
+    pipeline_stage_replay(
+        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", force=True, actor="test"
+    )
+    scripted_extractor.fail_with = RuntimeError("extractor down")
+    with pytest.raises(RuntimeError):
+        pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT)
+    run = PipelineRun.objects.get(anfrage=anfrage, stage="extract")
+    assert (run.status, run.error) == ("failed", "RuntimeError: extractor down")
+    assert positions(anfrage) == before
+    scripted_extractor.fail_with = None
+    scripted_extractor.keep = 1
+    assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT) == "completed"
+    after = positions(anfrage)
+    assert [p[1:] for p in after] == [before[0][1:]]
+    assert after[0][0] != before[0][0]
+
+
+def test_a_missing_inquiry_is_not_retried(db):
+    with pytest.raises(DoNotRetry):
+        pipeline_stage_run(anfrage_id=999_999, stage=Stage.INTAKE)
+
+
+def test_a_vanished_catalog_item_fails_calculate_without_retries(tenant):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, [Stage.INTAKE, Stage.EXTRACT, Stage.FEASIBILITY])
+    Position.objects.filter(anfrage=anfrage).update(catalog_item="discontinued")
+    with pytest.raises(DoNotRetry, match="replay feasibility"):
+        pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.CALCULATE)
+    assert runs(anfrage)["calculate"] == ("failed", 1)
+
+
+def test_a_broken_catalog_is_recorded_on_the_run_and_not_retried(tenant):
+    Catalog.objects.create(tenant=tenant, name="empty", materials={})
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, [Stage.INTAKE, Stage.EXTRACT])
+    with pytest.raises(DoNotRetry, match="needs materials"):
+        pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.FEASIBILITY)
+    run = PipelineRun.objects.get(anfrage=anfrage, stage="feasibility")
+    assert run.status == "failed" and run.error.startswith("InvalidCatalog: ")
+
+
+def test_busy_stage_retries_later_and_an_expired_lease_is_taken_over(tenant):
+    anfrage = submit(tenant)
+    claim = LEDGER.claim(tenant=tenant.id, anfrage=anfrage.id, stage="intake")
+    assert claim.claimed
+    with pytest.raises(RetryLater) as caught:
+        pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.INTAKE)
+    assert caught.value.deadline > timezone.now()
+    PipelineRun.objects.filter(pk=claim.entry_id).update(
+        lease_expires_at=timezone.now() - datetime.timedelta(seconds=1)
+    )
+    assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.INTAKE) == "completed"
+    assert runs(anfrage)["intake"] == ("success", 2)
+
+
+# --- concurrency (committed data, real concurrent connections)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_same_stage_run_ten_times_at_once_does_the_work_once(clean_queue, tenant):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, [Stage.INTAKE])
+    results = run_concurrently(
+        lambda i: pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT), 10
+    )
+    completed = [r for r in results if r == StageOutcome.COMPLETED]
+    others = [r for r in results if r != StageOutcome.COMPLETED]
+    assert len(completed) == 1, results
+    assert all(r == StageOutcome.SKIPPED or isinstance(r, RetryLater) for r in others), results
+    assert runs(anfrage)["extract"] == ("success", 1)
+    assert len(positions(anfrage)) == 3
+    assert len(jobs(task_name="pipeline.feasibility")) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_same_stage_enqueued_ten_times_at_once_is_one_job(clean_queue, tenant):
+    anfrage = submit(tenant)
+    results = run_concurrently(
+        lambda i: pipeline_stage_enqueue(anfrage=anfrage, stage=Stage.EXTRACT), 10
+    )
+    assert sum(r.created for r in results) == 1, results
+    assert len({r.job_id for r in results}) == 1
+    assert len(jobs(task_name="pipeline.extract")) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_readers_see_the_old_positions_while_a_retry_extracts(
+    clean_queue, tenant, scripted_extractor
+):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id)
+    before = positions(anfrage)
+    pipeline_stage_replay(
+        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", force=True, actor="test"
+    )
+    scripted_extractor.block = True
+    scripted_extractor.keep = 2
+    outcome: list = []
+    thread = threading.Thread(
+        target=lambda: outcome.append(
+            run_concurrently(
+                lambda i: pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT), 1
+            )[0]
+        )
+    )
+    thread.start()
+    assert scripted_extractor.entered.wait(timeout=20)
+    assert positions(anfrage) == before
+    assert runs(anfrage)["extract"] == ("running", 2)
+    scripted_extractor.release.set()
+    thread.join(timeout=20)
+    assert outcome == [StageOutcome.COMPLETED]
+    assert [p[1] for p in positions(anfrage)] == [1, 2]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_whose_lease_was_taken_over_commits_nothing(
+    clean_queue, tenant, scripted_extractor
+):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id)
+    before = positions(anfrage)
+    pipeline_stage_replay(
+        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", force=True, actor="test"
+    )
+    scripted_extractor.block = True
+    scripted_extractor.keep = 1
+    outcome: list = []
+    thread = threading.Thread(
+        target=lambda: outcome.append(
+            run_concurrently(
+                lambda i: pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT), 1
+            )[0]
+        )
+    )
+    thread.start()
+    assert scripted_extractor.entered.wait(timeout=20)
+    # The slow worker's lease expires and a successor claims the stage (token 3).
+    PipelineRun.objects.filter(anfrage=anfrage, stage="extract").update(
+        lease_expires_at=timezone.now() - datetime.timedelta(seconds=1)
+    )
+    successor = LEDGER.claim(tenant=tenant.id, anfrage=anfrage.id, stage="extract")
+    assert successor.token == 3
+    scripted_extractor.release.set()
+    thread.join(timeout=20)
+    assert outcome == [StageOutcome.LEASE_LOST]
+    assert positions(anfrage) == before
+    assert runs(anfrage)["extract"] == ("running", 3)
+
+
+# --- replays
+
+
+def test_replay_refusals(tenant, other_tenant):
+    anfrage = submit(tenant)
+    with pytest.raises(ReplayRefused, match=r"intake of inquiry .* has not succeeded"):
+        pipeline_stage_replay(
+            tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", actor="test"
+        )
+    run_stages(anfrage.id)
+    with pytest.raises(ReplayRefused, match="pass --force"):
+        pipeline_stage_replay(
+            tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", actor="test"
+        )
+    with pytest.raises(UnknownStage, match="intake, extract, feasibility, calculate"):
+        pipeline_stage_replay(
+            tenant_id=tenant.id, anfrage_id=anfrage.id, stage="bake", actor="test"
+        )
+    with pytest.raises(AnfrageNotFound):
+        pipeline_stage_replay(
+            tenant_id=other_tenant.id,
+            anfrage_id=anfrage.id,
+            stage="extract",
+            force=True,
+            actor="test",
+        )
+    PipelineRun.objects.filter(anfrage=anfrage, stage="calculate").update(
+        status="running", lease_expires_at=timezone.now() + datetime.timedelta(minutes=5)
+    )
+    with pytest.raises(ReplayRefused, match=r"calculate of inquiry .* is running"):
+        pipeline_stage_replay(
+            tenant_id=tenant.id,
+            anfrage_id=anfrage.id,
+            stage="extract",
+            force=True,
+            cascade=True,
+            actor="test",
+        )
+    assert not AuditEntry.objects.filter(action="stage.replayed").exists()
+
+
+def test_dry_run_changes_nothing(tenant):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id)
+    job_count = len(jobs())
+    result = pipeline_stage_replay(
+        tenant_id=tenant.id,
+        anfrage_id=anfrage.id,
+        stage="extract",
+        force=True,
+        cascade=True,
+        dry_run=True,
+        actor="test",
+    )
+    assert result.reopened == ("extract", "feasibility", "calculate") and result.dry_run
+    assert runs(anfrage) == {s.value: ("success", 1) for s in Stage}
+    assert len(jobs()) == job_count
+    assert not AuditEntry.objects.filter(action="stage.replayed").exists()
+
+
+def test_forced_replay_without_cascade_runs_only_that_stage(tenant):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id)
+    drop_jobs()
+    result = pipeline_stage_replay(
+        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="feasibility", force=True, actor="ops"
+    )
+    assert result.reopened == ("feasibility",) and result.enqueued
+    run = PipelineRun.objects.get(anfrage=anfrage, stage="feasibility")
+    assert run.status == "failed" and "replay requested by ops" in run.error
+    assert run_stages(anfrage.id) == ["skipped", "skipped", "completed", "skipped"]
+    assert runs(anfrage)["feasibility"] == ("success", 2)
+    [entry] = AuditEntry.objects.filter(action="stage.replayed")
+    assert entry.actor == "ops"
+    assert entry.payload == {
+        "stage": "feasibility",
+        "force": True,
+        "cascade": False,
+        "reopened": ["feasibility"],
+        "job_id": result.job_id,
+        "enqueued": True,
+    }
+
+
+def test_cascade_replay_reruns_the_later_stages(tenant):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id)
+    result = pipeline_stage_replay(
+        tenant_id=tenant.id,
+        anfrage_id=anfrage.id,
+        stage="extract",
+        force=True,
+        cascade=True,
+        actor="ops",
+    )
+    assert result.reopened == ("extract", "feasibility", "calculate")
+    assert run_stages(anfrage.id) == ["skipped", "completed", "completed", "completed"]
+    assert runs(anfrage) == {
+        "intake": ("success", 1),
+        "extract": ("success", 2),
+        "feasibility": ("success", 2),
+        "calculate": ("success", 2),
+    }
+    anfrage.refresh_from_db()
+    assert anfrage.quote_total is not None
+
+
+def test_replay_of_a_failed_stage_needs_no_force(tenant):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, [Stage.INTAKE])
+    claim = LEDGER.claim(tenant=tenant.id, anfrage=anfrage.id, stage="extract")
+    LEDGER.fail(claim, error="boom")
+    result = pipeline_stage_replay(
+        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", actor="ops"
+    )
+    assert result.reopened == () and result.job_id is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_same_replay_twice_at_once_enqueues_once(clean_queue, tenant):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id)
+    drop_jobs()
+    results = run_concurrently(
+        lambda i: pipeline_stage_replay(
+            tenant_id=tenant.id,
+            anfrage_id=anfrage.id,
+            stage="extract",
+            force=True,
+            cascade=True,
+            actor=f"ops-{i}",
+        ),
+        2,
+    )
+    assert sum(r.enqueued for r in results) == 1, results
+    assert len({r.job_id for r in results}) == 1
+    assert sorted(len(r.reopened) for r in results) == [0, 3]
+    assert len(jobs(task_name="pipeline.extract")) == 1
+    assert AuditEntry.objects.filter(action="stage.replayed").count() == 2
