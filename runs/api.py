@@ -1,7 +1,232 @@
-"""JSON API of runs (attached by config.api)."""
+"""JSON API of runs (attached by config.api): analysis jobs and the runs users keep.
+
+Thin views: validate the payload (pydantic, 422), call one service or selector, shape
+the answer. Domain refusals (``runs.exceptions``) become 4xx JSON bodies in one place,
+:func:`_client_error`; every call is scoped to the caller's user and tenant.
+"""
 
 from __future__ import annotations
 
-from ninja import Router
+import datetime
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ninja import Field, Path, Query, Router, Schema, Status
+from pydantic import ConfigDict, field_validator
+
+from accounts.api import ClientError, NotFound
+from runs import selectors, services
+from runs.exceptions import (
+    BudgetExhausted,
+    CoreRefused,
+    CoreUnavailable,
+    InsufficientCredits,
+    JobNotFinished,
+    JobNotFound,
+    NoCitations,
+    NothingToSave,
+    ParentNotComplete,
+    RunsError,
+)
+from runs.models import AnalysisJob, AnalysisRun, JobStatus
 
 router = Router(tags=["runs"])
+
+#: Largest id PostgreSQL's bigint holds: anything above is a client error, not a 500.
+MAX_ID = 2**63 - 1
+MAX_DOC_CHARS = 5_000_000
+SOURCE_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
+
+_STATUS: dict[type[RunsError], int] = {
+    InsufficientCredits: 402,
+    NoCitations: 422,
+    ParentNotComplete: 409,
+    JobNotFinished: 409,
+    NothingToSave: 409,
+    BudgetExhausted: 429,
+    CoreRefused: 422,
+    CoreUnavailable: 503,
+}
+
+
+def _client_error(exc: RunsError) -> ClientError:
+    if isinstance(exc, JobNotFound):
+        return NotFound()
+    status = next((_STATUS[c] for c in type(exc).__mro__ if c in _STATUS), 400)
+    return ClientError(str(exc), code=exc.code, status=status)
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    try:
+        yield
+    except RunsError as exc:
+        raise _client_error(exc) from exc
+
+
+class _Strict(Schema):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+class SourceIn(_Strict):
+    key: str = Field(pattern=SOURCE_KEY_PATTERN, description="How the document cites it.")
+    title: str = Field("", max_length=500)
+    doi: str | None = Field(None, max_length=300)
+    text: str = Field("", max_length=500_000, description="The passage to check against.")
+
+
+class AnalysisJobIn(_Strict):
+    title: str = Field(min_length=1, max_length=200)
+    doc_html: str = Field(min_length=1, max_length=MAX_DOC_CHARS)
+    sources: list[SourceIn] = Field(max_length=500)
+    delta_of_job_id: int | None = Field(None, ge=1, le=MAX_ID)
+
+    @field_validator("sources")
+    @classmethod
+    def _unique_keys(cls, sources: list[SourceIn]) -> list[SourceIn]:
+        keys = [s.key for s in sources]
+        duplicates = sorted({k for k in keys if keys.count(k) > 1})
+        if duplicates:
+            raise ValueError(f"source keys must be unique; repeated: {', '.join(duplicates)}")
+        return sources
+
+
+class AdmissionOut(Schema):
+    id: int
+    run_id: uuid.UUID
+    status: str
+    queue_position: int
+
+
+class VerdictOut(Schema):
+    marker: str
+    source_key: str
+    claim: str
+    verdict: str
+    score: float
+
+
+class AnalysisJobOut(Schema):
+    id: int
+    run_id: uuid.UUID
+    status: str
+    queue_position: int
+    title: str
+    delta_of_job_id: int | None
+    error: str
+    created_at: datetime.datetime
+    started_at: datetime.datetime | None
+    finished_at: datetime.datetime | None
+    summary: dict[str, Any] | None = None
+    verdicts: list[VerdictOut] | None = None
+
+
+class RunSaveIn(_Strict):
+    job_id: int = Field(ge=1, le=MAX_ID)
+
+
+class RunOut(Schema):
+    id: uuid.UUID
+    job_id: int | None
+    title: str
+    saved_by: str | None
+    version: int
+    created_at: datetime.datetime
+    updated_at: datetime.datetime
+
+
+def _job_out(job: AnalysisJob, *, position: int, verdicts: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": job.pk,
+        "run_id": job.run_id,
+        "status": job.status,
+        "queue_position": position,
+        "title": job.title,
+        "delta_of_job_id": job.delta_of_job_id,
+        "error": job.error,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+    }
+    if verdicts and job.status == JobStatus.COMPLETE:
+        out["summary"] = (job.results or {}).get("summary")
+        out["verdicts"] = [
+            {
+                "marker": c.marker,
+                "source_key": c.source_key,
+                "claim": c.claim,
+                "verdict": c.verdict,
+                "score": c.score,
+            }
+            for c in selectors.job_citations(job_id=job.pk)
+        ]
+    return out
+
+
+def _run_out(run: AnalysisRun) -> dict[str, Any]:
+    return {
+        "id": run.pk,
+        "job_id": run.job_id,
+        "title": run.title,
+        "saved_by": run.saved_by,
+        "version": run.version,
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+    }
+
+
+@router.post("/analysis-jobs", response={201: AdmissionOut})
+def admit_analysis_job(request, payload: AnalysisJobIn):
+    """Admit an analysis: every check runs now (credits, sources, DOIs, budget); the job
+    then waits its turn (`queued`, with its position) or starts (`pending`)."""
+    with _refusals():
+        admission = services.analysis_job_admit(
+            user=request.auth,
+            title=payload.title,
+            doc_html=payload.doc_html,
+            sources=[s.model_dump() for s in payload.sources],
+            delta_of_job_id=payload.delta_of_job_id,
+        )
+    return Status(
+        201,
+        {
+            "id": admission.id,
+            "run_id": admission.run_id,
+            "status": admission.status,
+            "queue_position": admission.queue_position,
+        },
+    )
+
+
+@router.get("/analysis-jobs", response=list[AnalysisJobOut])
+def list_analysis_jobs(request, limit: int = Query(50, ge=1, le=200)):
+    """The caller's newest jobs with their queue positions."""
+    jobs = selectors.analysis_jobs_for_user(user=request.auth, limit=limit)
+    positions = selectors.queue_positions(jobs)
+    return [_job_out(job, position=positions[job.pk], verdicts=False) for job in jobs]
+
+
+@router.get("/analysis-jobs/{job_id}", response=AnalysisJobOut)
+def get_analysis_job(request, job_id: int = Path(..., ge=1, le=MAX_ID)):
+    """Status, queue position and, once complete, the verdicts."""
+    with _refusals():
+        job = selectors.analysis_job_for_user(user=request.auth, job_id=job_id)
+    return _job_out(job, position=selectors.queue_position(job), verdicts=True)
+
+
+@router.post("/analysis-runs", response={200: RunOut, 201: RunOut})
+def save_analysis_run(request, payload: RunSaveIn):
+    """The client save: 201 when this call wrote the run, 200 when it was already saved."""
+    with _refusals():
+        saved = services.analysis_run_save(user=request.auth, job_id=payload.job_id)
+    return Status(201 if saved.written else 200, _run_out(saved.run))
+
+
+@router.get("/analysis-runs", response=list[RunOut])
+def list_analysis_runs(request, limit: int = Query(50, ge=1, le=200)):
+    """The caller's runs, newest first (the side panel)."""
+    return [
+        _run_out(run) for run in selectors.analysis_runs_for_user(user=request.auth, limit=limit)
+    ]

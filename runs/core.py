@@ -1,0 +1,156 @@
+"""The core service: a run is created *held* at admission and released when the queue
+reaches its job.
+
+Creating a held run performs every synchronous check the core owns — at least one
+source, each DOI well formed, today's provider budget — so each of those failures reaches
+the user at click time, while the run refuses to judge until it is released. States:
+``held → released → judging → done | failed``.
+
+:class:`CoreClient` is the interface ``runs.services`` talks to; :class:`LocalCore` keeps
+the state machine in ``core_runs`` on Django's connection (so a create commits or rolls
+back with the admission). A remote core is a class with the same four methods, selected
+with the setting ``RUNS_CORE_CLIENT``. ``CORE_AVAILABLE = False`` makes the local core
+unreachable (an outage, for tests and drills); ``CORE_DAILY_BUDGET`` caps creates per UTC
+day.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from queueing.sql import load
+from runs.exceptions import (
+    BudgetExhausted,
+    CoreStateError,
+    CoreUnavailable,
+    InvalidDoi,
+    NoSources,
+)
+from runs.models import CoreRun, CoreRunState
+
+DEFAULT_CLIENT = "runs.core.LocalCore"
+#: Crossref's recommended DOI shape: "10." + a 4-9 digit registrant + "/" + a suffix.
+DOI_PATTERN = re.compile(r"^10\.\d{4,9}/[-._;()/:A-Za-z0-9<>\[\]]+$")
+
+queries = load("runs", "runs.sql")
+
+
+class CoreClient(Protocol):
+    def create_held(
+        self, *, run_id: uuid.UUID, user_id: int, sources: Sequence[Mapping[str, object]]
+    ) -> int:
+        """Validate and create a held run; return its id. Raises a ``CoreRefused``
+        subclass naming the reason, or ``CoreUnavailable``."""
+
+    def release(self, *, core_run_id: int) -> None:
+        """Take the run out of hold (attach its sources). Idempotent."""
+
+    def start(self, *, core_run_id: int) -> None:
+        """Start judging a released run. Idempotent."""
+
+    def finish(self, *, core_run_id: int, ok: bool, detail: str = "") -> None:
+        """Close a judging run as done or failed. Idempotent."""
+
+
+def validate_sources(sources: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
+    """The core's synchronous source checks: at least one source, every DOI well formed."""
+    if not sources:
+        raise NoSources()
+    checked = []
+    for source in sources:
+        raw = source.get("doi")
+        doi = raw.strip() if isinstance(raw, str) else ""
+        if doi and not DOI_PATTERN.match(doi):
+            raise InvalidDoi(
+                f"source {source.get('key')!r} has a malformed DOI {doi!r} "
+                "(expected 10.<registrant>/<suffix>)"
+            )
+        checked.append({"key": source.get("key"), "doi": doi or None})
+    return checked
+
+
+class LocalCore:
+    """The core's state machine in ``core_runs``; every method refuses while
+    ``CORE_AVAILABLE`` is off, as a remote core would while unreachable."""
+
+    def _require_available(self) -> None:
+        if not getattr(settings, "CORE_AVAILABLE", True):
+            raise CoreUnavailable()
+
+    def create_held(
+        self, *, run_id: uuid.UUID, user_id: int, sources: Sequence[Mapping[str, object]]
+    ) -> int:
+        """Joins the caller's transaction: a rolled-back admission leaves no core run and
+        gives its budget unit back."""
+        self._require_available()
+        checked = validate_sources(sources)
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    queries["core_budget_take"],
+                    {"budget": int(getattr(settings, "CORE_DAILY_BUDGET", 0))},
+                )
+                if cursor.fetchone() is None:
+                    raise BudgetExhausted()
+            run = CoreRun.objects.create(
+                run_id=run_id, user_id=user_id, state=CoreRunState.HELD, sources=checked
+            )
+        return run.pk
+
+    def _move(
+        self,
+        core_run_id: int,
+        *,
+        to: CoreRunState,
+        allowed: tuple[CoreRunState, ...],
+        done: tuple[CoreRunState, ...],
+        **fields: object,
+    ) -> None:
+        self._require_available()
+        moved = CoreRun.objects.filter(pk=core_run_id, state__in=allowed).update(state=to, **fields)
+        if moved:
+            return
+        state = CoreRun.objects.filter(pk=core_run_id).values_list("state", flat=True).first()
+        if state not in done:
+            raise CoreStateError(f"core run {core_run_id} is {state}, cannot become {to}")
+
+    def release(self, *, core_run_id: int) -> None:
+        self._move(
+            core_run_id,
+            to=CoreRunState.RELEASED,
+            allowed=(CoreRunState.HELD,),
+            done=(CoreRunState.RELEASED, CoreRunState.JUDGING, CoreRunState.DONE),
+            released_at=timezone.now(),
+        )
+
+    def start(self, *, core_run_id: int) -> None:
+        self._move(
+            core_run_id,
+            to=CoreRunState.JUDGING,
+            allowed=(CoreRunState.RELEASED,),
+            done=(CoreRunState.JUDGING, CoreRunState.DONE),
+        )
+
+    def finish(self, *, core_run_id: int, ok: bool, detail: str = "") -> None:
+        to = CoreRunState.DONE if ok else CoreRunState.FAILED
+        self._move(
+            core_run_id,
+            to=to,
+            allowed=(CoreRunState.JUDGING,),
+            done=(to,),
+            finished_at=timezone.now(),
+            error=detail,
+        )
+
+
+def get_core() -> CoreClient:
+    """The configured core client (``RUNS_CORE_CLIENT``), by default :class:`LocalCore`."""
+    return import_string(getattr(settings, "RUNS_CORE_CLIENT", DEFAULT_CLIENT))()

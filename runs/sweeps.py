@@ -1,0 +1,75 @@
+"""The analyses' periodic work, each a framework sweep (a tick that enqueues a singleton
+job, so a slow run never blocks the tick and never stacks; SIGTERM drains it).
+
+* ``unsaved_runs`` (every 30 s): the backstop — record runs the browser never saved.
+* ``analysis_resume`` (every 30 s): give up expired releases (refunding them), promote
+  users with queued work and nothing active, re-enqueue active jobs whose task is gone.
+* ``doc_html_trim`` (every 10 min): clear old bodies, never one whose run is missing.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from queueing.sweeps import SweepContext, SweepResult, declare_sweep, sweep_rows
+from runs import services
+from runs.core import queries
+from runs.models import SavedBy
+
+
+def _record_unsaved(row) -> bool:
+    job_id, _run_id = row
+    return services.analysis_run_record(job_id=job_id, saved_by=SavedBy.WORKER).written
+
+
+@declare_sweep(
+    name="unsaved_runs",
+    cron="* * * * * */30",
+    batch_size=100,
+    grace_setting="SWEEP_GRACE_SECONDS",
+    grace_default=120,
+)
+def record_unsaved_runs(ctx: SweepContext) -> SweepResult:
+    """Record runs of terminal jobs no browser saved within the grace period."""
+    return sweep_rows(
+        ctx,
+        select_sql=queries["unsaved_runs"],
+        params={"grace_seconds": ctx.grace_seconds},
+        process=_record_unsaved,
+    )
+
+
+def _give_up(row) -> bool:
+    return services.analysis_job_give_up(job_id=row[0])
+
+
+@declare_sweep(name="analysis_resume", cron="* * * * * */30", batch_size=100, grace_default=60)
+def resume_analysis_queue(ctx: SweepContext) -> SweepResult:
+    """Fail expired releases (refunded), promote stuck queues, re-enqueue lost jobs."""
+    expired = sweep_rows(ctx, select_sql=queries["expired_releases"], params={}, process=_give_up)
+    if ctx.dry_run:
+        return expired
+    promoted = services.analysis_queue_resume(limit=ctx.batch_size)
+    requeued = services.analysis_jobs_requeue_lost(
+        idle_seconds=ctx.grace_seconds, limit=ctx.batch_size
+    )
+    return SweepResult(
+        selected=expired.selected + len(promoted) + requeued,
+        changed=expired.changed + len(promoted) + requeued,
+        failed=expired.failed,
+        notes={"gave_up": expired.changed, "promoted": len(promoted), "requeued": requeued},
+    )
+
+
+@declare_sweep(name="doc_html_trim", cron="*/10 * * * *", batch_size=500)
+def trim_doc_html(ctx: SweepContext) -> SweepResult:
+    """Clear doc_html of jobs ended DOC_HTML_TRIM_HOURS ago, keeping unsaved ones."""
+    hours = int(settings.DOC_HTML_TRIM_HOURS)
+    if ctx.dry_run:
+        return SweepResult()
+    result = services.doc_html_trim(hours=hours, limit=ctx.batch_size)
+    return SweepResult(
+        selected=result.trimmed + len(result.kept_unsaved),
+        changed=result.trimmed,
+        notes={"kept_unsaved": len(result.kept_unsaved)},
+    )

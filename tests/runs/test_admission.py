@@ -1,0 +1,195 @@
+"""POST /api/analysis-jobs: every check at click time, charge at admit, pending or
+queued under the user's lock; refusals write nothing; foreign ids are 404."""
+
+from __future__ import annotations
+
+import pytest
+
+from runs.models import AnalysisJob, CoreRun, CoreRunState, CreditEntry, CreditKind, JobStatus
+from runs.selectors import credit_balance
+from runs.services import analysis_job_process
+from tests.conftest import jobs
+from tests.factories import TenantFactory, UserFactory
+from tests.runs.factories import funded_user, payload
+
+pytestmark = pytest.mark.django_db
+
+
+def test_first_admit_is_pending_with_its_process_job_and_later_ones_queue_in_order(api):
+    user = funded_user(credits=5)
+    client = api(user)
+
+    answers = [client.post("/api/analysis-jobs", payload(title=f"T{i}")) for i in range(3)]
+
+    assert [a.status_code for a in answers] == [201, 201, 201]
+    bodies = [a.json() for a in answers]
+    assert [(b["status"], b["queue_position"]) for b in bodies] == [
+        ("pending", 0),
+        ("queued", 1),
+        ("queued", 2),
+    ]
+    assert len({b["run_id"] for b in bodies}) == 3
+    enqueued = jobs(task_name="runs.process_job")
+    assert [j["args"] for j in enqueued] == [{"job_id": bodies[0]["id"]}]
+    assert enqueued[0]["queueing_lock"] == f"exclusive/analysis:{bodies[0]['id']}"
+    assert credit_balance(user_id=user.pk) == 2
+    assert set(CoreRun.objects.values_list("state", flat=True)) == {CoreRunState.HELD}
+
+
+def test_get_job_shows_queue_position_then_verdicts_once_complete(api):
+    user = funded_user(credits=5)
+    client = api(user)
+    first = client.post("/api/analysis-jobs", payload()).json()
+    second = client.post("/api/analysis-jobs", payload()).json()
+
+    assert client.get(f"/api/analysis-jobs/{second['id']}").json()["queue_position"] == 1
+    analysis_job_process(job_id=first["id"])
+
+    done = client.get(f"/api/analysis-jobs/{first['id']}").json()
+    assert done["status"] == "complete"
+    assert [v["source_key"] for v in done["verdicts"]] == ["thermo", "moon", "thermo"]
+    assert done["summary"]["citations"] == 3
+    promoted = client.get(f"/api/analysis-jobs/{second['id']}").json()
+    assert (promoted["status"], promoted["queue_position"]) == ("pending", 0)
+    listed = client.get("/api/analysis-jobs").json()
+    assert [j["id"] for j in listed] == [second["id"], first["id"]]
+
+
+def test_short_credits_answer_402_and_write_nothing(api, table_counts):
+    user = funded_user(credits=0)
+    before = table_counts()
+
+    answer = api(user).post("/api/analysis-jobs", payload())
+
+    assert answer.status_code == 402
+    assert answer.json()["error"] == "insufficient_credits"
+    assert table_counts() == before
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (payload(sources=[]), 422, "no_sources"),
+        (payload(sources=[{"key": "a", "doi": "doi:10.1/x"}]), 422, "invalid_doi"),
+        (payload(sources=[{"key": "a", "doi": "10.12/short"}]), 422, "invalid_doi"),
+        (payload(doc_html="<p>no citations here</p>"), 422, "no_citations"),
+        (payload(title=""), 422, "invalid_payload"),
+        (payload(title="   "), 422, "invalid_payload"),
+        (payload(doc_html=""), 422, "invalid_payload"),
+        (payload(sources=[{"key": "a"}, {"key": "a"}]), 422, "invalid_payload"),
+        (payload(sources=[{"key": "has space"}]), 422, "invalid_payload"),
+        (payload(sources="thermo"), 422, "invalid_payload"),
+        (payload(delta_of_job_id=0), 422, "invalid_payload"),
+        (payload(delta_of_job_id=2**63), 422, "invalid_payload"),
+        (payload(unexpected=True), 422, "invalid_payload"),
+        ({"title": "no document"}, 422, "invalid_payload"),
+    ],
+)
+def test_bad_input_is_a_4xx_json_error_and_writes_nothing(api, table_counts, body, status, code):
+    client = api(funded_user(credits=3))
+    before = table_counts()
+
+    answer = client.post("/api/analysis-jobs", body)
+
+    assert answer.status_code == status, answer.content
+    assert answer.json()["error"] == code
+    assert table_counts() == before
+
+
+def test_malformed_json_is_a_4xx_and_writes_nothing(api, table_counts):
+    client = api(funded_user(credits=3))
+    before = table_counts()
+
+    answer = client.client.post(
+        "/api/analysis-jobs", "{not json", content_type="application/json", headers=client.headers
+    )
+
+    assert 400 <= answer.status_code < 500
+    assert "error" in answer.json()
+    assert table_counts() == before
+
+
+def test_exhausted_core_budget_is_429_and_gives_nothing_away(api, settings, table_counts):
+    settings.CORE_DAILY_BUDGET = 1
+    client = api(funded_user(credits=3))
+    assert client.post("/api/analysis-jobs", payload()).status_code == 201
+    before = table_counts()
+
+    answer = client.post("/api/analysis-jobs", payload())
+
+    assert answer.status_code == 429
+    assert answer.json()["error"] == "budget_exhausted"
+    assert table_counts() == before
+
+
+def test_unreachable_core_at_admission_is_503_and_writes_nothing(api, settings, table_counts):
+    client = api(funded_user(credits=3))
+    settings.CORE_AVAILABLE = False
+    before = table_counts()
+
+    answer = client.post("/api/analysis-jobs", payload())
+
+    assert answer.status_code == 503
+    assert answer.json()["error"] == "core_unavailable"
+    assert table_counts() == before
+
+
+def test_delta_of_a_complete_job_shares_its_run_and_starts_despite_a_queue(api):
+    user = funded_user(credits=10)
+    client = api(user)
+    parent = client.post("/api/analysis-jobs", payload()).json()
+    analysis_job_process(job_id=parent["id"])
+    blocking = [client.post("/api/analysis-jobs", payload()).json() for _ in range(3)]
+    assert [b["status"] for b in blocking] == ["pending", "queued", "queued"]
+
+    delta = client.post("/api/analysis-jobs", payload(delta_of_job_id=parent["id"])).json()
+
+    assert (delta["status"], delta["queue_position"]) == ("pending", 0)
+    assert delta["run_id"] == parent["run_id"]
+    assert CreditEntry.objects.filter(job_id=delta["id"], kind=CreditKind.CHARGE).count() == 1
+
+
+def test_delta_of_an_unfinished_job_is_409(api, table_counts):
+    client = api(funded_user(credits=10))
+    parent = client.post("/api/analysis-jobs", payload()).json()
+    before = table_counts()
+
+    answer = client.post("/api/analysis-jobs", payload(delta_of_job_id=parent["id"]))
+
+    assert answer.status_code == 409
+    assert answer.json()["error"] == "parent_not_complete"
+    assert table_counts() == before
+
+
+def test_foreign_ids_are_404_for_reads_saves_and_deltas(api):
+    owner = funded_user(credits=5)
+    job = api(owner).post("/api/analysis-jobs", payload()).json()
+    analysis_job_process(job_id=job["id"])
+    neighbour = funded_user(credits=5, tenant=owner.tenant)
+    stranger = funded_user(credits=5, tenant=TenantFactory())
+
+    for other in (neighbour, stranger):
+        client = api(other)
+        assert client.get(f"/api/analysis-jobs/{job['id']}").status_code == 404
+        assert client.post("/api/analysis-runs", {"job_id": job["id"]}).status_code == 404
+        delta = client.post("/api/analysis-jobs", payload(delta_of_job_id=job["id"]))
+        assert (delta.status_code, delta.json()["error"]) == (404, "not_found")
+        assert client.get("/api/analysis-jobs").json() == []
+        assert client.get("/api/analysis-runs").json() == []
+    assert AnalysisJob.objects.count() == 1
+
+
+def test_missing_ids_and_unauthenticated_calls_are_4xx(api):
+    client = api(funded_user())
+
+    assert client.get("/api/analysis-jobs/999999").status_code == 404
+    assert client.get(f"/api/analysis-jobs/{2**63}").status_code == 422
+    assert api(None).get("/api/analysis-jobs/1").status_code == 401
+    assert api(None).post("/api/analysis-jobs", payload()).status_code == 401
+
+
+def test_a_user_without_tenant_cannot_use_the_api(api):
+    user = UserFactory(tenant=None)
+
+    assert api(user).post("/api/analysis-jobs", payload()).status_code == 401
+    assert not AnalysisJob.objects.filter(status=JobStatus.PENDING).exists()
