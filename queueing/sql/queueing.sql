@@ -116,9 +116,11 @@ RETURNING {pk}, {status};
 
 -- serial_promote --
 -- Under the key's lock: the oldest queued row becomes the start status, only when no
--- first-pass sibling is active.
+-- first-pass sibling is active. The outer status check re-tests the row after any wait,
+-- so a row cancelled meanwhile (without the lock) is never started.
 UPDATE {table} SET {status} = %(start)s, {updated} = now()
- WHERE {pk} = (
+ WHERE {status} = %(queued)s
+   AND {pk} = (
         SELECT {pk} FROM {table}
          WHERE {key} = %(key)s AND {status} = %(queued)s AND {parent} IS NULL
            AND (NOT %(has_deleted)s OR {deleted} IS NULL)
