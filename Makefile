@@ -17,13 +17,20 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## The whole suite, slow fault-injection tests included (they run real workers).
+## The whole suite, slow fault-injection tests included (they run real workers);
+## the browser tests need Chromium and run in `make e2e`.
 test: install
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not e2e"
 
 ## Everything but the slow fault-injection tests.
 test-fast: install
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow"
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow and not e2e"
+
+## Browser tests: Playwright drives Debian's Chromium, installed here when missing
+## (needs root, as on CI); screenshots land in test-output/.
+e2e: install
+	test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium)
+	$(BIN)/python -m pytest -m e2e
 
 lint: install
 	$(BIN)/ruff check .

@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "queueing",
     "pipeline",
     "runs",
+    "config",
 ]
 
 MIDDLEWARE = [
@@ -96,7 +97,7 @@ DATABASES["default"]["TEST"] = {"NAME": env.str("TEST_DATABASE_NAME", default=""
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_USER_MODEL = "accounts.User"
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/dashboard/"
 
 LANGUAGE_CODE = "en-us"

@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import path
+from django.views.generic import RedirectView
 
 from config.api import api, register_routers
+from config.dashboard import analysis_submit_view, dashboard_view
+from config.metrics import metrics_view
 
 register_routers()
 
 urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="dashboard"), name="home"),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
+    path("dashboard/", dashboard_view, name="dashboard"),
+    path("dashboard/analyses", analysis_submit_view, name="analysis-submit"),
+    path(
+        "accounts/login/",
+        auth_views.LoginView.as_view(redirect_authenticated_user=True),
+        name="login",
+    ),
+    path("accounts/logout/", auth_views.LogoutView.as_view(next_page="login"), name="logout"),
+    path("metrics", metrics_view, name="metrics"),
 ]

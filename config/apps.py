@@ -1,0 +1,11 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class SiteConfig(AppConfig):
+    """The project itself: the demo and run commands, dashboard and metrics wiring."""
+
+    name = "config"
+    label = "site"
+    verbose_name = "pgstage"

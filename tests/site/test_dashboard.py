@@ -1,0 +1,189 @@
+"""The dashboard: login, the user's analyses with positions, runs panel, stage board,
+the submit form, and isolation between users and tenants."""
+
+from __future__ import annotations
+
+import pytest
+
+from runs.models import AnalysisJob, CreditEntry, JobStatus, SavedBy
+from tests.site.conftest import (
+    DOC_HTML,
+    SOURCE,
+    admit,
+    funded_user,
+    inquiry,
+    process,
+    run_row,
+    stage_run,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def form_data(**overrides) -> dict[str, str]:
+    data = {
+        "title": "From the form",
+        "doc_html": DOC_HTML,
+        "source_key": SOURCE["key"],
+        "source_title": SOURCE["title"],
+        "source_doi": SOURCE["doi"],
+        "source_text": SOURCE["text"],
+    }
+    return data | overrides
+
+
+def test_anonymous_is_sent_to_the_login_page(client):
+    response = client.get("/dashboard/")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/accounts/login/")
+    assert client.get("/accounts/login/").status_code == 200
+
+
+def test_login_form_leads_to_the_dashboard(client, alice):
+    response = client.post("/accounts/login/", {"username": "alice", "password": "pw"})
+    assert response.status_code == 302
+    assert response["Location"] == "/dashboard/"
+    assert client.get("/dashboard/").status_code == 200
+
+
+def test_running_and_queued_analyses_with_positions(client, alice):
+    first, second, third = (admit(alice, f"doc {i}") for i in range(3))
+    client.force_login(alice)
+    response = client.get("/dashboard/")
+    assert response.status_code == 200
+    ctx = response.context
+    assert [r.job.pk for r in ctx["running"]] == [first.pk]
+    assert [(r.job.pk, r.position) for r in ctx["queued"]] == [(second.pk, 1), (third.pk, 2)]
+    assert ctx["in_flight"] is True
+    body = response.content.decode()
+    assert 'data-in-flight="true"' in body
+    assert f'id="job-{second.pk}" data-status="queued"' in body
+
+
+def test_finished_work_stops_the_refresh_and_unsaved_runs_are_marked(client, alice):
+    job = process(admit(alice, "done"))
+    assert job.status == JobStatus.COMPLETE
+    client.force_login(alice)
+    response = client.get("/dashboard/")
+    body = response.content.decode()
+    assert response.context["in_flight"] is False
+    assert 'data-in-flight="false"' in body
+    assert f'data-unsaved-job="{job.pk}"' in body
+    assert "1 supported" in body
+
+    # The page's script saves it through the API with the session (CSRF-checked).
+    csrf_client = client.__class__(enforce_csrf_checks=True)
+    csrf_client.force_login(alice)
+    page = csrf_client.get("/dashboard/")
+    token = page.cookies["csrftoken"].value
+    saved = csrf_client.post(
+        "/api/analysis-runs",
+        {"job_id": job.pk},
+        content_type="application/json",
+        headers={"X-CSRFToken": token},
+    )
+    assert saved.status_code == 201, saved.content
+    body = csrf_client.get("/dashboard/").content.decode()
+    assert f'data-unsaved-job="{job.pk}"' not in body
+    assert 'class="badge client"' in body
+
+
+def test_runs_panel_is_newest_first(client, alice):
+    run_row(alice, title="older run", saved_by=SavedBy.WORKER)
+    run_row(alice, title="newer run", saved_by=SavedBy.CLIENT)
+    client.force_login(alice)
+    response = client.get("/dashboard/")
+    assert [r.title for r in response.context["runs"]] == ["newer run", "older run"]
+    body = response.content.decode()
+    assert body.index("newer run") < body.index("older run")
+
+
+def test_stage_board_shows_stage_attempts_error_and_quote(client, alice, tenant):
+    anfrage = inquiry(tenant, "Steel beams", quote="1234.50")
+    stage_run(anfrage, "intake", "success", seconds=1)
+    stage_run(anfrage, "extract", "failed", seconds=1, attempts=3, error="parser exploded")
+    client.force_login(alice)
+    response = client.get("/dashboard/")
+    body = response.content.decode()
+    assert "Steel beams" in body
+    assert "1234.50 EUR" in body
+    assert 'data-stage="extract" data-status="failed"' in body
+    assert "3 attempts" in body
+    assert "parser exploded" in body
+    assert 'data-stage="calculate" data-status="pending"' in body
+    # A failed stage is not in flight: the page stops refreshing.
+    assert response.context["in_flight"] is False
+
+
+def test_only_own_rows_are_shown(client, alice, mallory, tenant, other_tenant):
+    colleague = funded_user(tenant, "bob")
+    admit(mallory, "FOREIGN-ANALYSIS")
+    admit(colleague, "COLLEAGUE-ANALYSIS")
+    run_row(mallory, title="FOREIGN-RUN", saved_by=SavedBy.CLIENT)
+    run_row(colleague, title="COLLEAGUE-RUN", saved_by=SavedBy.CLIENT)
+    inquiry(other_tenant, "FOREIGN-INQUIRY")
+    inquiry(tenant, "OWN-INQUIRY")
+    client.force_login(alice)
+    body = client.get("/dashboard/").content.decode()
+    for foreign in (
+        "FOREIGN-ANALYSIS",
+        "COLLEAGUE-ANALYSIS",
+        "FOREIGN-RUN",
+        "COLLEAGUE-RUN",
+        "FOREIGN-INQUIRY",
+    ):
+        assert foreign not in body
+    # Inquiries belong to the tenant, so a colleague's are visible.
+    assert "OWN-INQUIRY" in body
+
+
+def test_submit_form_admits_an_analysis(client, alice):
+    client.force_login(alice)
+    response = client.post("/dashboard/analyses", form_data(), follow=True)
+    assert response.status_code == 200
+    job = AnalysisJob.objects.get(user=alice)
+    assert job.title == "From the form"
+    assert job.status == JobStatus.PENDING
+    assert job.sources[0]["key"] == "thermo"
+    assert f"Analysis #{job.pk} admitted, starting now." in response.content.decode()
+
+    second = client.post("/dashboard/analyses", form_data(title="Second"), follow=True)
+    assert "queued at position 1" in second.content.decode()
+
+
+def test_submit_form_rejects_bad_input_and_writes_nothing(client, alice):
+    client.force_login(alice)
+    entries = CreditEntry.objects.count()
+    response = client.post("/dashboard/analyses", form_data(source_key="bad key!"))
+    assert response.status_code == 400
+    response = client.post("/dashboard/analyses", form_data(doc_html="<p>no citations</p>"))
+    assert response.status_code == 400
+    assert "no citations" in response.content.decode().lower()
+    assert not AnalysisJob.objects.exists()
+    assert CreditEntry.objects.count() == entries
+
+
+def test_submit_without_credits_is_402(client, tenant):
+    broke = funded_user(tenant, "broke", credits=0)
+    client.force_login(broke)
+    response = client.post("/dashboard/analyses", form_data())
+    assert response.status_code == 402
+    assert "grant_credits" in response.content.decode()
+    assert not AnalysisJob.objects.exists()
+
+
+def test_user_without_tenant_gets_a_clear_page(client, django_user_model):
+    admin = django_user_model.objects.create_user(username="root", password="pw")
+    client.force_login(admin)
+    response = client.get("/dashboard/")
+    assert response.status_code == 403
+    assert "No tenant" in response.content.decode()
+    assert client.post("/dashboard/analyses", form_data()).status_code == 403
+    assert not AnalysisJob.objects.exists()
+
+
+def test_logout(client, alice):
+    client.force_login(alice)
+    response = client.post("/accounts/logout/")
+    assert response.status_code == 302
+    assert client.get("/dashboard/").status_code == 302

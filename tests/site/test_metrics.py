@@ -1,0 +1,139 @@
+"""/metrics: access control and the values of every metric, on real PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from prometheus_client.parser import text_string_to_metric_families
+
+from runs.models import CreditEntry, CreditKind, SavedBy
+from tests.site.conftest import admit, funded_user, inquiry, process, run_row, stage_run
+
+pytestmark = pytest.mark.django_db
+
+TOKEN = "s3cret-metrics-token"
+
+
+def samples(text: str) -> dict[tuple[str, frozenset], float]:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(found: dict, name: str, **labels) -> float:
+    return found[(name, frozenset(labels.items()))]
+
+
+@pytest.fixture
+def scrape(client, settings):
+    settings.METRICS_TOKEN = TOKEN
+
+    def get() -> dict:
+        response = client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert response.status_code == 200, response.content
+        assert response["Content-Type"].startswith("text/plain")
+        return samples(response.content.decode())
+
+    return get
+
+
+def test_anonymous_gets_401_json(client, settings):
+    settings.METRICS_TOKEN = TOKEN
+    response = client.get("/metrics")
+    assert response.status_code == 401
+    assert response.json()["error"] == "unauthenticated"
+    assert response["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_wrong_token_gets_403(client, settings):
+    settings.METRICS_TOKEN = TOKEN
+    response = client.get("/metrics", headers={"Authorization": "Bearer nope"})
+    assert response.status_code == 403
+    assert response.json()["error"] == "forbidden"
+
+
+def test_without_configured_token_no_bearer_is_accepted(client, settings):
+    settings.METRICS_TOKEN = ""
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers={"Authorization": "Bearer "}).status_code == 403
+
+
+def test_staff_session_may_read_and_other_users_may_not(client, settings, tenant):
+    settings.METRICS_TOKEN = ""
+    user = funded_user(tenant, "plain", credits=0)
+    client.force_login(user)
+    assert client.get("/metrics").status_code == 403
+    user.is_staff = True
+    user.save()
+    assert client.get("/metrics").status_code == 200
+
+
+def test_metrics_report_the_rows_in_the_database(scrape, tenant):
+    alice = funded_user(tenant, "alice")
+    first = admit(alice, "first")
+    admit(alice, "second")
+    process(first)  # first completes, second is promoted to pending
+    CreditEntry.objects.create(user=alice, job=first, kind=CreditKind.REFUND, amount=1)
+
+    run_row(alice, title="a", saved_by=SavedBy.WORKER)
+    run_row(alice, title="b", saved_by=SavedBy.WORKER)
+    run_row(alice, title="c", saved_by=SavedBy.CLIENT)
+    run_row(alice, title="d", saved_by=None)
+
+    one, two = inquiry(tenant, "one"), inquiry(tenant, "two")
+    stage_run(one, "extract", "success", seconds=2)
+    stage_run(two, "extract", "success", seconds=4)
+    stage_run(one, "calculate", "failed", seconds=1.5, error="boom")
+    stage_run(two, "calculate", "running")
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO procrastinate_jobs (queue_name, task_name, status, args) VALUES "
+            "('metrics-q', 't', 'todo', '{}'), ('metrics-q', 't', 'todo', '{}'), "
+            "('metrics-q', 't', 'failed', '{}')"
+        )
+
+    found = scrape()
+
+    assert value(found, "pgstage_queue_depth", queue="metrics-q") == 2
+    assert value(found, "pgstage_jobs", queue="metrics-q", status="todo") == 2
+    assert value(found, "pgstage_jobs", queue="metrics-q", status="failed") == 1
+    assert value(found, "pgstage_jobs", queue="metrics-q", status="doing") == 0
+    # The promoted second job's process_job waits in the analyses queue.
+    assert value(found, "pgstage_queue_depth", queue="analyses") >= 1
+
+    assert value(found, "pgstage_analysis_jobs", status="complete") == 1
+    assert value(found, "pgstage_analysis_jobs", status="pending") == 1
+
+    assert value(found, "pgstage_refunds_total") == 1
+    assert value(found, "pgstage_refunded_credits_total") == 1
+
+    assert value(found, "pgstage_analysis_runs", saved_by="worker") == 2
+    assert value(found, "pgstage_analysis_runs", saved_by="client") == 1
+    assert value(found, "pgstage_analysis_runs", saved_by="legacy") == 1
+    assert value(found, "pgstage_sweep_rescues_total") == 2
+
+    assert value(found, "pgstage_pipeline_runs", stage="extract", status="success") == 2
+    assert value(found, "pgstage_pipeline_runs", stage="calculate", status="running") == 1
+    duration = "pgstage_pipeline_stage_duration_seconds"
+    assert value(found, f"{duration}_count", stage="extract", status="success") == 2
+    assert value(found, f"{duration}_sum", stage="extract", status="success") == pytest.approx(6)
+    assert value(found, f"{duration}_count", stage="calculate", status="failed") == 1
+    assert value(found, f"{duration}_sum", stage="calculate", status="failed") == pytest.approx(1.5)
+    # A running stage has no duration yet.
+    assert (
+        f"{duration}_count",
+        frozenset({"stage": "calculate", "status": "running"}.items()),
+    ) not in found
+
+
+def test_empty_database_still_exposes_every_metric_family(scrape):
+    text_names = {name for name, _ in scrape()}
+    assert {
+        "pgstage_refunds_total",
+        "pgstage_refunded_credits_total",
+        "pgstage_sweep_rescues_total",
+        "pgstage_analysis_runs",
+    } <= text_names
