@@ -39,7 +39,7 @@ format: install
 	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
 
 migrate: install
-	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py migrate --noinput -v 0
 
 demo: migrate
 	$(BIN)/python manage.py demo

@@ -10,6 +10,7 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from accounts.api import BearerTokenAuth, ClientError, TenantSessionAuth
+from config.metrics import record_api_refusal
 
 api = NinjaAPI(
     title="pgstage API",
@@ -22,6 +23,7 @@ api = NinjaAPI(
 
 
 def _error(request: HttpRequest, status: int, code: str, detail):
+    record_api_refusal(request, code)
     return api.create_response(request, {"error": code, "detail": detail}, status=status)
 
 

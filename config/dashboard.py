@@ -22,6 +22,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import User
+from config.metrics import record_admission_rejection
 from pipeline import selectors as pipeline_selectors
 from pipeline.models import Anfrage
 from pipeline.selectors import StageStatus
@@ -172,6 +173,7 @@ def analysis_submit_view(request: HttpRequest) -> HttpResponse:
     and a 4xx status, having written nothing."""
     form = AnalysisForm(request.POST)
     if request.user.tenant_id is None or not form.is_valid():
+        record_admission_rejection("invalid_payload")
         return _render(request, form, status=400)
     try:
         admission = runs_services.analysis_job_admit(
@@ -181,6 +183,7 @@ def analysis_submit_view(request: HttpRequest) -> HttpResponse:
             sources=[form.source()],
         )
     except RunsError as exc:
+        record_admission_rejection(exc.code)
         form.add_error(None, str(exc))
         return _render(request, form, status=402 if isinstance(exc, InsufficientCredits) else 400)
     where = (

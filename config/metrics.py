@@ -20,7 +20,7 @@ from django.db.models import Count, F, Sum
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 from procrastinate.contrib.django.models import ProcrastinateJob
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -150,6 +150,32 @@ class DatabaseCollector(Collector):
 
 REGISTRY = CollectorRegistry(auto_describe=False)
 REGISTRY.register(DatabaseCollector())
+
+#: Refused admissions by reason. A refused admit must write nothing (DESIGN §5, 5 and 9),
+#: so this one is counted in the serving process, not in the database: each web process
+#: reports its own count and Prometheus sums them over instances.
+ADMISSION_REJECTIONS = Counter(
+    "pgstage_admission_rejections",
+    "Analysis admissions refused at click time, by reason (per web process).",
+    ["reason"],
+    registry=REGISTRY,
+)
+ADMISSION_PATH = "/api/analysis-jobs"
+
+
+def record_admission_rejection(reason: str) -> None:
+    ADMISSION_REJECTIONS.labels(reason=reason).inc()
+
+
+def record_api_refusal(request: HttpRequest, code: str) -> None:
+    """Count a 4xx answer to ``POST /api/analysis-jobs`` as an admission rejection (a
+    missing token is not one: nobody was refused an analysis)."""
+    if (
+        request.method == "POST"
+        and request.path.rstrip("/") == ADMISSION_PATH
+        and code != "unauthenticated"
+    ):
+        record_admission_rejection(code)
 
 
 def _refuse(status: int, code: str, detail: str) -> JsonResponse:

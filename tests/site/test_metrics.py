@@ -137,3 +137,34 @@ def test_empty_database_still_exposes_every_metric_family(scrape):
         "pgstage_sweep_rescues_total",
         "pgstage_analysis_runs",
     } <= text_names
+
+
+def test_admission_rejections_are_counted_by_reason_and_write_nothing(client, scrape, tenant):
+    from runs.models import AnalysisJob
+    from tests.factories import UserFactory, auth_header
+
+    def rejections(reason: str) -> float:
+        return scrape().get(("pgstage_admission_rejections_total",
+                             frozenset({"reason": reason}.items())), 0.0)
+
+    broke = UserFactory(tenant=tenant)  # no credits granted
+    headers = auth_header(broke)
+    before_credits = rejections("insufficient_credits")
+    before_payload = rejections("invalid_payload")
+    payload = {
+        "title": "t",
+        "doc_html": "<p>Claim [1].</p>",
+        "sources": [{"key": "1", "title": "S", "doi": "10.1000/x.1", "text": "Claim."}],
+    }
+    response = client.post("/api/analysis-jobs", payload, content_type="application/json",
+                           headers=headers)
+    assert response.status_code == 402
+    response = client.post("/api/analysis-jobs", {"title": 1}, content_type="application/json",
+                           headers=headers)
+    assert response.status_code == 422
+    # An unauthenticated call is not an admission rejection.
+    client.post("/api/analysis-jobs", payload, content_type="application/json")
+    assert rejections("insufficient_credits") == before_credits + 1
+    assert rejections("invalid_payload") == before_payload + 1
+    assert rejections("unauthenticated") == 0.0
+    assert not AnalysisJob.objects.filter(user=broke).exists()
