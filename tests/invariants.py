@@ -82,4 +82,5 @@ def violations(*, settled: bool = False) -> dict[str, list[tuple]]:
 def assert_invariants(*, settled: bool = False) -> None:
     found = violations(settled=settled)
     assert not found, "invariants violated:\n" + "\n".join(
-        f"- {name}: {rows}" for name, rows in found.items())
+        f"- {name}: {rows}" for name, rows in found.items()
+    )
