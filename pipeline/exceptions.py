@@ -121,3 +121,20 @@ class StageInputChanged(PipelineError):
     status = 409
     code = "stage_input_changed"
     retryable = False
+
+
+class StageInputStale(PipelineError):
+    """A stage's input changed while it computed (its previous stage committed new
+    output); the stage is retried with the fresh input."""
+
+    status = 409
+    code = "stage_input_stale"
+
+
+class StageSuperseded(PipelineError):
+    """The stage before this one was reopened by a replay while this one ran; this result
+    is discarded and the stage runs again once the replayed stage succeeds."""
+
+    status = 409
+    code = "stage_superseded"
+    retryable = False

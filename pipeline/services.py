@@ -37,6 +37,8 @@ from pipeline.exceptions import (
     PipelineError,
     ReplayRefused,
     StageInputChanged,
+    StageInputStale,
+    StageSuperseded,
     TooManyFiles,
     UnparseableFile,
 )
@@ -87,6 +89,7 @@ class StageOutcome(enum.StrEnum):
     COMPLETED = "completed"
     SKIPPED = "skipped"
     LEASE_LOST = "lease_lost"
+    SUPERSEDED = "superseded"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -318,9 +321,12 @@ def _extract_write(anfrage: Anfrage, result: tuple[list, list]) -> None:
 
 def _positions_prepare(anfrage: Anfrage) -> tuple[list[Position], str]:
     positions = list(anfrage.positions.order_by("position_index"))
+    # Row ids are part of the input: a re-extraction writes new rows (even with the same
+    # content), and results written by id to the old rows would be lost.
     digest = _digest(
         [
             [
+                p.id,
                 p.position_index,
                 p.item,
                 p.quantity,
@@ -445,6 +451,7 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
     try:
         result = work.compute(anfrage, inputs)
         with transaction.atomic():
+            _check_inputs_unchanged(anfrage, stage, work, input_hash)
             work.write(anfrage, result)
             LEDGER.complete(claim)
             if stage.next is not None:
@@ -452,12 +459,49 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
     except LeaseLost:
         logger.warning("%s of inquiry %s: lease lost, result discarded", stage, anfrage.id)
         return StageOutcome.LEASE_LOST
+    except StageSuperseded as exc:
+        # The stage before was reopened by a replay: this result is moot. The row stays
+        # claimable and the replayed stage enqueues this one again when it succeeds.
+        _record_failure(claim, exc)
+        logger.info("%s of inquiry %s: %s", stage, anfrage.id, exc)
+        return StageOutcome.SUPERSEDED
     except Exception as exc:
         _record_failure(claim, exc)
         if isinstance(exc, PipelineError) and not exc.retryable:
             raise DoNotRetry(str(exc)) from exc
         raise
     return StageOutcome.COMPLETED
+
+
+def _check_inputs_unchanged(
+    anfrage: Anfrage, stage: Stage, work: _StageWork, input_hash: str
+) -> None:
+    """In the closing transaction: the stage before must still be ``success`` and this
+    stage's input must be what it computed from.
+
+    The previous stage's ledger row is read ``FOR SHARE``: a replay reopening it, or the
+    previous stage committing new output (its ``complete`` updates that row), waits for
+    this transaction or is seen by it — never half of each. A changed input (e.g. extract
+    replayed and finished while this stage computed) is retried with the fresh input.
+    """
+    if not stage.previous:
+        return
+    previous = stage.previous[-1]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            QUERIES["previous_stage_for_share"],
+            {"tenant_id": anfrage.tenant_id, "anfrage_id": anfrage.id, "stage": previous.value},
+        )
+        row = cursor.fetchone()
+    if row is None or row[0] != LedgerStatus.SUCCESS:
+        raise StageSuperseded(
+            f"stage {previous.value} was reopened by a replay; {stage.value} runs again after it"
+        )
+    _, current_hash = work.prepare(anfrage)
+    if current_hash != input_hash:
+        raise StageInputStale(
+            f"the input of {stage.value} changed while it ran; it is retried with the new input"
+        )
 
 
 def pipeline_stage_replay(
@@ -520,16 +564,20 @@ def pipeline_stage_replay(
             enqueued=False,
             dry_run=True,
         )
+    # Reset by compare-and-set at write time, not from the read above: a later stage that
+    # succeeded since the read is reopened too (with --cascade), so it cannot keep a result
+    # computed from the output being replayed.
+    reset = [t.value for t in targets if t is not stage or force]
     with transaction.atomic():
         reopened: list[str] = []
-        if reopen:
+        if reset:
             with connection.cursor() as cursor:
                 cursor.execute(
                     QUERIES["replay_reset"],
                     {
                         "tenant_id": anfrage.tenant_id,
                         "anfrage_id": anfrage.id,
-                        "stages": reopen,
+                        "stages": reset,
                         "reason": f"replay requested by {actor} at {now:%Y-%m-%d %H:%M:%S}",
                     },
                 )
