@@ -32,8 +32,9 @@ def during_feasibility(monkeypatch):
             hook(anfrage)
             return result
 
-        monkeypatch.setitem(services._STAGES, Stage.FEASIBILITY,
-                            dataclasses.replace(work, compute=compute))
+        monkeypatch.setitem(
+            services._STAGES, Stage.FEASIBILITY, dataclasses.replace(work, compute=compute)
+        )
 
     return install
 
@@ -46,8 +47,9 @@ def test_extract_replayed_and_finished_meanwhile_makes_feasibility_retry(
 
     def replay_extract(anfrage):
         # Without --cascade: the replay is not refused by the running later stage.
-        pipeline_stage_replay(tenant_id=tenant.id, anfrage_id=anfrage.id, stage=Stage.EXTRACT,
-                              force=True, actor="ops")
+        pipeline_stage_replay(
+            tenant_id=tenant.id, anfrage_id=anfrage.id, stage=Stage.EXTRACT, force=True, actor="ops"
+        )
         assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT) == "completed"
 
     during_feasibility(replay_extract)
@@ -63,8 +65,9 @@ def test_extract_reopened_meanwhile_supersedes_feasibility(tenant, during_feasib
     run_stages(anfrage.id, (Stage.INTAKE, Stage.EXTRACT))
 
     def reopen_extract(anfrage):
-        pipeline_stage_replay(tenant_id=tenant.id, anfrage_id=anfrage.id, stage=Stage.EXTRACT,
-                              force=True, actor="ops")
+        pipeline_stage_replay(
+            tenant_id=tenant.id, anfrage_id=anfrage.id, stage=Stage.EXTRACT, force=True, actor="ops"
+        )
 
     during_feasibility(reopen_extract)
     outcome = pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.FEASIBILITY)
@@ -76,11 +79,20 @@ def test_extract_reopened_meanwhile_supersedes_feasibility(tenant, during_feasib
 def test_after_the_race_the_chain_finishes_on_the_new_output(tenant):
     anfrage = submit(tenant)
     run_stages(anfrage.id)
-    pipeline_stage_replay(tenant_id=tenant.id, anfrage_id=anfrage.id, stage=Stage.EXTRACT,
-                          force=True, cascade=True, actor="ops")
+    pipeline_stage_replay(
+        tenant_id=tenant.id,
+        anfrage_id=anfrage.id,
+        stage=Stage.EXTRACT,
+        force=True,
+        cascade=True,
+        actor="ops",
+    )
     assert {s: status(anfrage, s) for s in Stage} == {
-        Stage.INTAKE: "success", Stage.EXTRACT: "failed", Stage.FEASIBILITY: "failed",
-        Stage.CALCULATE: "failed"}
+        Stage.INTAKE: "success",
+        Stage.EXTRACT: "failed",
+        Stage.FEASIBILITY: "failed",
+        Stage.CALCULATE: "failed",
+    }
     run_stages(anfrage.id, (Stage.EXTRACT, Stage.FEASIBILITY, Stage.CALCULATE))
     assert {status(anfrage, s) for s in Stage} == {"success"}
     assert not Position.objects.filter(anfrage=anfrage, feasible__isnull=True).exists()
