@@ -1,27 +1,65 @@
+"""Admin for tenants, users and API tokens (operator-owned rows, editable here).
+
+Tokens are only created by ``manage.py create_api_token`` (the plaintext is shown once,
+only its hash is stored), so the admin cannot add one; it can rename or revoke one.
+"""
+
 from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin
+from django.db.models import Count
 
 from accounts.models import ApiToken, Tenant, User
+from accounts.services import api_token_revoke
 
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "created_at"]
+    list_display = ["slug", "name", "users", "created_at"]
     search_fields = ["slug", "name"]
+    date_hierarchy = "created_at"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(user_count=Count("users"))
+
+    def get_readonly_fields(self, request, obj=None):
+        # The slug is part of every stage key and storage key of the tenant's inquiries:
+        # renaming it would orphan their stored files and procrastinate jobs.
+        return ["slug", "created_at"] if obj is not None else ["created_at"]
+
+    @admin.display(description="users", ordering="user_count")
+    def users(self, obj: Tenant) -> int:
+        return obj.user_count
 
 
 @admin.register(User)
 class PgstageUserAdmin(UserAdmin):
-    list_display = ["username", "tenant", "is_staff", "is_active"]
-    list_filter = ["tenant", "is_staff", "is_active"]
+    list_display = ["username", "email", "tenant", "is_staff", "is_active", "last_login"]
+    list_filter = ["tenant", "is_staff", "is_superuser", "is_active"]
+    list_select_related = ["tenant"]
+    search_fields = [*UserAdmin.search_fields, "tenant__slug"]
+    date_hierarchy = "date_joined"
     fieldsets = (*UserAdmin.fieldsets, ("Tenancy", {"fields": ["tenant"]}))
+    add_fieldsets = (*UserAdmin.add_fieldsets, ("Tenancy", {"fields": ["tenant"]}))
 
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
     list_display = ["prefix", "user", "name", "created_at", "last_used_at", "revoked_at"]
-    list_filter = ["revoked_at"]
-    search_fields = ["prefix", "user__username"]
-    readonly_fields = ["prefix", "token_hash", "created_at", "last_used_at"]
+    list_filter = ["revoked_at", "user__tenant"]
+    list_select_related = ["user"]
+    search_fields = ["prefix", "user__username", "name"]
+    date_hierarchy = "created_at"
+    fields = ["user", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["user", "prefix", "created_at", "last_used_at", "revoked_at"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    @admin.action(description="Revoke the selected tokens")
+    def revoke(self, request, queryset):
+        revoked = sum(api_token_revoke(token_id=pk) for pk in queryset.values_list("pk", flat=True))
+        already = queryset.count() - revoked
+        self.message_user(request, f"Revoked {revoked} token(s); {already} were already revoked.")

@@ -52,3 +52,13 @@ def api_token_authenticate(*, token: str) -> User | None:
     if row.last_used_at is None or (now - row.last_used_at).total_seconds() > 60:
         ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
     return row.user
+
+
+def api_token_revoke(*, token_id: int) -> bool:
+    """Revoke a token at once; idempotent (compare-and-set on ``revoked_at IS NULL``):
+    True when this call revoked it, False when it was already revoked or does not exist."""
+    return bool(
+        ApiToken.objects.filter(pk=token_id, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+    )

@@ -12,6 +12,8 @@ from config.dashboard import analysis_submit_view, dashboard_view
 from config.metrics import metrics_view
 
 register_routers()
+admin.site.site_header = admin.site.site_title = "pgstage admin"
+admin.site.index_title = "Operations"
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="dashboard"), name="home"),

@@ -1,12 +1,16 @@
-"""Admin for inquiries, runs, positions, files, catalogs and the (read-only) audit log.
+"""Admin for inquiries, stage runs, positions, files, warnings, catalogs and the audit log.
 
-Pipeline rows are written by the stages only, so they are read-only here; the "replay"
-actions call the same service as ``manage.py replay_stage``.
+Pipeline rows are written by the stages only, so they are read-only here; the replay
+actions call the same service as ``manage.py replay_stage``. Catalogs are the tenants'
+configuration and stay editable. Inquiries and runs link procrastinate's jobs of their
+stage keys (``stage:tenant:anfrage``).
 """
 
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.db.models import Prefetch
+from django.utils.text import Truncator
 
 from pipeline.exceptions import PipelineError
 from pipeline.models import (
@@ -18,19 +22,18 @@ from pipeline.models import (
     ExtractionWarning,
     PipelineRun,
     Position,
+    Stage,
 )
-from pipeline.services import pipeline_stage_replay
+from pipeline.selectors import PENDING, catalog_for
+from pipeline.services import pipeline_stage_replay, stage_key
+from queueing.admin import ReadOnlyModelAdmin, jobs_link
+
+#: How many refusal reasons one message lists (the rest are counted).
+MAX_REASONS = 5
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
+def _short(text: str, chars: int = 80) -> str:
+    return Truncator(text).chars(chars)
 
 
 class PositionInline(admin.TabularInline):
@@ -67,34 +70,72 @@ class RunInline(admin.TabularInline):
 
 
 @admin.register(Anfrage)
-class AnfrageAdmin(ReadOnlyAdmin):
-    list_display = ["id", "tenant", "title", "quote_total", "currency", "created_at"]
+class AnfrageAdmin(ReadOnlyModelAdmin):
+    list_display = ["id", "title", "tenant", "stage_board", "quote_total", "currency", "created_at"]
     list_filter = ["tenant"]
-    search_fields = ["title"]
+    list_select_related = ["tenant"]
+    search_fields = ["id__exact", "title"]
+    date_hierarchy = "created_at"
+    readonly_fields = ["stage_jobs"]
     inlines = [RunInline, PositionInline]
+
+    def get_queryset(self, request):
+        runs = PipelineRun.objects.only("anfrage_id", "stage", "status")
+        return super().get_queryset(request).prefetch_related(Prefetch("runs", queryset=runs))
+
+    @admin.display(description="stages")
+    def stage_board(self, obj: Anfrage) -> str:
+        statuses = {run.stage: run.status for run in obj.runs.all()}
+        return " · ".join(f"{stage.value} {statuses.get(stage.value, PENDING)}" for stage in Stage)
+
+    @admin.display(description="procrastinate jobs")
+    def stage_jobs(self, obj: Anfrage) -> str:
+        return jobs_link(
+            *(stage_key(stage=stage, anfrage=obj) for stage in Stage), label="all stages"
+        )
 
 
 def _replay(modeladmin, request, queryset, *, force: bool, cascade: bool) -> None:
-    done = refused = 0
-    for run in queryset.order_by("id"):
+    actor = f"admin:{request.user.get_username()}"
+    enqueued = waiting = 0
+    refused: list[str] = []
+    for run in queryset.order_by("anfrage_id", "id"):
         try:
-            pipeline_stage_replay(
+            result = pipeline_stage_replay(
                 tenant_id=run.tenant_id,
                 anfrage_id=run.anfrage_id,
                 stage=run.stage,
                 force=force,
                 cascade=cascade,
-                actor=f"admin:{request.user.username}",
+                actor=actor,
             )
         except PipelineError as exc:
-            refused += 1
-            modeladmin.message_user(
-                request, f"#{run.anfrage_id} {run.stage}: {exc.detail}", messages.WARNING
-            )
+            refused.append(f"#{run.anfrage_id} {run.stage}: {exc.detail}")
+            continue
+        if result.enqueued:
+            enqueued += 1
         else:
-            done += 1
-    if done:
-        modeladmin.message_user(request, f"{done} stage(s) queued for replay", messages.SUCCESS)
+            waiting += 1
+    if enqueued:
+        modeladmin.message_user(
+            request, f"{enqueued} stage(s) queued for replay (one job each).", messages.SUCCESS
+        )
+    if waiting:
+        modeladmin.message_user(
+            request,
+            f"{waiting} stage(s) already had a job waiting or running; no second job was "
+            "queued (the replay is audited and reopened what had succeeded).",
+            messages.INFO,
+        )
+    if refused:
+        more = len(refused) - MAX_REASONS
+        modeladmin.message_user(
+            request,
+            f"{len(refused)} stage(s) refused: "
+            + "; ".join(refused[:MAX_REASONS])
+            + (f"; and {more} more" if more > 0 else ""),
+            messages.WARNING,
+        )
 
 
 @admin.action(description="Replay stage (failed or abandoned runs)")
@@ -108,7 +149,7 @@ def force_replay_cascade(modeladmin, request, queryset) -> None:
 
 
 @admin.register(PipelineRun)
-class PipelineRunAdmin(ReadOnlyAdmin):
+class PipelineRunAdmin(ReadOnlyModelAdmin):
     list_display = [
         "id",
         "anfrage",
@@ -118,15 +159,26 @@ class PipelineRunAdmin(ReadOnlyAdmin):
         "attempts",
         "started_at",
         "finished_at",
-        "error",
+        "short_error",
+        "jobs",
     ]
     list_filter = ["stage", "status", "tenant"]
-    search_fields = ["anfrage__id", "error"]
+    list_select_related = ["anfrage__tenant", "tenant"]
+    search_fields = ["anfrage__id__exact", "anfrage__title", "error"]
+    date_hierarchy = "started_at"
     actions = [replay_stage, force_replay_cascade]
+
+    @admin.display(description="error")
+    def short_error(self, obj: PipelineRun) -> str:
+        return _short(obj.error)
+
+    @admin.display(description="procrastinate")
+    def jobs(self, obj: PipelineRun) -> str:
+        return jobs_link(stage_key(stage=Stage(obj.stage), anfrage=obj.anfrage))
 
 
 @admin.register(Position)
-class PositionAdmin(ReadOnlyAdmin):
+class PositionAdmin(ReadOnlyModelAdmin):
     list_display = [
         "anfrage",
         "position_index",
@@ -141,27 +193,34 @@ class PositionAdmin(ReadOnlyAdmin):
         "total",
     ]
     list_filter = ["feasible", "unit", "tenant"]
-    search_fields = ["item", "anfrage__id"]
+    list_select_related = ["anfrage"]
+    search_fields = ["anfrage__id__exact", "item", "material"]
 
 
 @admin.register(AnfrageFile)
-class AnfrageFileAdmin(ReadOnlyAdmin):
+class AnfrageFileAdmin(ReadOnlyModelAdmin):
     list_display = ["id", "anfrage", "tenant", "filename", "format", "size", "sha256", "created_at"]
     list_filter = ["format", "tenant"]
-    search_fields = ["filename", "sha256", "storage_key"]
+    list_select_related = ["anfrage", "tenant"]
+    search_fields = ["anfrage__id__exact", "filename", "sha256", "storage_key"]
+    date_hierarchy = "created_at"
 
 
 @admin.register(ExtractionWarning)
-class ExtractionWarningAdmin(ReadOnlyAdmin):
+class ExtractionWarningAdmin(ReadOnlyModelAdmin):
     list_display = ["anfrage", "line_no", "message", "line"]
     list_filter = ["tenant"]
+    list_select_related = ["anfrage"]
+    search_fields = ["anfrage__id__exact", "message", "line"]
 
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(ReadOnlyAdmin):
+class AuditEntryAdmin(ReadOnlyModelAdmin):
     list_display = ["id", "created_at", "tenant", "action", "entity_type", "entity_id", "actor"]
     list_filter = ["action", "entity_type", "tenant"]
-    search_fields = ["entity_id", "actor"]
+    list_select_related = ["tenant"]
+    search_fields = ["entity_id__exact", "actor"]
+    date_hierarchy = "created_at"
 
 
 class CatalogItemInline(admin.StackedInline):
@@ -171,5 +230,21 @@ class CatalogItemInline(admin.StackedInline):
 
 @admin.register(Catalog)
 class CatalogAdmin(admin.ModelAdmin):
-    list_display = ["name", "tenant", "currency", "updated_at"]
+    """A tenant's catalog is its configuration: operators edit it here. The ``validity``
+    column validates it as the feasibility and calculate stages will read it."""
+
+    list_display = ["name", "tenant", "currency", "updated_at", "validity"]
+    list_select_related = ["tenant"]
+    search_fields = ["name", "tenant__slug"]
+    readonly_fields = ["validity"]
     inlines = [CatalogItemInline]
+
+    @admin.display(description="validity")
+    def validity(self, obj: Catalog) -> str:
+        if obj.pk is None:
+            return ""
+        try:
+            spec = catalog_for(tenant_id=obj.tenant_id)
+        except PipelineError as exc:
+            return f"invalid: {exc.detail}"
+        return f"valid ({len(spec.items)} item(s))"

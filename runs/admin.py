@@ -1,10 +1,21 @@
 """Admin for the analyses' tables. Every row is system-owned (written by services under
-locks and compare-and-set), so the admin is read-only; its actions call the services."""
+locks and compare-and-set), so the admin is read-only; its actions call the services:
+cancel, requeue, refund, promote. Jobs and runs link procrastinate's jobs of their keys.
+
+Listings never load ``doc_html`` (it can weigh megabytes): they show its size.
+"""
 
 from __future__ import annotations
 
-from django.contrib import admin, messages
+from collections import Counter
 
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.db.models.functions import Length
+from django.urls import reverse
+from django.utils.html import format_html
+
+from queueing.admin import ReadOnlyModelAdmin, jobs_link
 from runs import services
 from runs.models import (
     AnalysisJob,
@@ -13,105 +24,252 @@ from runs.models import (
     CoreRun,
     CreditEntry,
     JobCitation,
+    JobStatus,
     RunJudgement,
 )
+from runs.queue import JUDGE_RUN_KEY, PROCESS_JOB_KEY
+from runs.selectors import queue_position
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
+def _change_link(model: str, pk: object) -> str:
+    """A link to a related row by its id: listing ``str(related)`` would load the related
+    row (and a job's megabyte body) once per line."""
+    if pk is None:
+        return ""
+    return format_html('<a href="{}">{}</a>', reverse(f"admin:runs_{model}_change", args=[pk]), pk)
 
 
 def _body_size(obj) -> str:
-    return "trimmed" if obj.doc_html is None else f"{len(obj.doc_html):,} chars"
+    chars = obj.doc_html_chars
+    return "trimmed" if chars is None else f"{chars:,} chars"
+
+
+def _light(queryset: QuerySet) -> QuerySet:
+    return queryset.defer("doc_html").annotate(doc_html_chars=Length("doc_html"))
+
+
+def _summary(counts: Counter, labels: dict[str, str]) -> str:
+    parts = [f"{counts[key]} {label}" for key, label in labels.items() if counts[key]]
+    return "; ".join(parts) or "nothing to do"
+
+
+class DeltaFilter(admin.SimpleListFilter):
+    title = "kind"
+    parameter_name = "delta"
+
+    def lookups(self, request, model_admin):
+        return [("no", "first pass"), ("yes", "delta re-check")]
+
+    def queryset(self, request, queryset):
+        if self.value() in ("yes", "no"):
+            return queryset.filter(delta_of_job__isnull=self.value() == "no")
+        return queryset
 
 
 @admin.register(AnalysisJob)
-class AnalysisJobAdmin(ReadOnlyAdmin):
+class AnalysisJobAdmin(ReadOnlyModelAdmin):
     list_display = (
         "id",
-        "user",
-        "status",
         "title",
-        "delta_of_job",
+        "user",
+        "tenant",
+        "status",
+        "position",
+        "delta_of",
         "release_attempts",
         "created_at",
         "finished_at",
+        "jobs",
     )
-    list_filter = ("status",)
-    search_fields = ("title", "user__username", "=run_id")
-    list_select_related = ("user",)
+    list_filter = ("status", DeltaFilter, "tenant", ("user", admin.RelatedOnlyFieldListFilter))
+    list_select_related = ("user", "tenant")
+    search_fields = ("id__exact", "title", "user__username", "run_id__exact")
+    date_hierarchy = "created_at"
     exclude = ("doc_html",)
     readonly_fields = ("body",)
-    actions = ("cancel_queued", "promote_queue")
+    actions = ("cancel_queued", "requeue", "refund", "promote_queue")
+
+    def get_queryset(self, request):
+        return _light(super().get_queryset(request))
 
     @admin.display(description="doc_html")
     def body(self, obj: AnalysisJob) -> str:
         return _body_size(obj)
 
+    @admin.display(description="delta of")
+    def delta_of(self, obj: AnalysisJob) -> str:
+        return _change_link("analysisjob", obj.delta_of_job_id)
+
+    @admin.display(description="queue position")
+    def position(self, obj: AnalysisJob) -> str:
+        return str(queue_position(obj)) if obj.status == JobStatus.QUEUED else ""
+
+    @admin.display(description="procrastinate")
+    def jobs(self, obj: AnalysisJob) -> str:
+        return jobs_link(PROCESS_JOB_KEY.build(job=obj.pk))
+
     @admin.action(description="Cancel selected queued jobs (refunds their credit)")
     def cancel_queued(self, request, queryset):
-        cancelled = sum(
-            services.analysis_job_cancel(job_id=pk) for pk in queryset.values_list("pk", flat=True)
+        # Only queued jobs can be cancelled; the others are counted, not locked.
+        ids = list(queryset.values_list("pk", flat=True))
+        queued = queryset.filter(status=JobStatus.QUEUED).values_list("pk", flat=True)
+        cancelled = sum(services.analysis_job_cancel(job_id=pk) for pk in queued)
+        skipped = len(ids) - cancelled
+        self.message_user(
+            request,
+            f"Cancelled {cancelled} queued job(s) and refunded their credit"
+            + (f"; {skipped} job(s) were not queued and were left alone." if skipped else "."),
+            messages.SUCCESS if cancelled else messages.WARNING,
         )
-        self.message_user(request, f"Cancelled {cancelled} queued job(s).", messages.SUCCESS)
+
+    @admin.action(description="Requeue selected pending or running jobs (their process_job)")
+    def requeue(self, request, queryset):
+        outcomes = Counter(
+            services.analysis_job_requeue(job_id=pk) for pk in queryset.values_list("pk", flat=True)
+        )
+        text = _summary(
+            outcomes,
+            {
+                services.RequeueOutcome.ENQUEUED: "requeued",
+                services.RequeueOutcome.ALREADY_WAITING: (
+                    "already had their job waiting, retrying or running"
+                ),
+                services.RequeueOutcome.NOT_ACTIVE: (
+                    "not requeued: queued (waiting for their turn) or already finished"
+                ),
+            },
+        )
+        enqueued = outcomes[services.RequeueOutcome.ENQUEUED]
+        self.message_user(
+            request, f"Requeue: {text}.", messages.SUCCESS if enqueued else messages.WARNING
+        )
+
+    @admin.action(description="Refund selected finished jobs (once per job)")
+    def refund(self, request, queryset):
+        note = f"refunded by admin:{request.user.get_username()}"
+        outcomes = Counter(
+            services.analysis_job_refund(job_id=pk, note=note)
+            for pk in queryset.values_list("pk", flat=True)
+        )
+        text = _summary(
+            outcomes,
+            {
+                services.RefundOutcome.REFUNDED: "refunded",
+                services.RefundOutcome.ALREADY_REFUNDED: "already refunded (nothing added)",
+                services.RefundOutcome.NOT_FINISHED: "not finished yet (cancel or wait)",
+                services.RefundOutcome.NOT_CHARGED: "never charged",
+                services.RefundOutcome.MISSING: "deleted",
+            },
+        )
+        refunded = outcomes[services.RefundOutcome.REFUNDED]
+        self.message_user(
+            request, f"Refund: {text}.", messages.SUCCESS if refunded else messages.WARNING
+        )
 
     @admin.action(description="Promote the queues of the selected jobs' users")
     def promote_queue(self, request, queryset):
         users = set(queryset.values_list("user_id", flat=True))
         promoted = [j for u in users if (j := services.analysis_queue_promote(user_id=u))]
         self.message_user(
-            request, f"Promoted {len(promoted)} job(s) for {len(users)} user(s).", messages.SUCCESS
+            request,
+            f"Promoted {len(promoted)} job(s) for {len(users)} user(s)"
+            + ("" if promoted else " (each already has an active job or nothing queued)")
+            + ".",
+            messages.SUCCESS if promoted else messages.WARNING,
         )
 
 
 @admin.register(AnalysisRun)
-class AnalysisRunAdmin(ReadOnlyAdmin):
-    list_display = ("id", "user", "title", "job", "saved_by", "version", "created_at")
-    list_filter = ("saved_by",)
-    search_fields = ("=id", "title", "user__username")
-    list_select_related = ("user",)
+class AnalysisRunAdmin(ReadOnlyModelAdmin):
+    list_display = (
+        "id",
+        "title",
+        "user",
+        "tenant",
+        "job_link",
+        "saved",
+        "version",
+        "created_at",
+        "updated_at",
+        "jobs",
+    )
+    list_filter = ("saved_by", "tenant", ("user", admin.RelatedOnlyFieldListFilter))
+    list_select_related = ("user", "tenant")
+    search_fields = ("id__exact", "title", "user__username", "job__id__exact")
+    date_hierarchy = "created_at"
     exclude = ("doc_html",)
     readonly_fields = ("body",)
+
+    def get_queryset(self, request):
+        return _light(super().get_queryset(request))
 
     @admin.display(description="doc_html")
     def body(self, obj: AnalysisRun) -> str:
         return _body_size(obj)
 
+    @admin.display(description="job")
+    def job_link(self, obj: AnalysisRun) -> str:
+        return _change_link("analysisjob", obj.job_id)
+
+    @admin.display(description="saved by", ordering="saved_by")
+    def saved(self, obj: AnalysisRun) -> str:
+        # A legacy NULL counts as a client save (DESIGN §4).
+        return obj.saved_by or "legacy (client)"
+
+    @admin.display(description="procrastinate")
+    def jobs(self, obj: AnalysisRun) -> str:
+        keys = (JUDGE_RUN_KEY.build(run=obj.pk, version=v) for v in range(1, obj.version + 1))
+        return jobs_link(*keys, label="judge jobs")
+
 
 @admin.register(RunJudgement)
-class RunJudgementAdmin(ReadOnlyAdmin):
-    list_display = ("run", "version", "judged_at")
+class RunJudgementAdmin(ReadOnlyModelAdmin):
+    list_display = ("id", "run_link", "version", "judged_at")
+    search_fields = ("run__id__exact",)
+    date_hierarchy = "judged_at"
+
+    @admin.display(description="run")
+    def run_link(self, obj: RunJudgement) -> str:
+        return _change_link("analysisrun", obj.run_id)
 
 
 @admin.register(JobCitation)
-class JobCitationAdmin(ReadOnlyAdmin):
-    list_display = ("job", "marker", "source_key", "verdict", "score")
+class JobCitationAdmin(ReadOnlyModelAdmin):
+    list_display = ("id", "job_link", "marker", "source_key", "verdict", "score")
     list_filter = ("verdict",)
+    search_fields = ("job__id__exact", "marker", "source_key")
+
+    @admin.display(description="job")
+    def job_link(self, obj: JobCitation) -> str:
+        return _change_link("analysisjob", obj.job_id)
 
 
 @admin.register(CoreRun)
-class CoreRunAdmin(ReadOnlyAdmin):
+class CoreRunAdmin(ReadOnlyModelAdmin):
     list_display = ("id", "run_id", "user", "state", "created_at", "released_at", "finished_at")
-    list_filter = ("state",)
+    list_filter = ("state", ("user", admin.RelatedOnlyFieldListFilter))
+    list_select_related = ("user",)
+    search_fields = ("id__exact", "run_id__exact", "user__username")
+    date_hierarchy = "created_at"
 
 
 @admin.register(CoreDailyUsage)
-class CoreDailyUsageAdmin(ReadOnlyAdmin):
+class CoreDailyUsageAdmin(ReadOnlyModelAdmin):
     list_display = ("day", "used")
+    date_hierarchy = "day"
 
 
 @admin.register(CreditEntry)
-class CreditEntryAdmin(ReadOnlyAdmin):
-    """Grants are made with ``manage.py grant_credits`` (a service call)."""
+class CreditEntryAdmin(ReadOnlyModelAdmin):
+    """Grants are made with ``manage.py grant_credits``, refunds with the jobs' *Refund*
+    action (service calls)."""
 
-    list_display = ("id", "user", "kind", "amount", "job", "note", "created_at")
-    list_filter = ("kind",)
-    search_fields = ("user__username",)
+    list_display = ("id", "user", "kind", "amount", "job_link", "note", "created_at")
+    list_filter = ("kind", "user__tenant", ("user", admin.RelatedOnlyFieldListFilter))
     list_select_related = ("user",)
+    search_fields = ("user__username", "job__id__exact", "note")
+    date_hierarchy = "created_at"
+
+    @admin.display(description="job")
+    def job_link(self, obj: CreditEntry) -> str:
+        return _change_link("analysisjob", obj.job_id)

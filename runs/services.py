@@ -40,6 +40,7 @@ from runs.exceptions import (
 from runs.models import (
     ACTIVE_STATUSES,
     RECORDABLE_STATUSES,
+    TERMINAL_STATUSES,
     AnalysisJob,
     AnalysisRun,
     CreditEntry,
@@ -268,10 +269,15 @@ def analysis_jobs_requeue_lost(*, idle_seconds: int, limit: int = 500) -> int:
 
 def analysis_job_cancel(*, job_id: int) -> bool:
     """Cancel a queued job and refund its credit; False when it is no longer queued.
-    Under the user's queue lock, so a promoter cannot start it meanwhile."""
-    user_id = AnalysisJob.objects.filter(pk=job_id).values_list("user_id", flat=True).first()
-    if user_id is None:
+    Under the user's queue lock, so a promoter cannot start it meanwhile.
+
+    A job that is not queued is refused before any lock: ``process_job`` takes the job's
+    row lock and then the user's, so taking them the other way round here must only ever
+    meet queued jobs (which no worker holds)."""
+    row = AnalysisJob.objects.filter(pk=job_id).values_list("user_id", "status").first()
+    if row is None or row[1] != JobStatus.QUEUED:
         return False
+    user_id = row[0]
     with transaction.atomic():
         locks.xact_lock(ANALYSIS_QUEUE_LOCK, user_id)
         job = _lock_job(job_id)
@@ -536,3 +542,60 @@ def doc_html_trim(*, hours: int, limit: int = 500) -> Trimmed:
             ", ".join(map(str, kept[:20])),
         )
     return Trimmed(trimmed=trimmed, kept_unsaved=kept)
+
+
+# -- operator actions (the admin) ----------------------------------------------------------
+
+
+class RequeueOutcome(enum.StrEnum):
+    ENQUEUED = "enqueued"
+    ALREADY_WAITING = "already_waiting"
+    NOT_ACTIVE = "not_active"
+
+
+class RefundOutcome(enum.StrEnum):
+    REFUNDED = "refunded"
+    ALREADY_REFUNDED = "already_refunded"
+    NOT_FINISHED = "not_finished"
+    NOT_CHARGED = "not_charged"
+    MISSING = "missing"
+
+
+def analysis_job_requeue(*, job_id: int) -> RequeueOutcome:
+    """Enqueue a pending or running job's ``process_job`` again (an operator's retry of a
+    job whose task failed for good or was lost with its worker).
+
+    A queued job waits for its promotion and a terminal job is final: both are
+    ``NOT_ACTIVE`` and nothing is enqueued. Under the job's row lock, so the check cannot
+    race the job's own move to a terminal status; the EXCLUSIVE key makes a requeue a
+    no-op (``ALREADY_WAITING``) while the job's task waits, retries or runs.
+    """
+    with transaction.atomic():
+        job = _lock_job(job_id)
+        if job is None or job.status not in ACTIVE_STATUSES:
+            return RequeueOutcome.NOT_ACTIVE
+        enqueued = _enqueue_process(job.pk)
+    return RequeueOutcome.ENQUEUED if enqueued.created else RequeueOutcome.ALREADY_WAITING
+
+
+def analysis_job_refund(*, job_id: int, note: str = "") -> RefundOutcome:
+    """Give a finished job's credit back (an operator's refund, e.g. for a poor result).
+
+    Exactly once: the credit ledger's unique (job, kind) turns a repeat, and a refund the
+    job already got when it failed or was cancelled, into ``ALREADY_REFUNDED``. Only a
+    terminal job that was charged is refunded, so a refund never precedes the job's own
+    (failure or cancellation) refund nor gives back what was never charged. Under the
+    job's row lock, the lock every transition of a job takes; not under the user's queue
+    lock, which ``process_job`` takes while it holds the row (the reverse order could
+    deadlock with a job that is finishing).
+    """
+    with transaction.atomic():
+        job = _lock_job(job_id)
+        if job is None:
+            return RefundOutcome.MISSING
+        if job.status not in TERMINAL_STATUSES:
+            return RefundOutcome.NOT_FINISHED
+        if not CreditEntry.objects.filter(job_id=job.pk, kind=CreditKind.CHARGE).exists():
+            return RefundOutcome.NOT_CHARGED
+        created = _credit_refund(job, note=note or f"analysis job {job.pk} refunded")
+    return RefundOutcome.REFUNDED if created else RefundOutcome.ALREADY_REFUNDED

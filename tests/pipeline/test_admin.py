@@ -1,14 +1,24 @@
-"""The admin pages render and the replay action calls the replay service."""
+"""The pipeline's admin: every page renders with rows present, filters and searches work,
+system rows are read-only, the replay actions call the replay service and say what
+happened, and each run links its procrastinate jobs."""
 
 from __future__ import annotations
 
 import pytest
+from django.contrib import admin
 from django.db import connection
+from django.urls import reverse
+from django.utils import timezone
 
-from pipeline.models import AuditEntry, PipelineRun
+from pipeline.models import AuditEntry, Catalog, CatalogItem, PipelineRun, Stage, Unit
 from tests.conftest import jobs
 from tests.factories import UserFactory
 from tests.pipeline.conftest import run_stages, submit
+
+PIPELINE_MODELS = sorted(
+    (model for model in admin.site._registry if model._meta.app_label == "pipeline"),
+    key=lambda model: model._meta.model_name,
+)
 
 
 @pytest.fixture
@@ -18,9 +28,39 @@ def admin_client(client, tenant):
     return client
 
 
-@pytest.mark.parametrize(
-    "page",
-    [
+@pytest.fixture
+def finished(tenant):
+    """One inquiry through all four stages (with an unreadable line, so a warning), and a
+    tenant catalog: a row in every pipeline table."""
+    catalog = Catalog.objects.create(
+        tenant=tenant, name="Acme", currency="EUR", materials={"S235": ["steel"]}
+    )
+    CatalogItem.objects.create(
+        catalog=catalog,
+        code="beam",
+        name="Beam",
+        keywords=["beam"],
+        materials=["S235"],
+        unit=Unit.PIECES,
+        price_breaks=[["1", "100.00"]],
+    )
+    anfrage = submit(tenant, {"a.txt": "12 pcs steel beam HEA 200, 6 m\nhuh\n"})
+    run_stages(anfrage.id)
+    return anfrage
+
+
+def result_count(response) -> int:
+    assert response.status_code == 200
+    return response.context["cl"].result_count
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in response.context["messages"]]
+
+
+def test_every_pipeline_table_is_registered():
+    names = {model._meta.model_name for model in PIPELINE_MODELS}
+    assert names >= {
         "anfrage",
         "pipelinerun",
         "position",
@@ -28,50 +68,122 @@ def admin_client(client, tenant):
         "extractionwarning",
         "auditentry",
         "catalog",
-    ],
-)
-def test_changelists_render(admin_client, tenant, page):
-    anfrage = submit(tenant, {"a.txt": "12 pcs steel beam HEA 200, 6 m\nhuh\n"})
-    run_stages(anfrage.id)
-    response = admin_client.get(f"/admin/pipeline/{page}/", {"q": "beam"})
-    assert response.status_code == 200
-    assert admin_client.get(f"/admin/pipeline/{page}/").status_code == 200
+    }
 
 
-def test_filters_and_read_only_detail(admin_client, tenant):
-    anfrage = submit(tenant)
-    run_stages(anfrage.id)
-    response = admin_client.get(
-        "/admin/pipeline/pipelinerun/",
-        {"stage": "extract", "status": "success", "tenant__id__exact": tenant.id},
+@pytest.mark.parametrize("model", PIPELINE_MODELS, ids=lambda m: m._meta.model_name)
+def test_changelist_search_age_and_change_page_render(admin_client, finished, model):
+    model_admin = admin.site._registry[model]
+    changelist = reverse(f"admin:pipeline_{model._meta.model_name}_changelist")
+
+    assert result_count(admin_client.get(changelist)) >= 1
+    # Words and numbers alike: an id search never fails on a word.
+    for term in ("beam", str(finished.id), "x'y"):
+        assert admin_client.get(changelist, {"q": term}).status_code == 200
+    if model_admin.date_hierarchy:
+        today = timezone.localdate()
+        field = model_admin.date_hierarchy
+        assert result_count(admin_client.get(changelist, {f"{field}__year": today.year})) >= 1
+    row = model.objects.first()
+    page = admin_client.get(
+        reverse(f"admin:pipeline_{model._meta.model_name}_change", args=[row.pk])
     )
-    assert response.status_code == 200
-    assert admin_client.get(f"/admin/pipeline/anfrage/{anfrage.id}/change/").status_code == 200
+    assert page.status_code == 200
+
+
+def test_system_rows_are_read_only(admin_client, finished):
     entry = AuditEntry.objects.first()
-    response = admin_client.get(f"/admin/pipeline/auditentry/{entry.id}/change/")
-    assert response.status_code == 200 and b"Save" not in response.content
-    assert admin_client.get("/admin/pipeline/auditentry/add/").status_code == 403
+    page = admin_client.get(reverse("admin:pipeline_auditentry_change", args=[entry.id]))
+    assert page.status_code == 200 and b"Save" not in page.content
+    assert admin_client.get(reverse("admin:pipeline_auditentry_add")).status_code == 403
+    run = PipelineRun.objects.first()
+    response = admin_client.post(
+        reverse("admin:pipeline_pipelinerun_change", args=[run.id]), {"status": "failed"}
+    )
+    assert response.status_code == 403
+    run.refresh_from_db()
+    assert run.status == "success"
 
 
-def test_replay_actions(admin_client, tenant):
-    anfrage = submit(tenant)
-    run_stages(anfrage.id)
+def test_filters(admin_client, finished, tenant, other_tenant):
+    other = submit(other_tenant)
+    run_stages(other.id, stages=(Stage.INTAKE,))
+    runs = reverse("admin:pipeline_pipelinerun_changelist")
+
+    assert result_count(admin_client.get(runs)) == 5
+    assert result_count(admin_client.get(runs, {"stage": "extract"})) == 1
+    assert result_count(admin_client.get(runs, {"status": "success", "stage": "intake"})) == 2
+    assert result_count(admin_client.get(runs, {"tenant__id__exact": other_tenant.id})) == 1
+    assert result_count(admin_client.get(runs, {"q": str(other.id)})) == 1
+    assert result_count(admin_client.get(runs, {"started_at__year": 2001})) == 0
+    inquiries = reverse("admin:pipeline_anfrage_changelist")
+    assert result_count(admin_client.get(inquiries, {"tenant__id__exact": tenant.id})) == 1
+    board = admin_client.get(inquiries)
+    assert b"intake success" in board.content and b"extract pending" in board.content
+
+
+def test_catalog_shows_whether_it_is_valid(admin_client, finished, tenant):
+    page = admin_client.get(reverse("admin:pipeline_catalog_changelist"))
+    assert b"valid (1 item(s))" in page.content
+    Catalog.objects.filter(tenant=tenant).update(materials={})
+    page = admin_client.get(reverse("admin:pipeline_catalog_changelist"))
+    assert b"invalid: a catalog needs materials" in page.content
+
+
+def test_runs_and_inquiries_link_their_procrastinate_jobs(admin_client, tenant):
+    anfrage = submit(tenant)  # enqueues intake: exclusive/intake:acme:<id>
+    run_stages(anfrage.id, stages=(Stage.INTAKE,))  # enqueues extract
+    lock = f"exclusive/extract:acme:{anfrage.id}"
+    [extract_job] = jobs(queueing_lock=lock)
+
+    page = admin_client.get(reverse("admin:pipeline_pipelinerun_changelist"))
+    link = f"procrastinatejob/?queueing_lock=exclusive%2Fintake%3Aacme%3A{anfrage.id}"
+    assert link.encode() in page.content
+    listed = admin_client.get("/admin/procrastinate/procrastinatejob/", {"queueing_lock": lock})
+    assert [job.pk for job in listed.context["cl"].result_list] == [extract_job["id"]]
+    # The inquiry links the jobs of all four stages at once.
+    detail = admin_client.get(reverse("admin:pipeline_anfrage_change", args=[anfrage.id]))
+    link = detail.content.split(b'href="/admin/procrastinate/procrastinatejob/?')[1]
+    query = link.split(b'"')[0].replace(b"&amp;", b"&").decode()
+    every_stage = admin_client.get(f"/admin/procrastinate/procrastinatejob/?{query}")
+    assert every_stage.context["cl"].result_count == 2  # intake (done) and extract (waiting)
+
+
+def test_replay_actions(admin_client, finished):
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM procrastinate_jobs")
-    run = PipelineRun.objects.get(anfrage=anfrage, stage="feasibility")
+    run = PipelineRun.objects.get(anfrage=finished, stage="feasibility")
+    changelist = reverse("admin:pipeline_pipelinerun_changelist")
     # A successful stage is refused by the plain action (it needs force) ...
     response = admin_client.post(
-        "/admin/pipeline/pipelinerun/",
-        {"action": "replay_stage", "_selected_action": [run.id]},
-        follow=True,
+        changelist, {"action": "replay_stage", "_selected_action": [run.id]}, follow=True
     )
-    assert b"pass --force" in response.content
+    assert messages_of(response) == [
+        f"1 stage(s) refused: #{finished.id} feasibility: stage feasibility of inquiry "
+        f"{finished.id} already succeeded; pass --force to run it again"
+    ]
     assert jobs() == []
     # ... and replayed by the forced one, which cascades.
-    admin_client.post(
-        "/admin/pipeline/pipelinerun/",
+    response = admin_client.post(
+        changelist,
         {"action": "force_replay_cascade", "_selected_action": [run.id]},
+        follow=True,
     )
+    assert messages_of(response) == ["1 stage(s) queued for replay (one job each)."]
     assert [j["task_name"] for j in jobs()] == ["pipeline.feasibility"]
     [entry] = AuditEntry.objects.filter(action="stage.replayed")
     assert entry.actor == "admin:root" and entry.payload["reopened"] == ["feasibility", "calculate"]
+    # Again: the job is still waiting, so no second job; the later stage now waits on it.
+    calculate = PipelineRun.objects.get(anfrage=finished, stage="calculate")
+    response = admin_client.post(
+        changelist,
+        {"action": "force_replay_cascade", "_selected_action": [run.id, calculate.id]},
+        follow=True,
+    )
+    assert messages_of(response) == [
+        "1 stage(s) already had a job waiting or running; no second job was queued "
+        "(the replay is audited and reopened what had succeeded).",
+        f"1 stage(s) refused: #{finished.id} calculate: stage feasibility of inquiry "
+        f"{finished.id} has not succeeded (failed); replay feasibility first",
+    ]
+    assert len(jobs()) == 1

@@ -1,0 +1,165 @@
+"""The framework's admin: links from domain rows to procrastinate's jobs, and sweeps.
+
+procrastinate registers its own job admin (``procrastinate.contrib.django``); this module
+re-registers it with one more page, ``/admin/procrastinate/procrastinatejob/sweeps/``
+(linked from the admin index and the job list), that lists every declared sweep and runs
+one now in this process (like ``manage.py sweep NAME``, reporting its counts), previews
+it (dry run) or queues its singleton job for a worker. Like the whole admin it is
+staff-only; it also needs the view permission on procrastinate's jobs.
+
+queueing knows no domain: each domain links its job-bearing rows with :func:`jobs_link`,
+passing the singleton keys it enqueued them with, and makes its system-owned tables
+read-only with :class:`ReadOnlyModelAdmin`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from urllib.parse import urlencode
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+from procrastinate.contrib.django.admin import ProcrastinateJobAdmin
+from procrastinate.contrib.django.models import ProcrastinateJob
+
+from queueing.enqueue import Policy, queueing_lock_for
+from queueing.exceptions import UnknownSweep
+from queueing.sweeps import SWEEP_KEY, Sweep, SweepResult, get_sweep, request_sweep, run_sweep
+from queueing.sweeps import sweeps as declared_sweeps
+
+logger = logging.getLogger(__name__)
+
+JOB_CHANGELIST = "admin:procrastinate_procrastinatejob_changelist"
+JOB_CHANGE = "admin:procrastinate_procrastinatejob_change"
+#: The statuses the EXCLUSIVE policy covers: a sweep has at most one job in them.
+LIVE_STATUSES = ("todo", "doing")
+RUN, DRY_RUN, ENQUEUE = "run", "dry_run", "enqueue"
+
+
+class ReadOnlyModelAdmin(admin.ModelAdmin):
+    """For tables the system owns (written by services under locks and compare-and-set):
+    staff look, filter and run the admin's actions, which call services; nobody adds,
+    edits or deletes rows here."""
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+def jobs_url(*keys: str, policy: Policy = Policy.EXCLUSIVE) -> str:
+    """procrastinate's admin job list, filtered to the jobs enqueued with any of ``keys``
+    (its ``queueing_lock`` list filter; several values are OR-ed)."""
+    locks = [queueing_lock_for(key, policy) for key in keys]
+    return f"{reverse(JOB_CHANGELIST)}?{urlencode({'queueing_lock': locks}, doseq=True)}"
+
+
+def jobs_link(*keys: str, policy: Policy = Policy.EXCLUSIVE, label: str = "jobs") -> str:
+    """An HTML link to :func:`jobs_url`, for a ``list_display`` or read-only column."""
+    return format_html('<a href="{}">{}</a>', jobs_url(*keys, policy=policy), label)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepRow:
+    sweep: Sweep
+    live_job: ProcrastinateJob | None
+    jobs_url: str
+
+
+def _describe(name: str, result: SweepResult, *, dry_run: bool) -> str:
+    if dry_run:
+        return f"Sweep {name} (dry run) would select {result.selected} row(s); nothing was written."
+    notes = ", ".join(f"{k}={v}" for k, v in sorted(result.notes.items()))
+    return (
+        f"Sweep {name} ran: selected {result.selected}, changed {result.changed}, "
+        f"failed {result.failed}" + (f" ({notes})" if notes else "") + "."
+    )
+
+
+class JobAdmin(ProcrastinateJobAdmin):
+    """procrastinate's job admin, plus the Sweeps page."""
+
+    change_list_template = "admin/queueing/job_change_list.html"
+
+    def get_urls(self):
+        view = self.admin_site.admin_view(self.sweeps_view)
+        # Before the model's own patterns, whose "<object_id>/" would swallow "sweeps/".
+        return [path("sweeps/", view, name="queueing_sweeps"), *super().get_urls()]
+
+    def sweeps_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        if request.method == "POST":
+            self._sweep_action(request)
+            return HttpResponseRedirect(request.path)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Sweeps",
+            "opts": self.opts,
+            "rows": self._rows(),
+            "actions": {RUN: "Run now", DRY_RUN: "Dry run", ENQUEUE: "Queue for a worker"},
+        }
+        return TemplateResponse(request, "admin/queueing/sweeps.html", context)
+
+    def _rows(self) -> list[SweepRow]:
+        rows = []
+        for sweep in declared_sweeps().values():
+            key = SWEEP_KEY.build(name=sweep.name)
+            live = (
+                ProcrastinateJob.objects.filter(
+                    queueing_lock=queueing_lock_for(key, Policy.EXCLUSIVE),
+                    status__in=LIVE_STATUSES,
+                )
+                .only("id", "status")
+                .first()
+            )
+            rows.append(SweepRow(sweep=sweep, live_job=live, jobs_url=jobs_url(key)))
+        return rows
+
+    def _sweep_action(self, request: HttpRequest) -> None:
+        name, action = request.POST.get("sweep", ""), request.POST.get("action", "")
+        try:
+            sweep = get_sweep(name)
+        except UnknownSweep as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return
+        if action == ENQUEUE:
+            enqueued = request_sweep(sweep.name)
+            job_url = reverse(JOB_CHANGE, args=[enqueued.job_id])
+            text = (
+                "Sweep {} queued for a worker as job {}."
+                if enqueued.created
+                else "Sweep {} is already waiting or running as job {}; nothing was queued."
+            )
+            link = format_html('<a href="{}">#{}</a>', job_url, enqueued.job_id)
+            self.message_user(request, format_html(text, sweep.name, link), messages.SUCCESS)
+            return
+        if action not in (RUN, DRY_RUN):
+            self.message_user(request, f"Unknown sweep action {action!r}.", messages.ERROR)
+            return
+        dry_run = action == DRY_RUN
+        try:
+            result = run_sweep(sweep.name, dry_run=dry_run)
+        except Exception as exc:
+            # Rows are isolated inside a sweep; this is the sweep itself failing (its
+            # query, say). Report it on the page rather than as a server error.
+            logger.exception("sweep %s failed when run from the admin", sweep.name)
+            self.message_user(
+                request, f"Sweep {sweep.name} failed: {exc} (see the server log).", messages.ERROR
+            )
+            return
+        level = messages.WARNING if result.failed else messages.SUCCESS
+        self.message_user(request, _describe(sweep.name, result, dry_run=dry_run), level)
+
+
+admin.site.unregister(ProcrastinateJob)
+admin.site.register(ProcrastinateJob, JobAdmin)

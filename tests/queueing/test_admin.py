@@ -1,0 +1,173 @@
+"""The framework's admin: the Sweeps page (list, run now, dry run, queue for a worker),
+procrastinate's job list filtered by singleton keys, and who may see them."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.db import connection
+from django.urls import reverse
+
+from queueing.admin import jobs_url
+from queueing.enqueue import Policy, enqueue
+from queueing.sweeps import SweepContext, SweepResult, declare_sweep, sweep_rows, sweeps
+from tests.conftest import jobs
+from tests.factories import UserFactory
+from tests.queueing.models import Swept
+
+pytestmark = pytest.mark.django_db
+
+SWEEPS = "admin:queueing_sweeps"
+JOB_LIST = "/admin/procrastinate/procrastinatejob/"
+SELECT = """
+SELECT id, boom FROM test_swept
+ WHERE state = 'new'
+ ORDER BY id
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED"""
+
+
+def mark(row) -> bool:
+    row_id, boom = row
+    if boom:
+        raise RuntimeError("this row is broken")
+    return Swept.objects.filter(pk=row_id, state="new").update(state="done") == 1
+
+
+@declare_sweep(name="admin_swept", cron="*/5 * * * *", batch_size=10, grace_default=7)
+def sweep_for_the_admin(ctx: SweepContext) -> SweepResult:
+    """Mark 'new' test rows 'done' (the admin tests' sweep)."""
+    return sweep_rows(ctx, select_sql=SELECT, params={}, process=mark)
+
+
+@pytest.fixture
+def staff_client(client):
+    client.force_login(UserFactory(username="ops", is_staff=True, is_superuser=True))
+    return client
+
+
+def rows(*booms: bool) -> None:
+    with connection.cursor() as cursor:
+        for boom in booms:
+            cursor.execute(
+                "INSERT INTO test_swept (state, touched_at, boom) VALUES ('new', now(), %s)",
+                [boom],
+            )
+
+
+def post(client, **data) -> list[str]:
+    response = client.post(reverse(SWEEPS), data, follow=True)
+    assert response.status_code == 200
+    assert response.redirect_chain == [(reverse(SWEEPS), 302)]
+    return [str(m) for m in response.context["messages"]]
+
+
+def test_the_page_lists_every_declared_sweep(staff_client):
+    page = staff_client.get(reverse(SWEEPS))
+
+    assert page.status_code == 200
+    listed = [row.sweep.name for row in page.context["rows"]]
+    assert listed == list(sweeps()) and "admin_swept" in listed
+    html = page.content.decode()
+    assert "Mark &#x27;new&#x27; test rows &#x27;done&#x27;" in html
+    assert ">*/5 * * * *</code>" in html and "7 s" in html
+    assert "none waiting" in html
+
+
+def test_run_now_runs_the_sweep_here_and_reports_its_counts(staff_client):
+    rows(False, False, True)
+
+    assert post(staff_client, sweep="admin_swept", action="dry_run") == [
+        "Sweep admin_swept (dry run) would select 3 row(s); nothing was written."
+    ]
+    assert Swept.objects.filter(state="new").count() == 3
+    assert post(staff_client, sweep="admin_swept", action="run") == [
+        "Sweep admin_swept ran: selected 3, changed 2, failed 1."
+    ]
+    assert Swept.objects.filter(state="done").count() == 2
+    assert jobs(task_name="queueing.sweep.admin_swept") == []
+
+
+def test_queue_for_a_worker_enqueues_the_singleton_job_once(staff_client):
+    first = post(staff_client, sweep="admin_swept", action="enqueue")
+    second = post(staff_client, sweep="admin_swept", action="enqueue")
+
+    [job] = jobs(task_name="queueing.sweep.admin_swept")
+    assert job["queueing_lock"] == "exclusive/sweep:admin_swept"
+    link = f'<a href="{JOB_LIST}{job["id"]}/change/">#{job["id"]}</a>'
+    assert first == [f"Sweep admin_swept queued for a worker as job {link}."]
+    assert second == [
+        f"Sweep admin_swept is already waiting or running as job {link}; nothing was queued."
+    ]
+    assert staff_client.get(f"{JOB_LIST}{job['id']}/change/").status_code == 200
+    page = staff_client.get(reverse(SWEEPS))
+    [row] = [r for r in page.context["rows"] if r.sweep.name == "admin_swept"]
+    assert row.live_job.pk == job["id"]
+    history = staff_client.get(row.jobs_url)
+    assert [j.pk for j in history.context["cl"].result_list] == [job["id"]]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"sweep": "nope", "action": "run"}, "no sweep named 'nope' (known: "),
+        ({"action": "run"}, "no sweep named '' (known: "),
+        ({"sweep": "admin_swept", "action": "explode"}, "Unknown sweep action 'explode'."),
+        ({"sweep": "admin_swept"}, "Unknown sweep action ''."),
+    ],
+)
+def test_odd_posts_get_a_message_not_an_error(staff_client, data, message):
+    [shown] = post(staff_client, **data)
+
+    assert shown.startswith(message)
+    assert jobs(task_name="queueing.sweep.admin_swept") == []
+
+
+def test_a_failing_sweep_is_reported_on_the_page(staff_client, monkeypatch):
+    def broken(name, **kwargs):
+        raise RuntimeError("relation does not exist")
+
+    monkeypatch.setattr("queueing.admin.run_sweep", broken)
+
+    assert post(staff_client, sweep="admin_swept", action="run") == [
+        "Sweep admin_swept failed: relation does not exist (see the server log)."
+    ]
+
+
+def test_the_index_and_the_job_list_link_the_sweeps_page(staff_client):
+    sweeps_url = reverse(SWEEPS).encode()
+
+    assert sweeps_url in staff_client.get(reverse("admin:index")).content
+    assert sweeps_url in staff_client.get(JOB_LIST).content
+
+
+def test_job_list_filters_by_singleton_keys_several_at_once(staff_client):
+    a = enqueue("tests.record", args={"label": "a"}, key="k:a", policy=Policy.EXCLUSIVE)
+    b = enqueue("tests.record", args={"label": "b"}, key="k:b", policy=Policy.SHORT)
+    enqueue("tests.record", args={"label": "c"}, key="k:c", policy=Policy.EXCLUSIVE)
+
+    one = staff_client.get(jobs_url("k:a"))
+    both = staff_client.get(
+        f"{jobs_url('k:a')}&{jobs_url('k:b', policy=Policy.SHORT).split('?')[1]}"
+    )
+
+    assert jobs_url("k:a") == f"{JOB_LIST}?queueing_lock=exclusive%2Fk%3Aa"
+    assert [j.pk for j in one.context["cl"].result_list] == [a.job_id]
+    assert sorted(j.pk for j in both.context["cl"].result_list) == [a.job_id, b.job_id]
+    assert staff_client.get(jobs_url("k:none")).context["cl"].result_count == 0
+
+
+def test_sweeps_need_staff_and_the_job_view_permission(client):
+    url = reverse(SWEEPS)
+    assert client.get(url).status_code == 302  # anonymous: to the login page
+
+    client.force_login(UserFactory(username="visitor"))
+    response = client.post(url, {"sweep": "admin_swept", "action": "enqueue"})
+    assert response.status_code == 302 and response["Location"].startswith("/admin/login/")
+
+    staff = UserFactory(username="clerk", is_staff=True)
+    client.force_login(staff)
+    assert client.get(url).status_code == 403
+    staff.user_permissions.add(Permission.objects.get(codename="view_procrastinatejob"))
+    assert client.get(url).status_code == 200
+    assert jobs(task_name="queueing.sweep.admin_swept") == []
