@@ -144,8 +144,9 @@ def test_admission_rejections_are_counted_by_reason_and_write_nothing(client, sc
     from tests.factories import UserFactory, auth_header
 
     def rejections(reason: str) -> float:
-        return scrape().get(("pgstage_admission_rejections_total",
-                             frozenset({"reason": reason}.items())), 0.0)
+        return scrape().get(
+            ("pgstage_admission_rejections_total", frozenset({"reason": reason}.items())), 0.0
+        )
 
     broke = UserFactory(tenant=tenant)  # no credits granted
     headers = auth_header(broke)
@@ -156,11 +157,13 @@ def test_admission_rejections_are_counted_by_reason_and_write_nothing(client, sc
         "doc_html": "<p>Claim [1].</p>",
         "sources": [{"key": "1", "title": "S", "doi": "10.1000/x.1", "text": "Claim."}],
     }
-    response = client.post("/api/analysis-jobs", payload, content_type="application/json",
-                           headers=headers)
+    response = client.post(
+        "/api/analysis-jobs", payload, content_type="application/json", headers=headers
+    )
     assert response.status_code == 402
-    response = client.post("/api/analysis-jobs", {"title": 1}, content_type="application/json",
-                           headers=headers)
+    response = client.post(
+        "/api/analysis-jobs", {"title": 1}, content_type="application/json", headers=headers
+    )
     assert response.status_code == 422
     # An unauthenticated call is not an admission rejection.
     client.post("/api/analysis-jobs", payload, content_type="application/json")
