@@ -34,6 +34,7 @@ e2e: install
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 format: install
 	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
