@@ -7,9 +7,10 @@ import signal
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 
-import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
+import tests.queueing.tasks  # registers the test tasks in this process
 from queueing.enqueue import Policy, enqueue
 from queueing.sweeps import run_sweep
 from tests.conftest import jobs, wait_for
@@ -46,12 +47,31 @@ def test_enqueue_inside_a_running_task_commits_and_rolls_back_with_it(effects, t
     assert sorted(statuses()["tests.enqueue_child"]) == ["failed", "succeeded"]
 
 
-def test_enqueue_from_a_command_rolls_back_with_its_transaction(effects):
-    with pytest.raises(RuntimeError), transaction.atomic():
-        call_command("sweep", "stalled_jobs")  # any write path: then enqueue and fail
-        enqueue("tests.record", args={"label": "x"})
-        raise RuntimeError
-    assert jobs() == []
+class EnqueueCommand(BaseCommand):
+    """A management command that writes and enqueues in one transaction."""
+
+    def add_arguments(self, parser):
+        parser.add_argument("--label", required=True)
+        parser.add_argument("--fail", action="store_true")
+
+    def handle(self, *args, label: str, fail: bool, **options):
+        with transaction.atomic():
+            tests.queueing.tasks.record(label)
+            enqueue("tests.record", args={"label": f"{label}-job"})
+            if fail:
+                raise CommandError("the business write failed")
+
+
+def test_enqueue_from_a_command_commits_and_rolls_back_with_it(effects, task_worker):
+    call_command(EnqueueCommand(), label="kept")
+    with pytest.raises(CommandError):
+        call_command(EnqueueCommand(), label="dropped", fail=True)
+    assert effects() == ["kept"]
+    assert [j["args"]["label"] for j in jobs(task_name="tests.record")] == ["kept-job"]
+    # The committed job is a real job: a worker runs it.
+    worker = task_worker()
+    wait_for(lambda: "kept-job" in effects(), message=f"the job to run\n{worker.log()}")
+    assert "dropped-job" not in effects()
 
 
 def test_sigterm_drains_the_running_job_and_exits_zero(effects, task_worker, tmp_path):
