@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from queueing.display import format_table, progress
 from queueing.exceptions import UnknownSweep
 from queueing.sweeps import get_sweep, run_sweep, sweeps
 
@@ -53,6 +54,8 @@ class Command(BaseCommand):
             raise CommandError("--batch-size must be at least 1.")
         names = list(declared) if run_all else [name]
         rows = []
+        if len(names) > 1:
+            names = progress(names, label="sweeps", stream=self.stderr)
         for sweep_name in names:
             try:
                 get_sweep(sweep_name)
@@ -74,6 +77,4 @@ class Command(BaseCommand):
             self.stdout.write("dry run: nothing was written")
 
     def _table(self, header, rows):
-        from queueing.display import format_table
-
         self.stdout.write(format_table(header, rows))

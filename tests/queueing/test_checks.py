@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from config.embedded import embedded_database_url
+from queueing.checks import check_database
+
+
+def ids(messages) -> list[str]:
+    return [m.id for m in messages]
+
+
+def test_the_default_configuration_passes():
+    assert check_database(None) == []
+
+
+def test_a_stalled_threshold_shorter_than_two_heartbeats_is_flagged(settings):
+    settings.QUEUEING_STALLED_WORKER_SECONDS = 10
+    assert ids(check_database(None)) == ["queueing.W001"]
+
+
+def test_the_embedded_server_says_what_to_do_when_it_cannot_start(tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the data directory should be")
+    with pytest.raises(ImproperlyConfigured, match=r"Remove .* or set DATABASE_URL"):
+        embedded_database_url(blocker / "pg")
