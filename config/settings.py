@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "procrastinate.contrib.django",
+    "ninja",
     "accounts",
     "queueing",
     "pipeline",

@@ -23,7 +23,11 @@ class Command(BaseCommand):
             raise CommandError("--concurrency must be at least 1.")
         python = [sys.executable, "manage.py"]
         procs = [
-            subprocess.Popen([*python, "runserver", addr, "--noreload"], cwd=settings.BASE_DIR),
+            # --insecure: serve the admin's and the API docs' static files without DEBUG
+            # (local use; production serves collectstatic's output from a web server).
+            subprocess.Popen(
+                [*python, "runserver", addr, "--noreload", "--insecure"], cwd=settings.BASE_DIR
+            ),
             subprocess.Popen(
                 [*python, "procrastinate", "worker", f"--concurrency={concurrency}"],
                 cwd=settings.BASE_DIR,
