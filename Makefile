@@ -55,7 +55,9 @@ bench: migrate
 	$(BIN)/python -m bench
 
 stop-db:
-	$(BIN)/python -c "import pgserver; pgserver.get_server('.data/pg', cleanup_mode='stop').cleanup()" || true
+	@if [ -f .data/pg/postmaster.pid ]; then \
+		kill -INT $$(head -1 .data/pg/postmaster.pid) && echo "embedded PostgreSQL stopped"; \
+	else echo "embedded PostgreSQL is not running"; fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache test-output
