@@ -30,11 +30,10 @@ from django.utils import timezone
 from procrastinate import tasks as procrastinate_tasks
 from psycopg.types.json import Jsonb
 
-from queueing.exceptions import QueueingError
+from queueing.exceptions import QueueingError, UnknownTask
 from queueing.keys import validate_key
 from queueing.sql import queries
 
-DEFAULT_QUEUE = "default"
 EXCLUSIVE_PREFIX = "exclusive/"
 #: Attempts to either insert or find the existing job: a lookup can miss when the
 #: conflicting job finishes between the two statements, and then the insert succeeds.
@@ -72,7 +71,11 @@ def _task_defaults(task: str | procrastinate_tasks.Task) -> tuple[str, str, int]
 
     registered = app.tasks.get(task)
     if registered is None:
-        return task, DEFAULT_QUEUE, 0
+        # A job for a task no worker knows would sit in the table until a worker fails it.
+        raise UnknownTask(
+            f"no task named {task!r} is registered: declare it with @queueing.app.task in "
+            "the tasks.py of an installed app (or import its module)"
+        )
     return registered.name, registered.queue, registered.priority
 
 

@@ -39,6 +39,10 @@ class RowVanished(QueueingError):
     be found afterwards (it was deleted in between)."""
 
 
+class UnknownTask(QueueingError):
+    """No procrastinate task is registered under this name."""
+
+
 class UnknownSweep(QueueingError):
     """No sweep is declared under this name."""
 

@@ -105,3 +105,11 @@ def test_policy_and_key_must_agree():
         queueing_lock_for("a b", Policy.SHORT)
     assert queueing_lock_for("a:b", Policy.EXCLUSIVE) == "exclusive/a:b"
     assert queueing_lock_for("a:b", Policy.SHORT) == "a:b"
+
+
+def test_an_unknown_task_name_is_refused_and_writes_nothing(clean_queue):
+    from queueing.exceptions import UnknownTask
+
+    with pytest.raises(UnknownTask, match=r"no task named 'tests\.typo'"):
+        enqueue("tests.typo", args={})
+    assert jobs() == []
