@@ -17,6 +17,7 @@ env = environ.Env(
     DOC_HTML_TRIM_HOURS=(int, 24),
     RELEASE_RETRY_WINDOW_SECONDS=(int, 1800),
     STALLED_WORKER_SECONDS=(int, 30),
+    JOB_RETENTION_SECONDS=(int, 3 * 24 * 3600),
     WORKER_GRACEFUL_TIMEOUT_SECONDS=(float, 60.0),
     PGSTAGE_DATA_DIR=(str, str(BASE_DIR / ".data")),
     STORAGE_ROOT=(str, ""),
@@ -121,6 +122,9 @@ CORE_DAILY_BUDGET = env("CORE_DAILY_BUDGET")
 # queueing: stalled-work recovery treats a worker as dead after this many seconds
 # without a heartbeat (procrastinate's workers beat every 10 s).
 QUEUEING_STALLED_WORKER_SECONDS = env("STALLED_WORKER_SECONDS")
+# queueing: succeeded, cancelled and aborted jobs are deleted after this long (failed
+# jobs stay for inspection).
+QUEUEING_JOB_RETENTION_SECONDS = env("JOB_RETENTION_SECONDS")
 
 # Extra task modules for the worker (tests add their own fixture tasks this way).
 PROCRASTINATE_IMPORT_PATHS = env.list("PGSTAGE_TASK_MODULES", default=[])

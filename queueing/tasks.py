@@ -2,4 +2,7 @@
 
 from __future__ import annotations
 
-from queueing import stalled  # noqa: F401  (declares the stalled-work sweep)
+from queueing import (
+    retention,  # noqa: F401  (declares the finished-jobs retention sweep)
+    stalled,  # noqa: F401  (declares the stalled-work sweep)
+)

@@ -145,3 +145,22 @@ SELECT DISTINCT q.{key}
            AND b.{status} = ANY(%(active)s)
            AND (NOT %(has_deleted)s OR b.{deleted} IS NULL))
  LIMIT %(limit)s;
+
+-- finished_jobs --
+-- Jobs that ended well (not failed) and saw no event within the retention period, oldest
+-- first; SKIP LOCKED keeps two retention sweeps on disjoint jobs.
+SELECT j.id
+  FROM procrastinate_jobs j
+ WHERE j.status IN ('succeeded', 'cancelled', 'aborted')
+   AND NOT EXISTS (
+        SELECT 1 FROM procrastinate_events e
+         WHERE e.job_id = j.id
+           AND e.at >= now() - %(seconds)s * interval '1 second')
+ ORDER BY j.id
+ LIMIT %(limit)s
+   FOR UPDATE OF j SKIP LOCKED;
+
+-- delete_finished_job --
+-- Delete one finished job (its events cascade); re-checks the status.
+DELETE FROM procrastinate_jobs
+ WHERE id = %(job_id)s AND status IN ('succeeded', 'cancelled', 'aborted');
