@@ -10,9 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest
+from ninja import Schema
 from ninja.security import HttpBearer, SessionAuth
 
 from accounts.services import api_token_authenticate
+
+
+class ErrorOut(Schema):
+    """The body of every refusal: ``{"error": code, "detail": ...}``."""
+
+    error: str
+    detail: Any
 
 
 class ClientError(Exception):

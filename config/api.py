@@ -12,7 +12,35 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from accounts.api import BearerTokenAuth, ClientError, TenantSessionAuth
 from config.metrics import record_api_refusal
 
-api = NinjaAPI(
+ERROR_SCHEMA = {
+    "title": "Error",
+    "type": "object",
+    "required": ["error", "detail"],
+    "properties": {
+        "error": {"type": "string", "description": "machine-readable code, e.g. not_found"},
+        "detail": {"description": "what went wrong and what to do (text or a list of errors)"},
+    },
+}
+
+
+class PgstageAPI(NinjaAPI):
+    """Documents the error contract on every operation: each answers ``4XX`` with the
+    ``Error`` body, the codes of one place (the exception handlers below)."""
+
+    def get_openapi_schema(self, *, path_prefix=None, path_params=None):
+        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+        error = {
+            "description": "Refused: the body names the reason (`error`) and what to do.",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        }
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                operation.setdefault("responses", {}).setdefault("4XX", error)
+        return schema
+
+
+api = PgstageAPI(
     title="pgstage API",
     version="1",
     description="Inquiry pipelines and per-user analyses. Authenticate with "

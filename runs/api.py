@@ -16,7 +16,7 @@ from typing import Any
 from ninja import Field, Path, Query, Router, Schema, Status
 from pydantic import ConfigDict, field_validator
 
-from accounts.api import ClientError, NotFound
+from accounts.api import ClientError, ErrorOut, NotFound
 from runs import selectors, services
 from runs.exceptions import (
     BudgetExhausted,
@@ -177,7 +177,7 @@ def _run_out(run: AnalysisRun) -> dict[str, Any]:
     }
 
 
-@router.post("/analysis-jobs", response={201: AdmissionOut})
+@router.post("/analysis-jobs", response={201: AdmissionOut, 503: ErrorOut})
 def admit_analysis_job(request, payload: AnalysisJobIn):
     """Admit an analysis: every check runs now (credits, sources, DOIs, budget); the job
     then waits its turn (`queued`, with its position) or starts (`pending`)."""
