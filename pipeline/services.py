@@ -55,6 +55,7 @@ from pipeline.models import (
 )
 from pipeline.queries import QUERIES
 from pipeline.selectors import anfrage_get, catalog_for, parse_stage
+from queueing import locks
 from queueing.enqueue import Enqueued, Policy, enqueue
 from queueing.exceptions import DoNotRetry, LeaseLost, RetryLater
 from queueing.keys import KeyFormat
@@ -72,6 +73,8 @@ LEDGER = Ledger(
     model=PipelineRun, key_fields=("tenant", "anfrage", "stage"), lease_seconds=LEASE_SECONDS
 )
 TASK_NAMES = {stage: f"pipeline.{stage.value}" for stage in Stage}
+#: Serialises staging a blob (submit) with deleting it (the staging cleanup sweep).
+STAGING_LOCK = locks.namespace("pipeline_staging")
 
 MAX_FILES = 20
 MAX_FILE_BYTES = 5 * 1024 * 1024
@@ -147,9 +150,10 @@ def anfrage_submit(
     """Create an inquiry and enqueue its intake; returns the new row.
 
     Every file is checked first (not empty, not binary, a known format, at least one
-    readable line): bad input raises an ``InvalidUpload`` and writes nothing. Then the
-    bytes are staged content-addressed (idempotent, before the row exists, so intake always
-    finds them) and the row, its audit entry and the intake job commit in one transaction.
+    readable line): bad input raises an ``InvalidUpload`` and writes nothing. Then, in one
+    transaction, the bytes are staged content-addressed under each blob's advisory lock
+    (idempotent; before the row is visible, so intake always finds them) and the row, its
+    audit entry and the intake job commit.
     """
     if not uploads:
         raise NoFiles()
@@ -182,9 +186,13 @@ def anfrage_submit(
                 "format": source.format.value,
             }
         )
-    for upload in uploads:
-        storage.stage_upload(upload.data)
     with transaction.atomic():
+        # Stage the bytes under each blob's lock: the staging cleanup takes the same lock
+        # before it deletes a blob nobody references, so it can never delete one that this
+        # inquiry (committing below) needs. Sorted, so two submits lock in one order.
+        for sha256, data in sorted({storage.sha256_hex(u.data): u.data for u in uploads}.items()):
+            locks.xact_lock(STAGING_LOCK, sha256)
+            storage.stage_upload(data)
         anfrage = Anfrage.objects.create(
             tenant=tenant, title=title or manifest[0]["filename"], uploads=manifest
         )

@@ -61,10 +61,36 @@ def _write_once(path: Path, data: bytes) -> None:
 
 
 def stage_upload(data: bytes) -> str:
-    """Keep an upload's bytes for intake; returns their SHA-256. Idempotent."""
+    """Keep an upload's bytes for intake; returns their SHA-256. Idempotent; a blob that
+    is already there gets a fresh modification time (the cleanup's grace starts anew)."""
     digest = sha256_hex(data)
-    _write_once(staging_path(digest), data)
+    path = staging_path(digest)
+    _write_once(path, data)
+    os.utime(path)
     return digest
+
+
+def staged_blobs(*, older_than: float, limit: int) -> list[str]:
+    """SHA-256s of staged blobs last touched before ``older_than`` (a Unix time), oldest
+    first, at most ``limit``."""
+    root = _root() / "staging"
+    if not root.exists():
+        return []
+    found = [
+        (path.stat().st_mtime, path.name)
+        for path in root.glob("*/*")
+        if not path.name.startswith(".") and path.stat().st_mtime < older_than
+    ]
+    return [name for _, name in sorted(found)[:limit]]
+
+
+def delete_staged(sha256: str) -> bool:
+    """Remove a staged blob; False when it was already gone."""
+    try:
+        staging_path(sha256).unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def read_verified(path: Path, sha256: str) -> bytes:
@@ -80,9 +106,13 @@ def read_verified(path: Path, sha256: str) -> bytes:
 
 def store_staged(*, sha256: str, key: str) -> int:
     """Copy a staged upload to its storage key (verified); returns its size. Idempotent:
-    a retry rewrites the same bytes to the same path."""
+    a retry rewrites the same bytes to the same path. A replayed intake whose staged blob
+    was cleaned up meanwhile finds the stored copy instead."""
+    target = stored_path(key)
+    if not staging_path(sha256).exists() and target.exists():
+        return len(read_verified(target, sha256))
     data = read_verified(staging_path(sha256), sha256)
-    _write_once(stored_path(key), data)
+    _write_once(target, data)
     return len(data)
 
 

@@ -36,3 +36,15 @@ SELECT status
   FROM pipeline_runs
  WHERE tenant_id = %(tenant_id)s AND anfrage_id = %(anfrage_id)s AND stage = %(stage)s
    FOR SHARE;
+
+-- staged_blobs_in_use --
+-- Of the given blob hashes, those that an inquiry still needs: one whose intake has not
+-- succeeded yet names it in its upload manifest.
+SELECT DISTINCT u.entry ->> 'sha256'
+  FROM anfragen a
+ CROSS JOIN LATERAL jsonb_array_elements(a.uploads) AS u(entry)
+ WHERE u.entry ->> 'sha256' = ANY(%(hashes)s)
+   AND NOT EXISTS (
+        SELECT 1 FROM pipeline_runs r
+         WHERE r.tenant_id = a.tenant_id AND r.anfrage_id = a.id
+           AND r.stage = 'intake' AND r.status = 'success');

@@ -1,0 +1,53 @@
+"""The staging cleanup: staged upload bytes leave the disk once no inquiry needs them.
+
+Submit stages an upload's bytes before its inquiry commits; intake copies them to the
+inquiry's storage key. A staged blob is deleted once it is older than
+``STAGING_RETENTION_SECONDS`` (by modification time; a re-upload refreshes it) and no
+inquiry whose intake has not succeeded names it. The delete happens under the blob's
+advisory lock after a re-check, and submit stages under the same lock, so a blob an
+inquiry is committing with is never lost. A replayed intake falls back to the stored copy.
+"""
+
+from __future__ import annotations
+
+import time
+
+from django.db import connection, transaction
+
+from pipeline import storage
+from pipeline.queries import QUERIES
+from pipeline.services import STAGING_LOCK
+from queueing import locks
+from queueing.sweeps import SweepContext, SweepResult, declare_sweep
+
+
+def _in_use(hashes: list[str]) -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["staged_blobs_in_use"], {"hashes": hashes})
+        return {row[0] for row in cursor.fetchall()}
+
+
+@declare_sweep(
+    name="staged_uploads",
+    cron="17 * * * *",
+    batch_size=500,
+    grace_setting="STAGING_RETENTION_SECONDS",
+    grace_default=24 * 3600,
+)
+def clean_staged_uploads(ctx: SweepContext) -> SweepResult:
+    """Delete staged upload bytes no inquiry needs any more."""
+    candidates = storage.staged_blobs(
+        older_than=time.time() - ctx.grace_seconds, limit=ctx.batch_size
+    )
+    in_use = _in_use(candidates) if candidates else set()
+    unused = [h for h in candidates if h not in in_use]
+    if ctx.dry_run:
+        return SweepResult(selected=len(unused))
+    deleted = 0
+    for sha256 in unused:
+        with transaction.atomic():
+            locks.xact_lock(STAGING_LOCK, sha256)
+            # Re-check under the lock: a submit may have committed a new reference.
+            if not _in_use([sha256]) and storage.delete_staged(sha256):
+                deleted += 1
+    return SweepResult(selected=len(unused), changed=deleted)
