@@ -37,6 +37,11 @@ def test_demo_runs_every_feature_end_to_end(clean_queue, monkeypatch, settings, 
     assert "unsaved_runs         1        1       0" in text
     assert "workers drained on SIGTERM, exit codes [0, 0]" in text
     assert_invariants(settled=True)
+    # The README's logins work: the dashboard for alice, the admin for admin.
+    from django.test import Client
+
+    assert Client().login(username="alice", password="alice")
+    assert Client().login(username="admin", password="admin")
 
 
 def test_demo_refuses_bad_options():

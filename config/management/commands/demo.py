@@ -144,7 +144,7 @@ class Command(BaseCommand):
         for tenant_slug, username in USERS:
             tenant = tenant_get_or_create(slug=tenant_slug)
             user = user_get_or_create(tenant=tenant, username=username)
-            if not user.has_usable_password():
+            if not user.password:  # never set (a password set since is kept)
                 # Demo users log in to the dashboard with their name as password.
                 user.set_password(username)
                 user.save(update_fields=["password"])
