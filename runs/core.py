@@ -44,6 +44,15 @@ queries = load("runs", "runs.sql")
 
 
 class CoreClient(Protocol):
+    """The upstream core service as pgstage calls it.
+
+    Every call but ``create_held`` must be idempotent: a job retried after a crash
+    repeats the call it may already have made. ``create_held`` runs inside the admission
+    transaction and ``release``/``start``/``finish`` while the job's row is locked, so a
+    remote implementation (HTTP) should use short timeouts and raise ``CoreUnavailable``
+    rather than block: the job then retries with backoff inside its release window.
+    """
+
     def create_held(
         self, *, run_id: uuid.UUID, user_id: int, sources: Sequence[Mapping[str, object]]
     ) -> int:
