@@ -13,12 +13,12 @@ from dataclasses import asdict
 from decimal import Decimal
 
 from django.http import HttpRequest
-from ninja import File, Form, Router, Schema, Status
+from ninja import File, Form, Query, Router, Schema, Status
 from ninja.files import UploadedFile
 
 from accounts.api import ClientError
 from pipeline.exceptions import FileTooLarge, PipelineError
-from pipeline.selectors import anfrage_detail, anfrage_get
+from pipeline.selectors import anfrage_detail, anfrage_get, anfrage_overview
 from pipeline.services import MAX_FILE_BYTES, Upload, anfrage_submit
 
 router = Router(tags=["pipeline"])
@@ -91,6 +91,16 @@ class AnfrageOut(Schema):
     currency: str
 
 
+class AnfrageSummaryOut(Schema):
+    id: int
+    title: str
+    created_at: datetime.datetime
+    complete: bool
+    stages: list[StageOut]
+    quote_total: Decimal | None
+    currency: str
+
+
 def _actor(request: HttpRequest) -> str:
     return f"user:{request.auth.username}"
 
@@ -121,6 +131,27 @@ def anfrage_create(
             tenant=request.auth.tenant, uploads=uploads, title=title, actor=_actor(request)
         )
     return Status(201, {"id": anfrage.id})
+
+
+@router.get(
+    "/anfragen",
+    response=list[AnfrageSummaryOut],
+    summary="The tenant's inquiries, newest first, with their stage statuses",
+)
+def anfrage_list(request: HttpRequest, limit: int = Query(50, ge=1, le=200)):
+    """Only the caller's tenant's inquiries; ``complete`` once all four stages succeeded."""
+    return [
+        {
+            "id": anfrage.id,
+            "title": anfrage.title,
+            "created_at": anfrage.created_at,
+            "complete": all(s.status == "success" for s in stages),
+            "stages": [asdict(s) for s in stages],
+            "quote_total": anfrage.quote_total,
+            "currency": anfrage.currency,
+        }
+        for anfrage, stages in anfrage_overview(tenant_id=request.auth.tenant_id, limit=limit)
+    ]
 
 
 @router.get("/anfragen/{anfrage_id}", response=AnfrageOut, summary="An inquiry's pipeline")

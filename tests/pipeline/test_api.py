@@ -181,3 +181,23 @@ def test_another_tenants_inquiry_is_not_found(client, user, other_tenant):
 def test_a_non_numeric_id_is_a_4xx(client, user):
     response = client.get(f"{URL}/abc", headers=auth_header(user))
     assert 400 <= response.status_code < 500
+
+
+def test_the_list_shows_only_the_tenants_inquiries_newest_first(client, user, other_tenant):
+    first = submit(user.tenant)
+    run_stages(first.id)
+    second = submit(user.tenant, {"list.csv": ITEMS_CSV})
+    submit(other_tenant)
+    response = client.get("/api/anfragen", headers=auth_header(user))
+    assert response.status_code == 200
+    body = response.json()
+    assert [row["id"] for row in body] == [second.id, first.id]
+    assert body[1]["complete"] is True and body[1]["quote_total"] is not None
+    assert body[0]["complete"] is False
+    assert [s["stage"] for s in body[0]["stages"]] == [
+        "intake",
+        "extract",
+        "feasibility",
+        "calculate",
+    ]
+    assert client.get("/api/anfragen?limit=0", headers=auth_header(user)).status_code == 422
