@@ -144,3 +144,45 @@ def test_admit_waits_for_a_concurrent_admit_holding_the_lock():
     t2.join(timeout=10)
     assert outcome["first"].status == "pending"
     assert outcome["second"].status == "queued"
+
+
+def test_a_row_cancelled_while_promote_waits_on_it_is_not_started():
+    """promote's UPDATE may wait on the row it picked; after the wait it re-checks that the
+    row is still queued, so a cancellation (made without the key's lock) wins."""
+    from django.db import connections, transaction
+
+    first = QUEUE.admit(key="jill", values={})
+    second = QUEUE.admit(key="jill", values={})
+    finish(first.id)
+    cancelling = threading.Event()
+    release = threading.Event()
+
+    def cancel_without_the_lock():
+        try:
+            with transaction.atomic():
+                Item.objects.filter(pk=second.id).update(status="cancelled")
+                cancelling.set()
+                release.wait(timeout=10)
+        finally:
+            connections.close_all()
+
+    canceller = threading.Thread(target=cancel_without_the_lock)
+    canceller.start()
+    assert cancelling.wait(timeout=10)
+    outcome = {}
+
+    def promote():
+        try:
+            outcome["promoted"] = QUEUE.promote(key="jill")
+        finally:
+            connections.close_all()
+
+    promoter = threading.Thread(target=promote)
+    promoter.start()
+    promoter.join(timeout=0.5)
+    assert promoter.is_alive(), "promote must wait on the row being cancelled"
+    release.set()
+    canceller.join(timeout=10)
+    promoter.join(timeout=10)
+    assert outcome["promoted"] is None
+    assert Item.objects.get(pk=second.id).status == "cancelled"
