@@ -36,21 +36,25 @@ def _short(text: str, chars: int = 80) -> str:
     return Truncator(text).chars(chars)
 
 
+#: A position's columns as operators read them (inline on the inquiry and in the list).
+POSITION_FIELDS = [
+    "position_index",
+    "quantity",
+    "unit",
+    "item",
+    "material",
+    "length_mm",
+    "feasible",
+    "reason",
+    "unit_price",
+    "total",
+]
+
+
 class PositionInline(admin.TabularInline):
     model = Position
-    fields = [
-        "position_index",
-        "quantity",
-        "unit",
-        "item",
-        "material",
-        "length_mm",
-        "feasible",
-        "reason",
-        "unit_price",
-        "total",
-    ]
-    readonly_fields = fields
+    fields = POSITION_FIELDS
+    readonly_fields = POSITION_FIELDS
     extra = 0
     can_delete = False
 
@@ -179,19 +183,7 @@ class PipelineRunAdmin(ReadOnlyModelAdmin):
 
 @admin.register(Position)
 class PositionAdmin(ReadOnlyModelAdmin):
-    list_display = [
-        "anfrage",
-        "position_index",
-        "quantity",
-        "unit",
-        "item",
-        "material",
-        "length_mm",
-        "feasible",
-        "reason",
-        "unit_price",
-        "total",
-    ]
+    list_display = ["anfrage", *POSITION_FIELDS]
     list_filter = ["feasible", "unit", "tenant"]
     list_select_related = ["anfrage"]
     search_fields = ["anfrage__id__exact", "item", "material"]
