@@ -100,7 +100,7 @@ def _past_grace(jobs: list) -> None:
 def _judge_all(run_ids: list[str]) -> None:
     from django.db import connection
 
-    from runs import services
+    from runs import durability
     from runs.queue import JUDGE_RUN_TASK
 
     with connection.cursor() as cursor:
@@ -111,18 +111,18 @@ def _judge_all(run_ids: list[str]) -> None:
         )
         enqueued = cursor.fetchall()
     for run_id, version in enqueued:
-        services.analysis_run_judge(run_id=uuid.UUID(run_id), version=version)
+        durability.analysis_run_judge(run_id=uuid.UUID(run_id), version=version)
 
 
 def _backstop(user, jobs: list, client_share: float) -> dict[str, int]:
     """The shipped design: client saves in time, the sweep records the rest."""
     from queueing.sweeps import run_sweep
-    from runs import services
+    from runs import durability
 
     saved = jobs[: round(len(jobs) * client_share)]
     counts = {"start": _run_writes()}
     for job in saved:
-        services.analysis_run_save(user=user, job_id=job.pk)
+        durability.analysis_run_save(user=user, job_id=job.pk)
     counts["client"] = _run_writes()
     _past_grace(jobs)
     while run_sweep("unsaved_runs").selected:
@@ -137,15 +137,15 @@ def _backstop(user, jobs: list, client_share: float) -> dict[str, int]:
 def _eager(user, jobs: list, client_share: float) -> dict[str, int]:
     """The replaced design: the worker writes every run at finalize, the browser's save
     then rewrites it (client beats worker)."""
-    from runs import services
+    from runs import durability
     from runs.models import SavedBy
 
     counts = {"start": _run_writes()}
     for job in jobs:
-        services.analysis_run_record(job_id=job.pk, saved_by=SavedBy.WORKER)
+        durability.analysis_run_record(job_id=job.pk, saved_by=SavedBy.WORKER)
     counts["worker"] = _run_writes()
     for job in jobs[: round(len(jobs) * client_share)]:
-        services.analysis_run_save(user=user, job_id=job.pk)
+        durability.analysis_run_save(user=user, job_id=job.pk)
     counts["client"] = _run_writes()
     _judge_all([str(j.run_id) for j in jobs])
     counts["judge"] = _run_writes()

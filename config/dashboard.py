@@ -26,8 +26,8 @@ from config.metrics import record_admission_rejection
 from pipeline import selectors as pipeline_selectors
 from pipeline.models import Anfrage
 from pipeline.selectors import StageStatus
+from runs import admission as runs_admission
 from runs import selectors as runs_selectors
-from runs import services as runs_services
 from runs.api import MAX_DOC_CHARS, SOURCE_KEY_PATTERN
 from runs.exceptions import InsufficientCredits, RunsError
 from runs.models import (
@@ -176,7 +176,7 @@ def analysis_submit_view(request: HttpRequest) -> HttpResponse:
         record_admission_rejection("invalid_payload")
         return _render(request, form, status=400)
     try:
-        admission = runs_services.analysis_job_admit(
+        admission = runs_admission.analysis_job_admit(
             user=request.user,
             title=form.cleaned_data["title"],
             doc_html=form.cleaned_data["doc_html"],

@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from queueing.admin import ReadOnlyModelAdmin, jobs_link
-from runs import services
+from runs import admission, operations
 from runs.models import (
     AnalysisJob,
     AnalysisRun,
@@ -113,7 +113,7 @@ class AnalysisJobAdmin(ReadOnlyModelAdmin):
         # Only queued jobs can be cancelled; the others are counted, not locked.
         ids = list(queryset.values_list("pk", flat=True))
         queued = queryset.filter(status=JobStatus.QUEUED).values_list("pk", flat=True)
-        cancelled = sum(services.analysis_job_cancel(job_id=pk) for pk in queued)
+        cancelled = sum(admission.analysis_job_cancel(job_id=pk) for pk in queued)
         skipped = len(ids) - cancelled
         self.message_user(
             request,
@@ -125,21 +125,22 @@ class AnalysisJobAdmin(ReadOnlyModelAdmin):
     @admin.action(description="Requeue selected pending or running jobs (their process_job)")
     def requeue(self, request, queryset):
         outcomes = Counter(
-            services.analysis_job_requeue(job_id=pk) for pk in queryset.values_list("pk", flat=True)
+            operations.analysis_job_requeue(job_id=pk)
+            for pk in queryset.values_list("pk", flat=True)
         )
         text = _summary(
             outcomes,
             {
-                services.RequeueOutcome.ENQUEUED: "requeued",
-                services.RequeueOutcome.ALREADY_WAITING: (
+                operations.RequeueOutcome.ENQUEUED: "requeued",
+                operations.RequeueOutcome.ALREADY_WAITING: (
                     "already had their job waiting, retrying or running"
                 ),
-                services.RequeueOutcome.NOT_ACTIVE: (
+                operations.RequeueOutcome.NOT_ACTIVE: (
                     "not requeued: queued (waiting for their turn) or already finished"
                 ),
             },
         )
-        enqueued = outcomes[services.RequeueOutcome.ENQUEUED]
+        enqueued = outcomes[operations.RequeueOutcome.ENQUEUED]
         self.message_user(
             request, f"Requeue: {text}.", messages.SUCCESS if enqueued else messages.WARNING
         )
@@ -148,20 +149,20 @@ class AnalysisJobAdmin(ReadOnlyModelAdmin):
     def refund(self, request, queryset):
         note = f"refunded by admin:{request.user.get_username()}"
         outcomes = Counter(
-            services.analysis_job_refund(job_id=pk, note=note)
+            operations.analysis_job_refund(job_id=pk, note=note)
             for pk in queryset.values_list("pk", flat=True)
         )
         text = _summary(
             outcomes,
             {
-                services.RefundOutcome.REFUNDED: "refunded",
-                services.RefundOutcome.ALREADY_REFUNDED: "already refunded (nothing added)",
-                services.RefundOutcome.NOT_FINISHED: "not finished yet (cancel or wait)",
-                services.RefundOutcome.NOT_CHARGED: "never charged",
-                services.RefundOutcome.MISSING: "deleted",
+                operations.RefundOutcome.REFUNDED: "refunded",
+                operations.RefundOutcome.ALREADY_REFUNDED: "already refunded (nothing added)",
+                operations.RefundOutcome.NOT_FINISHED: "not finished yet (cancel or wait)",
+                operations.RefundOutcome.NOT_CHARGED: "never charged",
+                operations.RefundOutcome.MISSING: "deleted",
             },
         )
-        refunded = outcomes[services.RefundOutcome.REFUNDED]
+        refunded = outcomes[operations.RefundOutcome.REFUNDED]
         self.message_user(
             request, f"Refund: {text}.", messages.SUCCESS if refunded else messages.WARNING
         )
@@ -169,7 +170,7 @@ class AnalysisJobAdmin(ReadOnlyModelAdmin):
     @admin.action(description="Promote the queues of the selected jobs' users")
     def promote_queue(self, request, queryset):
         users = set(queryset.values_list("user_id", flat=True))
-        promoted = [j for u in users if (j := services.analysis_queue_promote(user_id=u))]
+        promoted = [j for u in users if (j := admission.analysis_queue_promote(user_id=u))]
         self.message_user(
             request,
             f"Promoted {len(promoted)} job(s) for {len(users)} user(s)"

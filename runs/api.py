@@ -17,7 +17,7 @@ from ninja import Field, Path, Query, Router, Schema, Status
 from pydantic import ConfigDict, field_validator
 
 from accounts.api import ClientError, ErrorOut, NotFound
-from runs import selectors, services
+from runs import admission, durability, selectors
 from runs.exceptions import (
     BudgetExhausted,
     CoreRefused,
@@ -182,7 +182,7 @@ def admit_analysis_job(request, payload: AnalysisJobIn):
     """Admit an analysis: every check runs now (credits, sources, DOIs, budget); the job
     then waits its turn (`queued`, with its position) or starts (`pending`)."""
     with _refusals():
-        admission = services.analysis_job_admit(
+        admitted = admission.analysis_job_admit(
             user=request.auth,
             title=payload.title,
             doc_html=payload.doc_html,
@@ -192,10 +192,10 @@ def admit_analysis_job(request, payload: AnalysisJobIn):
     return Status(
         201,
         {
-            "id": admission.id,
-            "run_id": admission.run_id,
-            "status": admission.status,
-            "queue_position": admission.queue_position,
+            "id": admitted.id,
+            "run_id": admitted.run_id,
+            "status": admitted.status,
+            "queue_position": admitted.queue_position,
         },
     )
 
@@ -220,7 +220,7 @@ def get_analysis_job(request, job_id: int = Path(..., ge=1, le=MAX_ID)):
 def save_analysis_run(request, payload: RunSaveIn):
     """The client save: 201 when this call wrote the run, 200 when it was already saved."""
     with _refusals():
-        saved = services.analysis_run_save(user=request.auth, job_id=payload.job_id)
+        saved = durability.analysis_run_save(user=request.auth, job_id=payload.job_id)
     return Status(201 if saved.written else 200, _run_out(saved.run))
 
 

@@ -6,7 +6,7 @@ source, each DOI well formed, today's provider budget — so each of those failu
 the user at click time, while the run refuses to judge until it is released. States:
 ``held → released → judging → done | failed``.
 
-:class:`CoreClient` is the interface ``runs.services`` talks to; :class:`LocalCore` keeps
+:class:`CoreClient` is the interface the analyses' services talk to; :class:`LocalCore` keeps
 the state machine in ``core_runs`` on Django's connection (so a create commits or rolls
 back with the admission). A remote core is a class with the same four methods, selected
 with the setting ``RUNS_CORE_CLIENT``. ``CORE_AVAILABLE = False`` makes the local core

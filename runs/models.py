@@ -1,7 +1,7 @@
 """Analyses: jobs in a per-user queue, the runs users keep, verdicts, credits, core state.
 
 Models hold fields, constraints and tiny properties; every transition lives in
-``runs.services``.
+``runs.admission``, ``runs.processing``, ``runs.durability`` and ``runs.operations``.
 """
 
 from __future__ import annotations

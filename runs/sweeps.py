@@ -12,14 +12,14 @@ from __future__ import annotations
 from django.conf import settings
 
 from queueing.sweeps import SweepContext, SweepResult, declare_sweep, sweep_rows
-from runs import services
+from runs import admission, durability, processing
 from runs.core import queries
 from runs.models import SavedBy
 
 
 def _record_unsaved(row) -> bool:
     job_id, _run_id = row
-    return services.analysis_run_record(job_id=job_id, saved_by=SavedBy.WORKER).written
+    return durability.analysis_run_record(job_id=job_id, saved_by=SavedBy.WORKER).written
 
 
 @declare_sweep(
@@ -40,7 +40,7 @@ def record_unsaved_runs(ctx: SweepContext) -> SweepResult:
 
 
 def _give_up(row) -> bool:
-    return services.analysis_job_give_up(job_id=row[0])
+    return processing.analysis_job_give_up(job_id=row[0])
 
 
 @declare_sweep(name="analysis_resume", cron="* * * * * */30", batch_size=100, grace_default=60)
@@ -49,8 +49,8 @@ def resume_analysis_queue(ctx: SweepContext) -> SweepResult:
     expired = sweep_rows(ctx, select_sql=queries["expired_releases"], params={}, process=_give_up)
     if ctx.dry_run:
         return expired
-    promoted = services.analysis_queue_resume(limit=ctx.batch_size)
-    requeued = services.analysis_jobs_requeue_lost(
+    promoted = admission.analysis_queue_resume(limit=ctx.batch_size)
+    requeued = processing.analysis_jobs_requeue_lost(
         idle_seconds=ctx.grace_seconds, limit=ctx.batch_size
     )
     return SweepResult(
@@ -67,7 +67,7 @@ def trim_doc_html(ctx: SweepContext) -> SweepResult:
     hours = int(settings.DOC_HTML_TRIM_HOURS)
     if ctx.dry_run:
         return SweepResult()
-    result = services.doc_html_trim(hours=hours, limit=ctx.batch_size)
+    result = durability.doc_html_trim(hours=hours, limit=ctx.batch_size)
     return SweepResult(
         selected=result.trimmed + len(result.kept_unsaved),
         changed=result.trimmed,

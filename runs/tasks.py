@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from queueing.app import task
-from runs import services
+from runs import durability, processing
 from runs import sweeps as _sweeps  # noqa: F401  (declares the analyses' sweeps)
 from runs.queue import JUDGE_RUN_TASK, PROCESS_JOB_TASK, RUNS_QUEUE
 
@@ -13,10 +13,10 @@ from runs.queue import JUDGE_RUN_TASK, PROCESS_JOB_TASK, RUNS_QUEUE
 @task(name=PROCESS_JOB_TASK, queue=RUNS_QUEUE)
 def process_job(job_id: int) -> str:
     """Release, judge and finish one analysis job (see analysis_job_process)."""
-    return services.analysis_job_process(job_id=job_id).value
+    return processing.analysis_job_process(job_id=job_id).value
 
 
 @task(name=JUDGE_RUN_TASK, queue=RUNS_QUEUE)
 def judge_run(run_id: str, version: int) -> str:
     """Judge one recorded run version, once."""
-    return services.analysis_run_judge(run_id=uuid.UUID(run_id), version=version)
+    return durability.analysis_run_judge(run_id=uuid.UUID(run_id), version=version)

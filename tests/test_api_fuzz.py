@@ -15,7 +15,7 @@ from schemathesis.checks import not_a_server_error
 
 from accounts.services import api_token_create
 from config.wsgi import application
-from runs.services import credit_grant
+from runs.credits import credit_grant
 from tests.factories import TenantFactory, UserFactory
 
 schema = schemathesis.openapi.from_wsgi("/api/openapi.json", application)

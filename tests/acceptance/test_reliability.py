@@ -15,7 +15,8 @@ from django.db import connection
 from accounts.services import tenant_get_or_create, user_get_or_create
 from pipeline.services import Upload, anfrage_submit
 from queueing.sweeps import run_sweep
-from runs.services import analysis_job_admit, credit_grant
+from runs.admission import analysis_job_admit
+from runs.credits import credit_grant
 from tests.conftest import wait_for
 from tests.invariants import assert_invariants, violations
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from django.db import connections
 
-from runs.services import credit_grant
+from runs.credits import credit_grant
 from tests.conftest import ROOT
 from tests.factories import TenantFactory, UserFactory
 

@@ -14,8 +14,8 @@ from django.db import connection
 from django.utils import timezone
 
 from queueing.exceptions import RetryLater
+from runs.credits import credit_grant
 from runs.models import AnalysisJob, JobStatus
-from runs.services import credit_grant
 from tests.factories import UserFactory
 
 DOC_HTML = (

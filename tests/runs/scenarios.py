@@ -10,7 +10,7 @@ from django.db import connection
 from django.db.models import Sum
 
 from queueing.sweeps import run_sweep
-from runs import services
+from runs import admission
 from runs.exceptions import InsufficientCredits
 from runs.models import AnalysisJob, CreditEntry, CreditKind, JobStatus
 from runs.selectors import credit_balance
@@ -97,7 +97,7 @@ class Scenario:
     def admit(self, index: int):
         user, attempt = self.attempts[index]
         try:
-            return services.analysis_job_admit(
+            return admission.analysis_job_admit(
                 user=user, title=f"T{attempt}", doc_html=DOC_HTML, sources=sources_for(attempt)
             )
         finally:

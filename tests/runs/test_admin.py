@@ -12,7 +12,7 @@ from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
-from runs import services
+from runs import admission, durability, operations, processing
 from runs.models import (
     AnalysisJob,
     AnalysisRun,
@@ -43,7 +43,7 @@ def staff_client(client):
 
 
 def admit(user, title: str = "T"):
-    return services.analysis_job_admit(user=user, title=title, doc_html=DOC_HTML, sources=SOURCES)
+    return admission.analysis_job_admit(user=user, title=title, doc_html=DOC_HTML, sources=SOURCES)
 
 
 @pytest.fixture
@@ -52,9 +52,9 @@ def seeded():
     its run (client save) and judgement, a queued job, core runs, usage and credits."""
     user = funded_user(credits=3, username="alice", tenant=TenantFactory(slug="acme"))
     done, queued_then_pending = admit(user, "first"), admit(user, "second")
-    services.analysis_job_process(job_id=done.id)
-    recorded = services.analysis_run_record(job_id=done.id, saved_by=SavedBy.CLIENT)
-    services.analysis_run_judge(run_id=recorded.run_id, version=recorded.version)
+    processing.analysis_job_process(job_id=done.id)
+    recorded = durability.analysis_run_record(job_id=done.id, saved_by=SavedBy.CLIENT)
+    durability.analysis_run_judge(run_id=recorded.run_id, version=recorded.version)
     queued = admit(user, "third")
     return {"user": user, "done": done.id, "pending": queued_then_pending.id, "queued": queued.id}
 
@@ -121,7 +121,7 @@ def test_filters_by_status_user_tenant_kind_and_saved_by(staff_client, seeded):
     other = funded_user(credits=1, username="bob", tenant=TenantFactory(slug="globex"))
     admit(other)
     legacy = AnalysisJobFactory(user=other)
-    services.analysis_run_record(job_id=legacy.pk, saved_by=SavedBy.WORKER)
+    durability.analysis_run_record(job_id=legacy.pk, saved_by=SavedBy.WORKER)
     AnalysisRun.objects.filter(job_id=legacy.pk).update(saved_by=None)
     job_list = reverse(CHANGELIST)
 
@@ -222,8 +222,10 @@ def test_refund_gives_a_finished_job_its_credit_back_exactly_once(staff_client, 
 def test_refund_service_refuses_what_was_never_charged_and_a_missing_job():
     uncharged = AnalysisJobFactory()
 
-    assert services.analysis_job_refund(job_id=uncharged.pk) == services.RefundOutcome.NOT_CHARGED
-    assert services.analysis_job_refund(job_id=10**9) == services.RefundOutcome.MISSING
+    assert (
+        operations.analysis_job_refund(job_id=uncharged.pk) == operations.RefundOutcome.NOT_CHARGED
+    )
+    assert operations.analysis_job_refund(job_id=10**9) == operations.RefundOutcome.MISSING
     assert not CreditEntry.objects.filter(kind=CreditKind.REFUND).exists()
 
 
@@ -234,7 +236,7 @@ def test_a_failed_job_refunded_at_failure_is_not_refunded_again(staff_client):
     AnalysisJob.objects.filter(pk=job.id).update(
         release_deadline=timezone.now() - datetime.timedelta(seconds=1)
     )
-    assert services.analysis_job_give_up(job_id=job.id)
+    assert processing.analysis_job_give_up(job_id=job.id)
 
     assert act(staff_client, "refund", job.id) == ["Refund: 1 already refunded (nothing added)."]
     assert CreditEntry.objects.filter(kind=CreditKind.REFUND).count() == 1

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from runs.models import AnalysisJob, CoreRun, CoreRunState, CreditEntry, CreditKind, JobStatus
+from runs.processing import analysis_job_process
 from runs.selectors import credit_balance
-from runs.services import analysis_job_process
 from tests.conftest import jobs
 from tests.factories import TenantFactory, UserFactory
 from tests.runs.factories import funded_user, payload

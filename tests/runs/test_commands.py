@@ -7,7 +7,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from runs import services
+from runs import admission
 from runs.selectors import credit_balance
 from tests.runs.factories import DOC_HTML, SOURCES, funded_user
 
@@ -49,7 +49,7 @@ def test_queue_status_shows_running_and_queued_per_user():
     ann, bob = funded_user(credits=5, username="ann"), funded_user(credits=5, username="bob")
     for user, count in ((ann, 3), (bob, 1)):
         for _ in range(count):
-            services.analysis_job_admit(user=user, title="T", doc_html=DOC_HTML, sources=SOURCES)
+            admission.analysis_job_admit(user=user, title="T", doc_html=DOC_HTML, sources=SOURCES)
 
     everyone = run("queue_status").splitlines()
     only_bob = run("queue_status", "--user", "bob").splitlines()

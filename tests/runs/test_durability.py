@@ -11,7 +11,7 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from queueing.sweeps import run_sweep
-from runs import services
+from runs import durability, processing
 from runs.core import queries
 from runs.models import AnalysisJob, AnalysisRun, JobStatus, RunJudgement, SavedBy
 from tests.conftest import jobs, run_concurrently
@@ -42,7 +42,7 @@ def past_grace(*job_ids: int) -> None:
 
 
 def record(job: AnalysisJob, saved_by: SavedBy) -> bool:
-    return services.analysis_run_record(job_id=job.pk, saved_by=saved_by).written
+    return durability.analysis_run_record(job_id=job.pk, saved_by=saved_by).written
 
 
 @pytest.mark.django_db
@@ -50,7 +50,7 @@ def test_client_save_writes_once_and_a_repeat_answers_200_without_rewriting(api)
     user = funded_user(credits=1)
     client = api(user)
     job_id = client.post("/api/analysis-jobs", payload()).json()["id"]
-    services.analysis_job_process(job_id=job_id)
+    processing.analysis_job_process(job_id=job_id)
 
     first = client.post("/api/analysis-runs", {"job_id": job_id})
     tuples = run_tuples()
@@ -233,8 +233,8 @@ def test_each_recorded_version_is_judged_once():
     judgement = RunJudgement.objects.get()
     assert (judgement.run_id, judgement.version) == (job.run_id, 2)
     assert judgement.summary["saved_by"] == "client"
-    assert services.analysis_run_judge(run_id=job.run_id, version=2) == "already_judged"
-    assert services.analysis_run_judge(run_id=uuid.uuid4(), version=1) == "missing"
+    assert durability.analysis_run_judge(run_id=job.run_id, version=2) == "already_judged"
+    assert durability.analysis_run_judge(run_id=uuid.uuid4(), version=1) == "missing"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -246,7 +246,7 @@ def test_client_saves_racing_the_sweep_end_with_one_client_row_each(clean_queue)
         if i == 0:
             return run_sweep("unsaved_runs")
         for job in batch[i - 1 :: 4]:
-            services.analysis_run_save(user=job.user, job_id=job.pk)
+            durability.analysis_run_save(user=job.user, job_id=job.pk)
         return None
 
     results = run_concurrently(race, 5)
@@ -297,7 +297,7 @@ def test_trim_clears_old_saved_bodies_and_never_an_unsaved_one(settings, caplog)
         columns=("finished_at",),
     )
 
-    with caplog.at_level(logging.WARNING, logger="runs.services"):
+    with caplog.at_level(logging.WARNING, logger="runs.durability"):
         result = run_sweep("doc_html_trim")
 
     bodies = dict(AnalysisJob.objects.values_list("pk", "doc_html"))

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 
 from queueing.sweeps import run_sweep
-from runs import services
+from runs import admission, processing
 from runs.models import AnalysisJob, JobStatus
 from runs.selectors import credit_balance
 from tests.conftest import jobs, run_concurrently
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def admit(user, **kwargs):
-    return services.analysis_job_admit(
+    return admission.analysis_job_admit(
         user=user, title=kwargs.pop("title", "T"), doc_html=DOC_HTML, sources=SOURCES, **kwargs
     )
 
@@ -66,13 +66,13 @@ def test_two_users_admitted_together_run_in_parallel(clean_queue):
 def test_a_delta_admitted_while_five_wait_runs_at_once_and_blocks_nothing(clean_queue):
     user = funded_user(credits=10)
     parent = admit(user)
-    services.analysis_job_process(job_id=parent.id)
+    processing.analysis_job_process(job_id=parent.id)
     first_pass = [admit(user) for _ in range(6)]
     assert [a.status for a in first_pass] == ["pending"] + ["queued"] * 5
 
     delta = admit(user, delta_of_job_id=parent.id)
     assert (delta.status, delta.queue_position) == ("pending", 0)
-    assert services.analysis_job_process(job_id=delta.id) == "complete"
+    assert processing.analysis_job_process(job_id=delta.id) == "complete"
 
     statuses = dict(AnalysisJob.objects.values_list("pk", "status"))
     assert statuses[delta.id] == JobStatus.COMPLETE
@@ -104,7 +104,7 @@ def test_concurrent_promoters_start_exactly_one_job(clean_queue):
     admitted = [admit(user) for _ in range(6)]
     AnalysisJob.objects.filter(pk=admitted[0].id).update(status=JobStatus.COMPLETE)
 
-    promoted = run_concurrently(lambda i: services.analysis_queue_promote(user_id=user.pk), 8)
+    promoted = run_concurrently(lambda i: admission.analysis_queue_promote(user_id=user.pk), 8)
 
     assert [p for p in promoted if p is not None] == [admitted[1].id]
     assert AnalysisJob.objects.filter(status=JobStatus.PENDING).count() == 1

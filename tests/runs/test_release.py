@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from queueing.exceptions import RetryLater
 from queueing.sweeps import run_sweep
-from runs import services
+from runs import admission, processing
 from runs.exceptions import JudgeError
 from runs.models import AnalysisJob, CoreRun, CoreRunState, CreditEntry, CreditKind, JobStatus
 from runs.selectors import credit_balance
@@ -22,7 +22,7 @@ WINDOW = datetime.timedelta(seconds=1800)
 
 
 def admit(user):
-    return services.analysis_job_admit(user=user, title="T", doc_html=DOC_HTML, sources=SOURCES)
+    return admission.analysis_job_admit(user=user, title="T", doc_html=DOC_HTML, sources=SOURCES)
 
 
 def refunds(job_id: int) -> int:
@@ -33,7 +33,7 @@ def fail_first_release(job_id: int, settings) -> datetime.datetime:
     settings.CORE_AVAILABLE = False
     before = timezone.now()
     with pytest.raises(RetryLater) as raised:
-        services.analysis_job_process(job_id=job_id)
+        processing.analysis_job_process(job_id=job_id)
     assert before + WINDOW <= raised.value.deadline <= timezone.now() + WINDOW
     return raised.value.deadline
 
@@ -55,10 +55,10 @@ def test_a_29_minute_outage_ends_complete_without_refund(settings):
 
     outage_for(job.id, 29)
     with pytest.raises(RetryLater) as again:
-        services.analysis_job_process(job_id=job.id)
+        processing.analysis_job_process(job_id=job.id)
     assert again.value.deadline == deadline - datetime.timedelta(minutes=29)
     settings.CORE_AVAILABLE = True
-    outcome = services.analysis_job_process(job_id=job.id)
+    outcome = processing.analysis_job_process(job_id=job.id)
 
     row = AnalysisJob.objects.get(pk=job.id)
     assert (outcome, row.status, row.release_attempts) == ("complete", "complete", 3)
@@ -76,7 +76,7 @@ def test_a_31_minute_outage_fails_the_job_with_exactly_one_refund(settings):
     fail_first_release(job.id, settings)
 
     outage_for(job.id, 31)
-    outcome = services.analysis_job_process(job_id=job.id)
+    outcome = processing.analysis_job_process(job_id=job.id)
 
     row = AnalysisJob.objects.get(pk=job.id)
     assert (outcome, row.status) == ("gave_up", "failed")
@@ -84,7 +84,7 @@ def test_a_31_minute_outage_fails_the_job_with_exactly_one_refund(settings):
     assert CoreRun.objects.get(pk=row.core_run_id).state == CoreRunState.HELD
     assert refunds(job.id) == 1
     assert AnalysisJob.objects.get(pk=waiting.id).status == JobStatus.PENDING
-    assert services.analysis_job_process(job_id=job.id) == "skipped"
+    assert processing.analysis_job_process(job_id=job.id) == "skipped"
     assert run_sweep("analysis_resume").notes["gave_up"] == 0
     assert refunds(job.id) == 1
     assert credit_balance(user_id=user.pk) == 1
@@ -100,7 +100,7 @@ def test_resume_tick_gives_up_a_release_whose_retry_never_came_back(settings):
     assert run_sweep("analysis_resume").notes["gave_up"] == 1
 
     assert AnalysisJob.objects.get(pk=job.id).status == JobStatus.FAILED
-    assert services.analysis_job_process(job_id=job.id) == "skipped"
+    assert processing.analysis_job_process(job_id=job.id) == "skipped"
     assert run_sweep("analysis_resume").notes["gave_up"] == 0
     assert refunds(job.id) == 1
     assert credit_balance(user_id=user.pk) == 1
@@ -115,7 +115,7 @@ def test_the_task_and_the_tick_giving_up_at_once_refund_once(settings, clean_que
 
     def give_up(i: int):
         if i % 2:
-            return services.analysis_job_process(job_id=job.id)
+            return processing.analysis_job_process(job_id=job.id)
         return run_sweep("analysis_resume").notes["gave_up"]
 
     results = run_concurrently(give_up, 4)
@@ -132,7 +132,7 @@ def test_a_judge_refusal_fails_the_job_refunds_it_and_hands_the_slot_on(settings
     job, waiting = admit(user), admit(user)
     settings.RUNS_JUDGE = "tests.runs.test_release.RefusingJudge"
 
-    assert services.analysis_job_process(job_id=job.id) == "failed"
+    assert processing.analysis_job_process(job_id=job.id) == "failed"
 
     row = AnalysisJob.objects.get(pk=job.id)
     assert row.status == JobStatus.FAILED and "cannot read" in row.error
@@ -148,11 +148,11 @@ def test_a_crashing_judge_leaves_the_job_running_for_the_retry(settings):
     settings.RUNS_JUDGE = "tests.runs.test_release.CrashingJudge"
 
     with pytest.raises(TimeoutError):
-        services.analysis_job_process(job_id=job.id)
+        processing.analysis_job_process(job_id=job.id)
     assert AnalysisJob.objects.get(pk=job.id).status == JobStatus.RUNNING
 
     settings.RUNS_JUDGE = "runs.judge.OverlapJudge"
-    assert services.analysis_job_process(job_id=job.id) == "complete"
+    assert processing.analysis_job_process(job_id=job.id) == "complete"
     row = AnalysisJob.objects.get(pk=job.id)
     assert (row.release_attempts, refunds(job.id)) == (1, 0)
 
@@ -170,12 +170,12 @@ def test_core_unreachable_when_closing_retries_without_committing(settings, monk
     with monkeypatch.context() as patch:
         patch.setattr(LocalCore, "finish", down)
         with pytest.raises(RetryLater):
-            services.analysis_job_process(job_id=job.id)
+            processing.analysis_job_process(job_id=job.id)
     row = AnalysisJob.objects.get(pk=job.id)
     assert (row.status, row.results) == (JobStatus.RUNNING, None)
     assert not row.citations.exists()
 
-    assert services.analysis_job_process(job_id=job.id) == "complete"
+    assert processing.analysis_job_process(job_id=job.id) == "complete"
 
 
 @pytest.mark.django_db
@@ -183,9 +183,9 @@ def test_cancelling_a_queued_job_refunds_it_once():
     user = funded_user(credits=2)
     running, queued = admit(user), admit(user)
 
-    assert services.analysis_job_cancel(job_id=queued.id) is True
-    assert services.analysis_job_cancel(job_id=queued.id) is False
-    assert services.analysis_job_cancel(job_id=running.id) is False
+    assert admission.analysis_job_cancel(job_id=queued.id) is True
+    assert admission.analysis_job_cancel(job_id=queued.id) is False
+    assert admission.analysis_job_cancel(job_id=running.id) is False
 
     assert AnalysisJob.objects.get(pk=queued.id).status == JobStatus.CANCELLED
     assert refunds(queued.id) == 1
@@ -213,7 +213,7 @@ def test_a_core_run_closed_behind_the_jobs_back_fails_it_with_a_refund():
     row = AnalysisJob.objects.get(pk=job.id)
     CoreRun.objects.filter(pk=row.core_run_id).update(state=CoreRunState.FAILED)
 
-    assert services.analysis_job_process(job_id=job.id) == "failed"
+    assert processing.analysis_job_process(job_id=job.id) == "failed"
 
     row.refresh_from_db()
     assert row.status == JobStatus.FAILED and "refused to release" in row.error

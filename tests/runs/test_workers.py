@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 
 from queueing.sweeps import request_sweep
-from runs import services
+from runs import admission
 from runs.models import AnalysisJob, AnalysisRun, JobStatus, RunJudgement
 from tests.conftest import database_url, jobs, wait_for
 from tests.runs.factories import (
@@ -38,7 +38,7 @@ def all_settled() -> bool:
 def test_workers_run_one_users_jobs_one_at_a_time_in_fifo_order(clean_queue, start_worker):
     user = funded_user(credits=12)
     admitted = [
-        services.analysis_job_admit(user=user, title=f"T{i}", doc_html=DOC_HTML, sources=SOURCES)
+        admission.analysis_job_admit(user=user, title=f"T{i}", doc_html=DOC_HTML, sources=SOURCES)
         for i in range(12)
     ]
     with Sampler() as sampler:

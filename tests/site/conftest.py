@@ -11,8 +11,10 @@ import pytest
 from django.utils import timezone
 
 from pipeline.models import Anfrage, PipelineRun
+from runs.admission import analysis_job_admit
+from runs.credits import credit_grant
 from runs.models import AnalysisJob, AnalysisRun, SavedBy
-from runs.services import analysis_job_admit, analysis_job_process, credit_grant
+from runs.processing import analysis_job_process
 from tests.factories import TenantFactory, UserFactory
 
 DOC_HTML = "<p>Water boils at one hundred degrees at sea level [thermo].</p>"

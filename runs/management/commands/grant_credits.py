@@ -7,8 +7,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from accounts.models import User
 from queueing.display import format_table
+from runs.credits import credit_grant
 from runs.exceptions import InvalidAmount
-from runs.services import credit_grant
 
 
 class Command(BaseCommand):

@@ -1,0 +1,58 @@
+"""Credits: grants, and the charge's refund, each exactly once per job.
+
+A balance is the sum of a user's ledger entries. Charges and refunds name their job and
+are unique per (job, kind), so a retried task, a second worker or an operator can never
+refund twice; grants are plain inserts.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from queueing.rows import insert_or_get
+from runs.exceptions import (
+    InvalidAmount,
+)
+from runs.models import (
+    AnalysisJob,
+    CreditEntry,
+    CreditKind,
+)
+from runs.selectors import credit_balance
+
+logger = logging.getLogger(__name__)
+
+#: Credits one analysis costs (charged at admission, refunded at most once).
+ANALYSIS_PRICE = 1
+
+
+def credit_grant(*, user_id: int, amount: int, note: str = "") -> int:
+    """Add ``amount`` credits (a new ledger entry each call: grants are not idempotent)
+    and return the new balance."""
+    if amount <= 0:
+        raise InvalidAmount(f"a credit grant must be a positive whole number, got {amount}")
+    with transaction.atomic():
+        CreditEntry.objects.create(
+            user_id=user_id, kind=CreditKind.GRANT, amount=amount, note=note[:200]
+        )
+        return credit_balance(user_id=user_id)
+
+
+def credit_refund(job: AnalysisJob, *, note: str) -> bool:
+    """Refund the job's charge; the unique (job, kind) makes a second refund a no-op."""
+    _, created = insert_or_get(
+        CreditEntry,
+        values={
+            "user": job.user_id,
+            "job": job.pk,
+            "kind": CreditKind.REFUND.value,
+            "amount": ANALYSIS_PRICE,
+            "note": note[:200],
+            "created_at": timezone.now(),
+        },
+        conflict_fields=("job", "kind"),
+    )
+    return created

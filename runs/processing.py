@@ -1,0 +1,213 @@
+"""Processing: release the held core run, judge, finish; fail (refunded once) and hand the
+slot on; the resume tick's safety nets for work whose task is gone.
+
+Every step is a compare-and-set on the job's locked row, so a retried task, a second
+worker or the resume tick never applies a transition twice.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import logging
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from queueing.exceptions import RetryLater
+from queueing.rows import replace_children
+from runs import judge as judging
+from runs.admission import enqueue_process, lock_job, promote_next
+from runs.core import get_core
+from runs.credits import credit_refund
+from runs.exceptions import (
+    CoreStateError,
+    CoreUnavailable,
+    JudgeError,
+)
+from runs.models import (
+    ACTIVE_STATUSES,
+    AnalysisJob,
+    JobCitation,
+    JobStatus,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class ProcessOutcome(enum.StrEnum):
+    SKIPPED = "skipped"
+    COMPLETE = "complete"
+    FAILED = "failed"
+    GAVE_UP = "gave_up"
+
+
+def release_window() -> datetime.timedelta:
+    return datetime.timedelta(seconds=int(settings.RELEASE_RETRY_WINDOW_SECONDS))
+
+
+def analysis_jobs_requeue_lost(*, idle_seconds: int, limit: int = 500) -> int:
+    """Enqueue ``process_job`` for active jobs idle for ``idle_seconds`` whose task is
+    gone (it failed for good, or was lost with its worker). The EXCLUSIVE key makes this
+    a no-op for every job whose task is still waiting, retrying or running."""
+    cutoff = timezone.now() - datetime.timedelta(seconds=idle_seconds)
+    job_ids = (
+        AnalysisJob.objects.filter(
+            status__in=ACTIVE_STATUSES, deleted_at__isnull=True, updated_at__lt=cutoff
+        )
+        .order_by("updated_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+    return sum(enqueue_process(job_id).created for job_id in job_ids)
+
+
+def job_fail(job: AnalysisJob, *, reason: str) -> None:
+    """Mark the (locked) job failed, refund it once, and hand its slot on."""
+    now = timezone.now()
+    AnalysisJob.objects.filter(pk=job.pk).update(
+        status=JobStatus.FAILED, error=reason, finished_at=now, updated_at=now
+    )
+    credit_refund(job, note=f"analysis job {job.pk} failed")
+    if not job.is_delta:
+        promote_next(job.user_id)
+
+
+def _release_failed_reason(job: AnalysisJob, exc: Exception) -> str:
+    minutes = int(release_window().total_seconds() // 60)
+    return (
+        f"the core service stayed unreachable for the whole {minutes}-minute release window "
+        f"({job.release_attempts} attempts; last error: {exc}); the credit was refunded"
+    )
+
+
+def analysis_job_process(*, job_id: int) -> ProcessOutcome:
+    """Run one analysis: mark it running, release its held core run, judge its citations,
+    write verdicts and results, mark it complete, and promote the user's next job.
+
+    Idempotent and retry-safe: each step is a compare-and-set on the locked job row, a
+    job that is not active is skipped, and a release that already happened is not
+    repeated. While the core is unreachable it raises :class:`RetryLater` bounded by the
+    job's ``release_deadline`` (set at the first attempt); past it the job fails and its
+    credit is refunded exactly once.
+    """
+    core = get_core()
+    retry_until = None
+    with transaction.atomic():
+        job = lock_job(job_id)
+        if job is None or job.status not in ACTIVE_STATUSES:
+            return ProcessOutcome.SKIPPED
+        now = timezone.now()
+        if job.status == JobStatus.PENDING:
+            job.status, job.started_at = JobStatus.RUNNING, now
+        if job.released_at is None:
+            if job.release_deadline is None:
+                job.release_deadline = now + release_window()
+            job.release_attempts += 1
+            try:
+                core.release(core_run_id=job.core_run_id)
+                core.start(core_run_id=job.core_run_id)
+                job.released_at = now
+            except CoreUnavailable as exc:
+                if now >= job.release_deadline:
+                    _save_attempt(job, now)
+                    job_fail(job, reason=_release_failed_reason(job, exc))
+                    return ProcessOutcome.GAVE_UP
+                retry_until = job.release_deadline
+            except CoreStateError as exc:
+                # The core will never release this run (an operator closed it): final.
+                _save_attempt(job, now)
+                job_fail(job, reason=f"the core refused to release the run: {exc}")
+                return ProcessOutcome.FAILED
+        _save_attempt(job, now)
+    if retry_until is not None:
+        raise RetryLater(
+            f"core unreachable releasing analysis job {job_id}; retrying until {retry_until}",
+            deadline=retry_until,
+        )
+
+    # Judge outside any transaction: a slow (remote) judge must not hold the row lock.
+    doc_html, sources = AnalysisJob.objects.values_list("doc_html", "sources").get(pk=job_id)
+    judge = judging.get_judge()
+    try:
+        verdicts = judging.judge_document(doc_html=doc_html or "", sources=sources, judge=judge)
+    except JudgeError as exc:
+        with transaction.atomic():
+            job = lock_job(job_id)
+            if job is None or job.status != JobStatus.RUNNING:
+                return ProcessOutcome.SKIPPED
+            _finish_core(core, job, ok=False, detail=str(exc))
+            job_fail(job, reason=f"the judge could not judge this document: {exc}")
+        return ProcessOutcome.FAILED
+
+    with transaction.atomic():
+        job = lock_job(job_id)
+        if job is None or job.status != JobStatus.RUNNING:
+            return ProcessOutcome.SKIPPED
+        _finish_core(core, job, ok=True)
+        replace_children(
+            JobCitation,
+            parent={"job_id": job.pk},
+            rows=[
+                JobCitation(
+                    marker=v.marker,
+                    source_key=v.source_key,
+                    claim=v.claim,
+                    verdict=v.verdict,
+                    score=v.score,
+                )
+                for v in verdicts
+            ],
+        )
+        items = [v.as_json() for v in verdicts]
+        now = timezone.now()
+        AnalysisJob.objects.filter(pk=job.pk).update(
+            status=JobStatus.COMPLETE,
+            results={"judge": judge.name, "verdicts": items, "summary": judging.summarize(items)},
+            error="",
+            finished_at=now,
+            updated_at=now,
+        )
+        if not job.is_delta:
+            promote_next(job.user_id)
+    return ProcessOutcome.COMPLETE
+
+
+def _save_attempt(job: AnalysisJob, now: datetime.datetime) -> None:
+    job.updated_at = now
+    job.save(
+        update_fields=[
+            "status",
+            "started_at",
+            "release_deadline",
+            "release_attempts",
+            "released_at",
+            "updated_at",
+        ]
+    )
+
+
+def _finish_core(core, job: AnalysisJob, *, ok: bool, detail: str = "") -> None:
+    try:
+        core.finish(core_run_id=job.core_run_id, ok=ok, detail=detail)
+    except CoreUnavailable as exc:
+        # Nothing of this attempt is committed; the verdicts are recomputed next time.
+        raise RetryLater(f"core unreachable closing analysis job {job.pk}") from exc
+
+
+def analysis_job_give_up(*, job_id: int) -> bool:
+    """Fail a running job whose release window closed without a release, refunding its
+    credit once (the resume tick's safety net for a retry that never came back).
+    Compare-and-set on the locked row: False when the job moved on meanwhile."""
+    with transaction.atomic():
+        job = lock_job(job_id)
+        if (
+            job is None
+            or job.status != JobStatus.RUNNING
+            or job.released_at is not None
+            or job.release_deadline is None
+            or job.release_deadline > timezone.now()
+        ):
+            return False
+        job_fail(job, reason=_release_failed_reason(job, CoreUnavailable()))
+    return True
