@@ -17,6 +17,11 @@ env = environ.Env(
     DOC_HTML_TRIM_HOURS=(int, 24),
     RELEASE_RETRY_WINDOW_SECONDS=(int, 1800),
     STALLED_WORKER_SECONDS=(int, 30),
+    STALLED_RECOVERY_SECONDS=(int, 15),
+    STALLED_JOB_MAX_RECOVERIES=(int, 3),
+    WORKER_HEARTBEAT_SECONDS=(float, 10.0),
+    DATABASE_OUTAGE_SECONDS=(float, 300.0),
+    SWEEP_TRANSACTION_TIMEOUT_SECONDS=(float, 60.0),
     JOB_RETENTION_SECONDS=(int, 3 * 24 * 3600),
     WORKER_GRACEFUL_TIMEOUT_SECONDS=(float, 60.0),
     PGSTAGE_DATA_DIR=(str, str(BASE_DIR / ".data")),
@@ -96,6 +101,14 @@ DATABASES = {"default": env.db_url_config(_database_url())}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {})
+# Fail fast on a server that does not answer, and notice a dead peer within a minute
+# instead of when the operating system's TCP timeout fires (hours): a worker thread
+# blocked on a vanished server would hold up the worker's drain.
+DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 10)
+DATABASES["default"]["OPTIONS"].setdefault("keepalives", 1)
+DATABASES["default"]["OPTIONS"].setdefault("keepalives_idle", 30)
+DATABASES["default"]["OPTIONS"].setdefault("keepalives_interval", 10)
+DATABASES["default"]["OPTIONS"].setdefault("keepalives_count", 3)
 DATABASES["default"]["TEST"] = {"NAME": env.str("TEST_DATABASE_NAME", default="") or None}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -122,8 +135,19 @@ CORE_AVAILABLE = env("CORE_AVAILABLE")
 CORE_DAILY_BUDGET = env("CORE_DAILY_BUDGET")
 
 # queueing: stalled-work recovery treats a worker as dead after this many seconds
-# without a heartbeat (procrastinate's workers beat every 10 s).
+# without a heartbeat (workers beat every WORKER_HEARTBEAT_SECONDS, draining ones too),
+# runs every STALLED_RECOVERY_SECONDS, and gives a job up after its worker died under it
+# STALLED_JOB_MAX_RECOVERIES times (its own retries do not count).
 QUEUEING_STALLED_WORKER_SECONDS = env("STALLED_WORKER_SECONDS")
+QUEUEING_STALLED_RECOVERY_SECONDS = env("STALLED_RECOVERY_SECONDS")
+QUEUEING_STALLED_MAX_RECOVERIES = env("STALLED_JOB_MAX_RECOVERIES")
+QUEUEING_HEARTBEAT_SECONDS = env("WORKER_HEARTBEAT_SECONDS")
+# queueing: a worker keeps trying to reach an unreachable database this long, then exits
+# non-zero for its supervisor to restart it.
+QUEUEING_DATABASE_OUTAGE_SECONDS = env("DATABASE_OUTAGE_SECONDS")
+# queueing: PostgreSQL ends a sweep transaction whose statement or pause between
+# statements lasts longer (a worker host that vanished mid-sweep), freeing its locks.
+QUEUEING_SWEEP_TRANSACTION_TIMEOUT_SECONDS = env("SWEEP_TRANSACTION_TIMEOUT_SECONDS")
 # queueing: succeeded, cancelled and aborted jobs are deleted after this long (failed
 # jobs stay for inspection).
 QUEUEING_JOB_RETENTION_SECONDS = env("JOB_RETENTION_SECONDS")
@@ -133,8 +157,10 @@ PROCRASTINATE_IMPORT_PATHS = env.list("PGSTAGE_TASK_MODULES", default=[])
 
 PROCRASTINATE_WORKER_DEFAULTS = {
     "shutdown_graceful_timeout": env("WORKER_GRACEFUL_TIMEOUT_SECONDS"),
-    "stalled_worker_timeout": env("STALLED_WORKER_SECONDS"),
 }
+# `manage.py procrastinate worker` runs pgstage's worker (queueing.worker): it keeps
+# heart-beating while it drains, rides out database outages and fences job outcomes.
+PROCRASTINATE_ON_APP_READY = "queueing.worker.install"
 
 LOGGING = {
     "version": 1,

@@ -29,6 +29,7 @@ from procrastinate.contrib.django.models import ProcrastinateJob
 
 from queueing.enqueue import Policy, queueing_lock_for
 from queueing.exceptions import UnknownSweep
+from queueing.jobs import RetryOutcome, job_cancel, job_retry
 from queueing.sweeps import SWEEP_KEY, Sweep, SweepResult, get_sweep, request_sweep, run_sweep
 from queueing.sweeps import sweeps as declared_sweeps
 
@@ -86,9 +87,43 @@ def _describe(name: str, result: SweepResult, *, dry_run: bool) -> str:
 
 
 class JobAdmin(ProcrastinateJobAdmin):
-    """procrastinate's job admin, plus the Sweeps page."""
+    """procrastinate's job admin, plus the Sweeps page; its retry and cancel go through
+    the framework (``queueing.jobs``): a running job is never retried under its live
+    worker, a retry that a live job's key blocks points at that job, and a cancel settles
+    the job's domain row. procrastinate's *abort* is left out: a sync task cannot be
+    interrupted, so it would only mark the job."""
 
     change_list_template = "admin/queueing/job_change_list.html"
+
+    @admin.action(description="Retry job (failed or stalled)")
+    def retry(self, request: HttpRequest, queryset) -> None:
+        results = [job_retry(job_id=pk) for pk in queryset.values_list("pk", flat=True)]
+        done = [r for r in results if r.outcome in (RetryOutcome.RETRIED, RetryOutcome.RECOVERED)]
+        if done:
+            ids = ", ".join(f"#{r.job_id}" for r in done)
+            self.message_user(request, f"Retried {len(done)} job(s): {ids}.", messages.SUCCESS)
+        for r in results:
+            if r.outcome in (RetryOutcome.RETRIED, RetryOutcome.RECOVERED):
+                continue
+            level = messages.INFO if r.outcome is RetryOutcome.DEDUPLICATED else messages.WARNING
+            self.message_user(
+                request, f"Job #{r.job_id} was not retried ({r.outcome}): {r.detail}.", level
+            )
+
+    @admin.action(description="Cancel job (waiting jobs only)")
+    def cancel(self, request: HttpRequest, queryset) -> None:
+        actor = f"admin:{request.user.get_username()}"
+        ids = list(queryset.values_list("pk", flat=True))
+        cancelled = [pk for pk in ids if job_cancel(job_id=pk, actor=actor)]
+        self.message_user(
+            request,
+            f"Cancelled {len(cancelled)} of {len(ids)} job(s); only waiting jobs are "
+            "cancelled, and each one's domain row is settled (e.g. an analysis is failed "
+            "and refunded).",
+            messages.SUCCESS if cancelled else messages.WARNING,
+        )
+
+    actions = [retry, cancel]
 
     def get_urls(self):
         view = self.admin_site.admin_view(self.sweeps_view)

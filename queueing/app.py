@@ -16,6 +16,7 @@ from typing import Any
 from django.db import close_old_connections
 from procrastinate.contrib.django import app as procrastinate_app
 
+from queueing import giveup
 from queueing.backoff import DEFAULT_RETRY
 
 
@@ -34,13 +35,24 @@ def _with_connection_hygiene(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def task(*, name: str, queue: str = "default", retry: Any = DEFAULT_RETRY, **options: Any):
+def task(
+    *,
+    name: str,
+    queue: str = "default",
+    retry: Any = DEFAULT_RETRY,
+    on_give_up: giveup.GiveUpHook | None = None,
+    **options: Any,
+):
     """``@task(name="pipeline.extract")``: a procrastinate task with pgstage's defaults.
 
-    Names are explicit so a job in the table survives a module move.
+    Names are explicit so a job in the table survives a module move. ``on_give_up(reason=,
+    **args)`` settles the task's domain row when a job of it ends without doing its work
+    for good (``queueing.giveup``); it must be idempotent.
     """
 
     def decorator(func: Callable[..., Any]):
+        if on_give_up is not None:
+            giveup.register(name, on_give_up)
         return procrastinate_app.task(name=name, queue=queue, retry=retry, **options)(
             _with_connection_hygiene(func)
         )

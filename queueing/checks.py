@@ -27,14 +27,51 @@ def check_database(app_configs, **kwargs):
                 id="queueing.E002",
             )
         )
-    grace = getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30)
-    if grace < 20:
+    errors.extend(_check_stall_threshold())
+    period = getattr(settings, "QUEUEING_STALLED_RECOVERY_SECONDS", 15)
+    if not isinstance(period, int) or not 1 <= period <= 30 or 60 % period:
         errors.append(
-            Warning(
-                f"QUEUEING_STALLED_WORKER_SECONDS={grace} is shorter than two heartbeats "
-                "(procrastinate beats every 10 s): live workers would be treated as dead.",
-                hint="Use 30 seconds or more.",
-                id="queueing.W001",
+            Error(
+                f"QUEUEING_STALLED_RECOVERY_SECONDS={period!r} must divide a minute "
+                "(the recovery tick is a cron with a seconds field).",
+                hint="Use 5, 10, 15, 20 or 30.",
+                id="queueing.E003",
             )
         )
     return errors
+
+
+def _check_stall_threshold() -> list[Warning]:
+    """A worker is declared dead after QUEUEING_STALLED_WORKER_SECONDS of silence; that
+    must outlast two heartbeats, and — unless the worker keeps beating while it drains
+    (pgstage's worker does) — the whole drain, or a deploy runs jobs twice."""
+    grace = float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30))
+    beat = float(getattr(settings, "QUEUEING_HEARTBEAT_SECONDS", 10))
+    warnings = []
+    if grace < 2 * beat:
+        warnings.append(
+            Warning(
+                f"QUEUEING_STALLED_WORKER_SECONDS={grace:g} is shorter than two heartbeats "
+                f"(workers beat every {beat:g} s): live workers would be treated as dead "
+                "and their jobs run twice.",
+                hint=f"Use {max(30, 3 * beat):g} seconds or more, or beat more often.",
+                id="queueing.W001",
+            )
+        )
+    hook = getattr(settings, "PROCRASTINATE_ON_APP_READY", None)
+    if hook != "queueing.worker.install":
+        drain = (getattr(settings, "PROCRASTINATE_WORKER_DEFAULTS", {}) or {}).get(
+            "shutdown_graceful_timeout"
+        )
+        warnings.append(
+            Warning(
+                "procrastinate's own worker stops heart-beating as soon as it starts "
+                f"draining, so a stall threshold of {grace:g} s cannot cover a drain (graceful "
+                f"timeout {drain if drain is not None else 'unbounded'} s, and unbounded for "
+                "sync jobs): a deploy would run the draining worker's jobs a second time.",
+                hint="Set PROCRASTINATE_ON_APP_READY = 'queueing.worker.install' so that "
+                "workers keep beating until their last job ends.",
+                id="queueing.W001",
+            )
+        )
+    return warnings

@@ -1,48 +1,92 @@
 """Stalled-work recovery: jobs left in ``doing`` by a worker that died.
 
 procrastinate has no built-in recovery (and its own ``retry_stalled_jobs`` recipe ignores
-``max_attempts``). This sweep finds ``doing`` jobs whose worker stopped heart-beating
-(or was pruned), and puts each back to ``todo`` — unless it already used
-``QUEUEING_STALLED_MAX_ATTEMPTS`` attempts, then it fails for inspection.
+``max_attempts``). This sweep finds ``doing`` jobs whose worker stopped heart-beating (or
+was pruned) and puts each back to ``todo``; a job whose workers keep dying gives up after
+``QUEUEING_STALLED_MAX_RECOVERIES`` recoveries, ends ``failed`` and runs its task's
+give-up hook, so its domain row settles.
 
-procrastinate issues 1446/1543: a stalled job whose queueing lock is now held by a fresh
-``todo`` job cannot go back to ``todo`` (unique violation), and a naive recovery stays
-stuck on it forever. The fresh job will do the same work, so the stalled one is marked
-failed ("superseded") instead, in its own savepoint. Never put a procrastinate ``lock`` on
-this task (issue 1599): it would block behind the very jobs it must recover.
+Why it is built the way it is:
+
+* **It runs inline in its tick** (``declare_sweep(inline=True)``), under a try-lock, not
+  as a singleton job: a recovery job that dies in ``doing`` would hold its own key, and
+  the only code that frees dead ``doing`` jobs would be the dead job (procrastinate #1408).
+  It frees every other sweep's dead job too.
+* **Stalls are counted apart from attempts** (``pgstage_job_stalls``). procrastinate's
+  ``attempts`` counts the task's own failures, ``RetryLater`` and backoff; a stage that
+  retried four times and then lost its worker once must not be failed for good. A
+  recovery does not count an attempt either: the task did not fail, its worker died.
+* **Silence counts from the server's start too** (``pg_postmaster_start_time()``): after a
+  PostgreSQL restart every heartbeat is old, yet the workers are alive and beat again
+  within a second.
+* procrastinate issues 1446/1543: a stalled job whose queueing lock a fresh ``todo`` job
+  now holds cannot go back to ``todo`` (unique violation). The fresh job will do the same
+  work, so the stalled one ends ``failed`` ("superseded"), in its own savepoint.
+* Never put a procrastinate ``lock`` on this task (issue 1599): it would block behind the
+  very jobs it must recover.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
+from queueing import giveup
 from queueing.sql import queries
 from queueing.sweeps import SweepContext, SweepResult, declare_sweep, sweep_rows
 
 logger = logging.getLogger(__name__)
 
 
-def _max_attempts() -> int:
-    return int(getattr(settings, "QUEUEING_STALLED_MAX_ATTEMPTS", 5))
+def max_recoveries() -> int:
+    return int(getattr(settings, "QUEUEING_STALLED_MAX_RECOVERIES", 3))
 
 
-def _recover(row) -> str:
-    job_id, attempts, task_name, queueing_lock = row
+def recovery_period_seconds() -> int:
+    return int(getattr(settings, "QUEUEING_STALLED_RECOVERY_SECONDS", 15))
+
+
+def _end(cursor, job_id: int, status: str) -> None:
+    cursor.execute(queries["end_stalled_job"], {"job_id": job_id, "status": status})
+
+
+def recover_job(row) -> str:
+    """Recover one stalled job (the row of ``stalled_jobs``, locked by the caller): back to
+    ``todo``, or ended for good when over budget, aborted or superseded. Returns which."""
+    job_id, task_name, queueing_lock, args, abort_requested, worker_id = row
+    args = json.loads(args) if isinstance(args, str) else args
     with connection.cursor() as cursor:
-        if attempts + 1 >= _max_attempts():
-            cursor.execute(queries["fail_stalled_job"], {"job_id": job_id})
+        cursor.execute(queries["count_stall"], {"job_id": job_id, "worker_id": worker_id})
+        (stalls,) = cursor.fetchone()
+        if abort_requested:
+            _end(cursor, job_id, "aborted")
+            giveup.give_up(
+                task_name=task_name,
+                args=args,
+                reason=f"its job {job_id} was asked to abort and its worker died",
+            )
+            logger.warning("stalled job %s (%s) aborted as requested", job_id, task_name)
+            return "aborted"
+        if stalls > max_recoveries():
+            _end(cursor, job_id, "failed")
+            giveup.give_up(
+                task_name=task_name,
+                args=args,
+                reason=f"its job {job_id} lost its worker {stalls} times "
+                f"(QUEUEING_STALLED_MAX_RECOVERIES={max_recoveries()})",
+            )
             logger.warning(
-                "stalled job %s (%s) failed after %d attempts", job_id, task_name, attempts + 1
+                "stalled job %s (%s) failed: its worker died %d times", job_id, task_name, stalls
             )
             return "gave_up"
         try:
             with transaction.atomic():
-                cursor.execute(queries["retry_stalled_job"], {"job_id": job_id})
+                cursor.execute(queries["requeue_stalled_job"], {"job_id": job_id})
         except IntegrityError:
-            cursor.execute(queries["fail_stalled_job"], {"job_id": job_id})
+            _end(cursor, job_id, "failed")
             logger.warning(
                 "stalled job %s (%s) superseded by a waiting job with lock %r",
                 job_id,
@@ -50,16 +94,23 @@ def _recover(row) -> str:
                 queueing_lock,
             )
             return "superseded"
-    logger.warning("stalled job %s (%s) put back to todo", job_id, task_name)
+    logger.warning(
+        "stalled job %s (%s) put back to todo (stall %d of at most %d)",
+        job_id,
+        task_name,
+        stalls,
+        max_recoveries(),
+    )
     return "retried"
 
 
 @declare_sweep(
     name="stalled_jobs",
-    cron="* * * * * */15",
+    cron=f"* * * * * */{recovery_period_seconds()}",
     batch_size=100,
     grace_setting="QUEUEING_STALLED_WORKER_SECONDS",
     grace_default=30,
+    inline=True,
 )
 def recover_stalled_jobs(ctx: SweepContext) -> SweepResult:
     """Retry jobs whose worker died (no heartbeat for the grace period)."""
@@ -67,7 +118,7 @@ def recover_stalled_jobs(ctx: SweepContext) -> SweepResult:
         ctx,
         select_sql=queries["stalled_jobs"],
         params={"seconds": ctx.grace_seconds},
-        process=_recover,
+        process=recover_job,
     )
     changed = sum(result.notes.values())
     return SweepResult(

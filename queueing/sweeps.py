@@ -14,11 +14,24 @@ and get:
   policy: never more than one waiting or running per sweep, across every worker and host;
 * ``manage.py sweep NAME|--all [--dry-run]`` to run it once by hand.
 
+A sweep job whose worker dies keeps its key in ``doing``, so every later tick deduplicates
+onto it until stalled recovery frees it (procrastinate #1408). Recovery itself therefore
+must not be such a job: ``inline=True`` sweeps (stalled recovery) run *in* their tick,
+inside one transaction under a transaction-level try-lock ``queueing_sweep:<name>``. Two
+ticks never overlap (the second skips), and a tick that dies takes its lock with it: its
+connection closes and PostgreSQL ends the transaction, so the next tick runs. Nothing in
+an inline sweep can wedge the ones after it.
+
 Inside, :func:`sweep_rows` selects a bounded batch ``FOR UPDATE … SKIP LOCKED`` (two
 sweeps on two hosts take disjoint rows), oldest first as the query orders it, and runs
 each row in its own savepoint so one failing row does not stop the batch. The work per
 row must re-check state (compare-and-set) in its UPDATE. A sweep job is a normal running
 job, so a worker's SIGTERM drains it: it finishes the batch it holds.
+
+Every sweep transaction is bounded (``SET LOCAL statement_timeout`` and
+``idle_in_transaction_session_timeout``, ``QUEUEING_SWEEP_TRANSACTION_TIMEOUT_SECONDS``):
+when a worker's host vanishes mid-sweep, PostgreSQL ends the orphaned transaction after
+that long instead of when TCP gives up (hours), so its row locks and try-lock come free.
 """
 
 from __future__ import annotations
@@ -31,15 +44,19 @@ from typing import Any
 from django.conf import settings
 from django.db import connections, transaction
 
+from queueing import locks
 from queueing.app import periodic, task
 from queueing.enqueue import Enqueued, Policy, enqueue
 from queueing.exceptions import UnknownSweep
 from queueing.keys import KeyFormat
+from queueing.sql import queries
 
 logger = logging.getLogger(__name__)
 
 SWEEP_KEY = KeyFormat(prefix="sweep", parts=("name",))
 SWEEP_QUEUE = "sweeps"
+#: The try-lock an inline sweep's tick runs under.
+SWEEP_LOCK = locks.namespace("queueing_sweep")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +97,7 @@ class Sweep:
     grace_setting: str | None
     grace_default: int
     description: str
+    inline: bool = False
 
     @property
     def grace_seconds(self) -> int:
@@ -90,6 +108,10 @@ class Sweep:
     @property
     def task_name(self) -> str:
         return f"queueing.sweep.{self.name}"
+
+    @property
+    def tick_name(self) -> str:
+        return f"queueing.sweep_tick.{self.name}"
 
     def context(self, *, dry_run: bool = False, batch_size: int | None = None) -> SweepContext:
         return SweepContext(
@@ -110,8 +132,10 @@ def declare_sweep(
     batch_size: int = 100,
     grace_setting: str | None = None,
     grace_default: int = 0,
+    inline: bool = False,
 ):
-    """Register ``func(ctx) -> SweepResult`` as a sweep with a tick and a singleton job."""
+    """Register ``func(ctx) -> SweepResult`` as a sweep with a tick and a singleton job
+    (``inline=True``: no job; the tick runs it under the sweep's try-lock)."""
     SWEEP_KEY.build(name=name)  # validates the name
 
     def decorator(func: Callable[[SweepContext], SweepResult]):
@@ -125,16 +149,26 @@ def declare_sweep(
             grace_setting=grace_setting,
             grace_default=grace_default,
             description=(func.__doc__ or "").strip().splitlines()[0] if func.__doc__ else "",
+            inline=inline,
         )
         _registry[name] = sweep
 
+        if inline:
+
+            @periodic(cron=cron, periodic_id=name)
+            @task(name=sweep.tick_name, queue=SWEEP_QUEUE, retry=False)
+            def inline_tick(timestamp: int = 0) -> dict[str, Any] | None:
+                result = run_sweep_exclusively(name)
+                return None if result is None else _counts(result)
+
+            return func
+
         @task(name=sweep.task_name, queue=SWEEP_QUEUE, retry=False)
         def run_job() -> dict[str, Any]:
-            result = run_sweep(name)
-            return {"selected": result.selected, "changed": result.changed, "failed": result.failed}
+            return _counts(run_sweep(name))
 
         @periodic(cron=cron, periodic_id=name)
-        @task(name=f"queueing.sweep_tick.{name}", queue=SWEEP_QUEUE, retry=False)
+        @task(name=sweep.tick_name, queue=SWEEP_QUEUE, retry=False)
         def tick(timestamp: int) -> int:
             return request_sweep(name).job_id
 
@@ -155,10 +189,41 @@ def get_sweep(name: str) -> Sweep:
         raise UnknownSweep(f"no sweep named {name!r} (known: {known})") from None
 
 
+def _counts(result: SweepResult) -> dict[str, Any]:
+    return {"selected": result.selected, "changed": result.changed, "failed": result.failed}
+
+
 def request_sweep(name: str) -> Enqueued:
-    """Enqueue the sweep's job unless one is already waiting or running (EXCLUSIVE)."""
+    """Enqueue the sweep's job unless one is already waiting or running (EXCLUSIVE). For
+    an inline sweep, enqueue a tick instead, unless one is already waiting (SHORT: a dead
+    tick in ``doing`` never blocks the next)."""
     sweep = get_sweep(name)
-    return enqueue(sweep.task_name, key=SWEEP_KEY.build(name=name), policy=Policy.EXCLUSIVE)
+    key = SWEEP_KEY.build(name=name)
+    if sweep.inline:
+        return enqueue(sweep.tick_name, args={"timestamp": 0}, key=key, policy=Policy.SHORT)
+    return enqueue(sweep.task_name, key=key, policy=Policy.EXCLUSIVE)
+
+
+def bound_transaction(*, using: str = "default") -> None:
+    """Bound the current transaction: no statement runs longer, and no pause between
+    statements lasts longer, than ``QUEUEING_SWEEP_TRANSACTION_TIMEOUT_SECONDS``; past
+    either PostgreSQL ends it (and the session, for the pause), releasing its locks."""
+    milliseconds = int(
+        float(getattr(settings, "QUEUEING_SWEEP_TRANSACTION_TIMEOUT_SECONDS", 60)) * 1000
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(queries["bound_transaction"], {"ms": str(milliseconds)})
+
+
+def run_sweep_exclusively(name: str) -> SweepResult | None:
+    """Run the sweep in one bounded transaction under its try-lock; None when another
+    run holds the lock (it is doing this work right now)."""
+    with transaction.atomic():
+        bound_transaction()
+        if not locks.try_xact_lock(SWEEP_LOCK, name):
+            logger.info("sweep %s: another run holds its lock; skipped", name)
+            return None
+        return run_sweep(name)
 
 
 def run_sweep(name: str, *, dry_run: bool = False, batch_size: int | None = None) -> SweepResult:
@@ -194,6 +259,7 @@ def sweep_rows(
     changed = failed = 0
     notes: dict[str, int] = {}
     with transaction.atomic(using=using):
+        bound_transaction(using=using)
         with connections[using].cursor() as cursor:
             cursor.execute(select_sql, {**params, "limit": ctx.batch_size})
             rows = cursor.fetchall()

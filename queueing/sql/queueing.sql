@@ -37,25 +37,47 @@ SELECT id
 
 -- stalled_jobs --
 -- Jobs in 'doing' whose worker stopped heart-beating (or was pruned), oldest first.
+-- Silence counts from the later of the last heartbeat and the server's start: while the
+-- server was down (a restart) no worker could beat, and a live one beats again at once.
 -- SKIP LOCKED: two recoveries never take the same job.
-SELECT j.id, j.attempts, j.task_name, j.queueing_lock
+SELECT j.id, j.task_name, j.queueing_lock, j.args, j.abort_requested, j.worker_id
   FROM procrastinate_jobs j
   LEFT JOIN procrastinate_workers w ON w.id = j.worker_id
  WHERE j.status = 'doing'
-   AND (j.worker_id IS NULL
-        OR w.id IS NULL
-        OR w.last_heartbeat < now() - %(seconds)s * interval '1 second')
+   AND (w.id IS NULL
+        OR greatest(w.last_heartbeat, pg_postmaster_start_time())
+           < now() - %(seconds)s * interval '1 second')
  ORDER BY j.id
  LIMIT %(limit)s
    FOR UPDATE OF j SKIP LOCKED;
 
--- retry_stalled_job --
--- Put a stalled job back to 'todo' (procrastinate's own retry function, attempts + 1).
-SELECT procrastinate_retry_job_v2(%(job_id)s, now(), NULL, NULL, NULL);
+-- count_stall --
+-- Count one more stall of this job (apart from procrastinate's attempts, which count the
+-- task's own failures and retries): the stall budget is spent only by dead workers.
+INSERT INTO pgstage_job_stalls AS s (job_id, stalls, last_stalled_at, last_worker_id)
+VALUES (%(job_id)s, 1, now(), %(worker_id)s)
+ON CONFLICT (job_id) DO UPDATE
+   SET stalls = s.stalls + 1, last_stalled_at = now(), last_worker_id = EXCLUDED.last_worker_id
+RETURNING stalls;
 
--- fail_stalled_job --
--- Give up on a stalled job: mark it failed (kept for inspection).
-SELECT procrastinate_finish_job_v1(%(job_id)s, 'failed', false);
+-- requeue_stalled_job --
+-- Put a stalled job back to 'todo', attempts unchanged (its worker died; the task did not
+-- fail), and wake the workers as procrastinate's insert trigger would (it does not fire on
+-- an UPDATE). A queueing-lock collision raises a unique violation (issues 1446/1543).
+WITH requeued AS (
+    UPDATE procrastinate_jobs
+       SET status = 'todo', worker_id = NULL
+     WHERE id = %(job_id)s AND status = 'doing' AND NOT abort_requested
+    RETURNING id, queue_name, json_build_object('type', 'job_inserted', 'job_id', id)::text AS payload
+)
+SELECT id,
+       pg_notify('procrastinate_queue_v1#' || queue_name, payload),
+       pg_notify('procrastinate_any_queue_v1', payload)
+  FROM requeued;
+
+-- end_stalled_job --
+-- End a stalled job for good ('failed', or 'aborted' when an abort was requested).
+SELECT procrastinate_finish_job_v1(%(job_id)s, %(status)s::procrastinate_job_status, false);
 
 -- ledger_claim --
 -- Claim a stage in one statement: insert, or take over a row that is not 'success' and
@@ -164,3 +186,41 @@ SELECT j.id
 -- Delete one finished job (its events cascade); re-checks the status.
 DELETE FROM procrastinate_jobs
  WHERE id = %(job_id)s AND status IN ('succeeded', 'cancelled', 'aborted');
+
+-- bound_transaction --
+-- SET LOCAL both timeouts (set_config with is_local = true), as bound parameters.
+SELECT set_config('statement_timeout', %(ms)s, true),
+       set_config('idle_in_transaction_session_timeout', %(ms)s, true);
+
+-- job_for_operator --
+-- One job, row-locked for an operator's action, with whether its worker is alive (the
+-- silence rule of stalled_jobs).
+SELECT j.id, j.status, j.task_name, j.queueing_lock, j.args, j.abort_requested, j.worker_id,
+       w.id IS NOT NULL
+       AND greatest(w.last_heartbeat, pg_postmaster_start_time())
+           >= now() - %(seconds)s * interval '1 second' AS worker_alive
+  FROM procrastinate_jobs j
+  LEFT JOIN procrastinate_workers w ON w.id = j.worker_id
+ WHERE j.id = %(job_id)s
+   FOR UPDATE OF j;
+
+-- key_holder --
+-- The live job that holds this singleton key (waiting; or running, for an exclusive key).
+SELECT id
+  FROM procrastinate_jobs
+ WHERE queueing_lock = %(queueing_lock)s
+   AND id <> %(job_id)s
+   AND (status = 'todo' OR (status = 'doing' AND queueing_lock LIKE 'exclusive/%%'))
+ ORDER BY id
+ LIMIT 1;
+
+-- retry_failed_job --
+-- procrastinate's retry of a failed job, at once.
+SELECT procrastinate_retry_job_v2(%(job_id)s, now(), NULL, NULL, NULL);
+
+-- cancel_waiting_job --
+-- Cancel a job only while it waits, returning what its give-up hook needs.
+UPDATE procrastinate_jobs
+   SET status = 'cancelled'
+ WHERE id = %(job_id)s AND status = 'todo'
+RETURNING task_name, args;

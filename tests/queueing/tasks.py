@@ -42,3 +42,26 @@ def block(label: str, release_file: str, timeout: float = 60.0) -> None:
             raise DoNotRetry("release file never appeared")
         time.sleep(0.05)
     record(f"{label}:finished")
+
+
+def _settle(*, reason: str, label: str, **_: object) -> None:
+    record(f"gave-up:{label}:{reason}")
+
+
+@task(name="tests.settled", on_give_up=_settle)
+def settled(label: str, fail: bool = False) -> None:
+    """A task with a give-up hook: its domain "settles" (an effect) when a job of it ends
+    without doing its work for good."""
+    if fail:
+        raise RuntimeError(f"{label} failed on purpose")
+    record(label)
+
+
+def given_up(labels: list[str]) -> dict[str, str]:
+    """The give-up hooks that ran, label → reason, from the effects' labels."""
+    out = {}
+    for text in labels:
+        if text.startswith("gave-up:"):
+            _, label, reason = text.split(":", 2)
+            out[label] = reason
+    return out

@@ -20,6 +20,19 @@ def test_a_stalled_threshold_shorter_than_two_heartbeats_is_flagged(settings):
     assert ids(check_database(None)) == ["queueing.W001"]
 
 
+def test_a_worker_that_stops_beating_while_it_drains_is_flagged(settings):
+    """Without pgstage's worker, no stall threshold covers a drain of sync jobs."""
+    settings.PROCRASTINATE_ON_APP_READY = None
+    [warning] = check_database(None)
+    assert warning.id == "queueing.W001" and "cannot cover a drain" in warning.msg
+
+
+@pytest.mark.parametrize("period", [0, 7, 45, "15"])
+def test_a_recovery_period_that_does_not_divide_a_minute_is_an_error(settings, period):
+    settings.QUEUEING_STALLED_RECOVERY_SECONDS = period
+    assert ids(check_database(None)) == ["queueing.E003"]
+
+
 def test_the_embedded_server_says_what_to_do_when_it_cannot_start(tmp_path):
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("a file where the data directory should be")

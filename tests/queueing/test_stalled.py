@@ -1,19 +1,47 @@
-"""Stalled-work recovery on rows (no processes): caps and the queueing-lock collision."""
+"""Stalled-work recovery on rows: what it takes back, what it leaves alone, its budget.
+
+Fault model: what can die, stall or race at each step, and the test of each cell (real
+worker processes are in ``test_worker.py`` and ``tests/acceptance/test_faults.py``).
+
+A job runs, and
+- its worker dies (no heartbeat): test_stalled_job_goes_back_to_todo_without_an_attempt
+- its worker is alive: test_live_workers_jobs_are_left_alone
+- its worker's row was pruned: test_a_job_without_a_worker_row_is_recovered
+- it retried (RetryLater, backoff), then lost its worker:
+  test_retries_do_not_spend_the_stall_budget
+- its workers keep dying: test_the_stall_budget_fails_the_job_and_settles_its_domain
+- an abort was requested, then its worker died: test_an_aborted_stalled_job_is_not_run_again
+- the server restarts (every heartbeat is old, the workers alive): acceptance,
+  test_a_database_restart_loses_and_repeats_nothing
+Recovery requeues it, and
+- a fresh job holds its queueing lock (1446/1543):
+  test_fresh_job_holding_the_queueing_lock_supersedes_the_stalled_one
+Recovery runs, and
+- a previous recovery died in ``doing`` (1408): test_a_dead_recovery_job_never_wedges_recovery
+- another recovery runs right now: test_two_recovery_ticks_never_overlap
+- a sweep's job died holding its key: test_a_dead_sweep_job_is_freed_and_the_sweep_runs_again
+- its own worker dies mid-batch: acceptance, test_a_worker_killed_inside_each_sweep
+"""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
+from procrastinate.contrib.django import app
 
 import tests.queueing.tasks  # noqa: F401
+from queueing import locks
 from queueing.enqueue import Policy, enqueue
-from queueing.sweeps import run_sweep
+from queueing.sweeps import SWEEP_LOCK, request_sweep, run_sweep
 from tests.conftest import jobs
+from tests.queueing.tasks import given_up
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def make_doing(job_id: int, *, attempts: int = 0, heartbeat_age_s: int = 120) -> None:
+def make_doing(job_id: int, *, attempts: int = 0, heartbeat_age_s: int = 120) -> int:
     """A job claimed by a worker whose heartbeat is ``heartbeat_age_s`` old."""
     with connection.cursor() as cursor:
         cursor.execute(
@@ -27,6 +55,14 @@ def make_doing(job_id: int, *, attempts: int = 0, heartbeat_age_s: int = 120) ->
             "WHERE id = %s",
             [worker_id, attempts, job_id],
         )
+    return worker_id
+
+
+def stalls(job_id: int) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT stalls FROM pgstage_job_stalls WHERE job_id = %s", [job_id])
+        row = cursor.fetchone()
+    return row[0] if row else 0
 
 
 def test_live_workers_jobs_are_left_alone(clean_queue):
@@ -36,19 +72,56 @@ def test_live_workers_jobs_are_left_alone(clean_queue):
     assert jobs()[0]["status"] == "doing"
 
 
-def test_stalled_job_goes_back_to_todo(clean_queue):
-    job = enqueue("tests.record", args={"label": "x"})
-    make_doing(job.job_id)
-    assert run_sweep("stalled_jobs").notes == {"retried": 1}
-    assert jobs()[0]["status"] == "todo" and jobs()[0]["attempts"] == 1
-
-
-def test_attempts_are_capped(clean_queue, settings):
-    settings.QUEUEING_STALLED_MAX_ATTEMPTS = 3
+def test_stalled_job_goes_back_to_todo_without_an_attempt(clean_queue):
+    """A stall is not a failure of the task: procrastinate's attempts stay as they were."""
     job = enqueue("tests.record", args={"label": "x"})
     make_doing(job.job_id, attempts=2)
-    assert run_sweep("stalled_jobs").notes == {"gave_up": 1}
-    assert jobs()[0]["status"] == "failed"
+    assert run_sweep("stalled_jobs").notes == {"retried": 1}
+    [row] = jobs()
+    assert (row["status"], row["attempts"], row["worker_id"]) == ("todo", 2, None)
+    assert stalls(job.job_id) == 1
+
+
+def test_a_job_without_a_worker_row_is_recovered(clean_queue):
+    job = enqueue("tests.record", args={"label": "x"})
+    worker_id = make_doing(job.job_id, heartbeat_age_s=1)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM procrastinate_workers WHERE id = %s", [worker_id])
+    assert run_sweep("stalled_jobs").notes == {"retried": 1}
+
+
+def test_retries_do_not_spend_the_stall_budget(clean_queue, settings):
+    """A stage that retried six times (RetryLater, backoff) and then loses its worker once
+    is recovered, not failed for good."""
+    settings.QUEUEING_STALLED_MAX_RECOVERIES = 3
+    job = enqueue("tests.record", args={"label": "x"})
+    make_doing(job.job_id, attempts=6)
+    assert run_sweep("stalled_jobs").notes == {"retried": 1}
+    assert jobs()[0]["status"] == "todo"
+
+
+def test_the_stall_budget_fails_the_job_and_settles_its_domain(effects, settings):
+    settings.QUEUEING_STALLED_MAX_RECOVERIES = 2
+    job = enqueue("tests.settled", args={"label": "s"})
+    for expected in ("retried", "retried", "gave_up"):
+        make_doing(job.job_id)
+        assert run_sweep("stalled_jobs").notes == {expected: 1}
+    [row] = jobs()
+    assert row["status"] == "failed" and stalls(job.job_id) == 3
+    # The task's give-up hook ran once, with the job's arguments and why.
+    [(label, reason)] = given_up(effects()).items()
+    assert label == "s" and "lost its worker 3 times" in reason
+
+
+def test_an_aborted_stalled_job_is_not_run_again(effects):
+    job = enqueue("tests.settled", args={"label": "a"})
+    make_doing(job.job_id)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE procrastinate_jobs SET abort_requested = true WHERE id = %s", [job.job_id]
+        )
+    assert run_sweep("stalled_jobs").notes == {"aborted": 1}
+    assert jobs()[0]["status"] == "aborted" and "a" in given_up(effects())
 
 
 def test_fresh_job_holding_the_queueing_lock_supersedes_the_stalled_one(clean_queue):
@@ -65,3 +138,62 @@ def test_fresh_job_holding_the_queueing_lock_supersedes_the_stalled_one(clean_qu
     by_id = {j["id"]: j["status"] for j in jobs()}
     assert by_id == {stalled.job_id: "failed", fresh.job_id: "todo", other.job_id: "todo"}
     assert run_sweep("stalled_jobs").selected == 0
+
+
+def tick() -> object:
+    """What the periodic deferrer runs every recovery period."""
+    return app.tasks["queueing.sweep_tick.stalled_jobs"](timestamp=0)
+
+
+def test_a_dead_recovery_job_never_wedges_recovery(clean_queue):
+    """procrastinate #1408: the recovery that died in 'doing' (holding whatever key it
+    was enqueued with) must not stop the next tick from recovering — itself included."""
+    dead_recovery = request_sweep("stalled_jobs")
+    make_doing(dead_recovery.job_id)
+    lost = enqueue("tests.record", args={"label": "lost"})
+    make_doing(lost.job_id)
+    counts = tick()
+    assert counts["changed"] == 2
+    assert {j["id"]: j["status"] for j in jobs()} == {
+        dead_recovery.job_id: "todo",
+        lost.job_id: "todo",
+    }
+
+
+def test_a_dead_sweep_job_is_freed_and_the_sweep_runs_again(clean_queue):
+    from tests.queueing.test_sweeps import make_rows  # noqa: F401  (declares test_swept)
+
+    dead = request_sweep("test_swept")
+    make_doing(dead.job_id)
+    # While its dead job holds the key, ticks only deduplicate onto it ...
+    assert request_sweep("test_swept").job_id == dead.job_id
+    tick()
+    # ... recovery puts it back, and a worker runs it again.
+    assert jobs(id=dead.job_id)[0]["status"] == "todo"
+
+
+def test_two_recovery_ticks_never_overlap(clean_queue):
+    """While one recovery holds the sweep's try-lock, a second tick skips."""
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                assert locks.try_xact_lock(SWEEP_LOCK, "stalled_jobs")
+                holding.set()
+                release.wait(timeout=10)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(timeout=10)
+        job = enqueue("tests.record", args={"label": "x"})
+        make_doing(job.job_id)
+        assert tick() is None
+        assert jobs()[0]["status"] == "doing"
+    finally:
+        release.set()
+        holder.join(timeout=10)
+    assert tick()["changed"] == 1

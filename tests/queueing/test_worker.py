@@ -118,3 +118,54 @@ def test_sigkilled_workers_job_is_recovered_and_completes_once(effects, task_wor
     assert [j["id"] for j in jobs(task_name="tests.block")] == [job.job_id]
     assert effects().count("k:finished") == 1
     assert run_sweep("stalled_jobs").selected == 0
+
+
+FAST_BEATS = {"WORKER_HEARTBEAT_SECONDS": "0.5", "STALLED_WORKER_SECONDS": "3"}
+
+
+def heartbeat_age(worker_id: int) -> float:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT extract(epoch FROM now() - last_heartbeat) FROM procrastinate_workers "
+            "WHERE id = %s",
+            [worker_id],
+        )
+        row = cursor.fetchone()
+    return float(row[0]) if row else float("inf")
+
+
+def test_a_draining_worker_keeps_beating_so_no_one_runs_its_job_twice(
+    effects, task_worker, tmp_path, settings
+):
+    """procrastinate's worker stops heart-beating when SIGTERM starts its drain; with a
+    stall threshold shorter than the drain, recovery then hands the running job to
+    another worker. pgstage's worker beats until its last job has ended."""
+    settings.QUEUEING_STALLED_WORKER_SECONDS = 3
+    draining = task_worker(env=FAST_BEATS, name="draining")
+    release = tmp_path / "release"
+    enqueue(
+        "tests.block",
+        args={"label": "d", "release_file": str(release)},
+        key="block:d",
+        policy=Policy.EXCLUSIVE,
+    )
+    wait_for(lambda: "d:started" in effects(), message="job start")
+    [running] = jobs(task_name="tests.block")
+    draining.signal(signal.SIGTERM)
+    wait_for(lambda: "Waiting for job to finish" in draining.log(), message="the drain")
+
+    # Time travel: the drain has lasted a minute, far past the stall threshold ...
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE procrastinate_workers SET last_heartbeat = now() - interval '60 s'")
+    # ... and the draining worker is still beating, so recovery leaves its job alone.
+    wait_for(lambda: heartbeat_age(running["worker_id"]) < 3, message=f"a beat\n{draining.log()}")
+    assert run_sweep("stalled_jobs").selected == 0
+    # A new worker (the deploy's) starts beside it, and its own recovery ticks find
+    # nothing to take either.
+    successor = task_worker(env=FAST_BEATS, name="successor")
+
+    release.touch()
+    assert draining.wait(timeout=30) == 0, draining.log()
+    assert effects() == ["d:started", "d:finished"]
+    assert statuses() == {"tests.block": ["succeeded"]}
+    assert successor.alive

@@ -1,0 +1,118 @@
+"""Operators' actions on procrastinate's jobs, routed through the framework.
+
+procrastinate's own tools break the framework's invariants: its admin's *retry* puts a
+``doing`` job back to ``todo`` while a live worker still runs it (the job runs twice),
+and retrying a failed job whose singleton key a fresh job now holds is a bare unique
+violation; its *cancel* leaves the cancelled job's domain row waiting for ever. These
+services do what an operator means:
+
+* :func:`job_retry` — a failed job goes back to ``todo`` unless a live job already holds
+  its key (then it points at that job: it does the same work); a ``doing`` job is refused
+  while its worker is alive, and recovered now (as stalled recovery would) once it is not.
+* :func:`job_cancel` — a waiting job is cancelled and its task's give-up hook settles the
+  domain row (e.g. the analysis is failed and refunded, the next one starts).
+
+Each runs in one transaction under the job's row lock, so it cannot race the job's worker
+finishing it or stalled recovery taking it.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+
+from queueing import giveup
+from queueing.sql import queries
+from queueing.stalled import recover_job
+
+
+class RetryOutcome(enum.StrEnum):
+    RETRIED = "retried"
+    DEDUPLICATED = "deduplicated"
+    RECOVERED = "recovered"
+    RUNNING = "running"
+    NOT_RETRYABLE = "not_retryable"
+    MISSING = "missing"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Retried:
+    outcome: RetryOutcome
+    job_id: int
+    #: The job that holds the key (DEDUPLICATED) — it does the same work.
+    holder_id: int | None = None
+    detail: str = ""
+
+
+def _holder(cursor, job_id: int, queueing_lock: str | None) -> int | None:
+    if queueing_lock is None:
+        return None
+    cursor.execute(queries["key_holder"], {"job_id": job_id, "queueing_lock": queueing_lock})
+    row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def job_retry(*, job_id: int) -> Retried:
+    """Retry one job as an operator means it (see the module docstring). Idempotent: a
+    second call finds the job waiting (``NOT_RETRYABLE``) or deduplicated."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            queries["job_for_operator"],
+            {"job_id": job_id, "seconds": settings.QUEUEING_STALLED_WORKER_SECONDS},
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return Retried(outcome=RetryOutcome.MISSING, job_id=job_id)
+        _, status, task_name, queueing_lock, args, abort_requested, worker_id, worker_alive = row
+        if status == "doing":
+            if worker_alive:
+                return Retried(
+                    outcome=RetryOutcome.RUNNING,
+                    job_id=job_id,
+                    detail=f"worker {worker_id} is running it and still heart-beating; "
+                    "retrying it now would run it twice",
+                )
+            note = recover_job((job_id, task_name, queueing_lock, args, abort_requested, worker_id))
+            return Retried(outcome=RetryOutcome.RECOVERED, job_id=job_id, detail=note)
+        if status != "failed":
+            return Retried(
+                outcome=RetryOutcome.NOT_RETRYABLE,
+                job_id=job_id,
+                detail=f"it is {status}; only failed jobs (and stalled ones) are retried",
+            )
+        holder = _holder(cursor, job_id, queueing_lock)
+        if holder is None:
+            try:
+                with transaction.atomic():
+                    cursor.execute(queries["retry_failed_job"], {"job_id": job_id})
+                return Retried(outcome=RetryOutcome.RETRIED, job_id=job_id)
+            except IntegrityError:
+                # A fresh job took the key between the look-up and the retry.
+                holder = _holder(cursor, job_id, queueing_lock)
+        return Retried(
+            outcome=RetryOutcome.DEDUPLICATED,
+            job_id=job_id,
+            holder_id=holder,
+            detail=f"job {holder} holds its singleton key {queueing_lock!r} and does the same work",
+        )
+
+
+def job_cancel(*, job_id: int, actor: str) -> bool:
+    """Cancel a waiting job and settle its domain row through its task's give-up hook;
+    False when the job is not waiting (running jobs finish; failed ones are over)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(queries["cancel_waiting_job"], {"job_id": job_id})
+        row = cursor.fetchone()
+        if row is None:
+            return False
+        task_name, args = row
+        giveup.give_up(
+            task_name=task_name,
+            args=json.loads(args) if isinstance(args, str) else args,
+            reason=f"its job {job_id} was cancelled by {actor}",
+        )
+    return True
