@@ -20,6 +20,7 @@ env = environ.Env(
     STALLED_RECOVERY_SECONDS=(int, 15),
     STALLED_JOB_MAX_RECOVERIES=(int, 3),
     WORKER_HEARTBEAT_SECONDS=(float, 10.0),
+    WORKER_POLLING_SECONDS=(float, 5.0),
     DATABASE_OUTAGE_SECONDS=(float, 300.0),
     SWEEP_TRANSACTION_TIMEOUT_SECONDS=(float, 60.0),
     JOB_RETENTION_SECONDS=(int, 3 * 24 * 3600),
@@ -157,6 +158,8 @@ PROCRASTINATE_IMPORT_PATHS = env.list("PGSTAGE_TASK_MODULES", default=[])
 
 PROCRASTINATE_WORKER_DEFAULTS = {
     "shutdown_graceful_timeout": env("WORKER_GRACEFUL_TIMEOUT_SECONDS"),
+    # LISTEN/NOTIFY starts jobs at once; polling is the fallback for a lost notification.
+    "fetch_job_polling_interval": env("WORKER_POLLING_SECONDS"),
 }
 # `manage.py procrastinate worker` runs pgstage's worker (queueing.worker): it keeps
 # heart-beating while it drains, rides out database outages and fences job outcomes.

@@ -58,6 +58,8 @@ RECONNECT_BASE_SECONDS = 0.5
 RECONNECT_CAP_SECONDS = 10.0
 #: How often the LISTEN connection proves it is alive when no notification comes.
 LISTEN_KEEPALIVE_SECONDS = 30.0
+#: How long a loop waits for a pooled connection before it counts as a failed attempt.
+POOL_TIMEOUT_SECONDS = 5.0
 
 
 class DatabaseUnavailable(procrastinate_exceptions.ProcrastinateException):
@@ -200,6 +202,11 @@ class PgstageWorker(procrastinate_worker.Worker):
         self.worker_id = await self._with_retries(
             "registering the worker", self.app.job_manager.register_worker
         )
+        # Fail fast when the pool has no live connection to give (its default is 30 s):
+        # each loop then backs off and says so, instead of hanging silently.
+        pool = getattr(connector, "pool", None)
+        if pool is not None:
+            pool.timeout = POOL_TIMEOUT_SECONDS
         self.run_task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
         loop_task = asyncio.create_task(self._run_loop(), name="worker loop")
@@ -239,6 +246,8 @@ class PgstageWorker(procrastinate_worker.Worker):
         attempt = 0
         while not self._stop_event.is_set():
             try:
+                if attempt:
+                    await self._requeue_orphans()
                 await super()._fetch_and_process_jobs()
             except procrastinate_exceptions.ConnectorException as exc:
                 if _is_missing_worker(exc):
@@ -251,6 +260,22 @@ class PgstageWorker(procrastinate_worker.Worker):
                 continue
             self.outage.recovered()
             return
+
+    async def _requeue_orphans(self) -> None:
+        """After a failed fetch: a fetch whose reply was lost may have committed, leaving
+        a job 'doing' under this (live, heart-beating) worker that never runs it —
+        invisible to stalled recovery. Put such jobs back. Called from the fetch loop
+        only, so no fetch is in flight."""
+        running = [c.job.id for c in self._running_jobs.values() if c.job.id]
+        rows = await self.app.connector.execute_query_all_async(
+            queries["requeue_orphans"], worker_id=self.worker_id, running=running
+        )
+        if rows:
+            logger.warning(
+                "job(s) %s were fetched by this worker but their fetch's reply was lost; "
+                "put back to todo",
+                ", ".join(str(r["id"]) for r in rows),
+            )
 
     async def _update_heartbeat(self) -> None:
         attempt = 0

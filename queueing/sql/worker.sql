@@ -53,3 +53,14 @@ WITH mine AS (
 )
 SELECT procrastinate_retry_job_v2(id, %(retry_at)s, %(priority)s, %(queue)s, %(lock)s)
   FROM mine;
+
+-- requeue_orphans --
+-- Jobs this worker was given but never heard of: the fetch committed, then the connection
+-- died before its reply arrived. They never started, so they go back to 'todo' as they
+-- were (no attempt counted). Run only while no fetch is in flight.
+UPDATE procrastinate_jobs
+   SET status = 'todo', worker_id = NULL
+ WHERE worker_id = %(worker_id)s
+   AND status = 'doing'
+   AND NOT (id = ANY(%(running)s))
+RETURNING id;

@@ -1,0 +1,91 @@
+"""A private PostgreSQL server for the tests that stop, restart or cut off the database.
+
+Started by the test (``pgserver``'s binaries, a data directory under the test's temporary
+directory, a Unix socket only), so stopping it disturbs nothing else the suite uses.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+
+from tests.conftest import ROOT
+
+DATABASE = "pgstage"
+
+
+class PrivateServer:
+    def __init__(self, data_dir: Path):
+        if not os.environ.get("XDG_RUNTIME_DIR"):
+            runtime = data_dir.parent / "run"
+            runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+        import pgserver
+
+        self._server = pgserver.get_server(str(data_dir), cleanup_mode="delete")
+        self.data_dir = Path(self._server.pgdata)
+        self._server.psql(f"CREATE DATABASE {DATABASE};")
+        self.url = self._server.get_uri(DATABASE)
+
+    def connect(self, **kwargs) -> psycopg.Connection:
+        return psycopg.connect(self.url, autocommit=True, **kwargs)
+
+    def pg_ctl(self, *args: str) -> None:
+        from pgserver._commands import pg_ctl
+
+        pg_ctl(list(args), pgdata=self.data_dir, user=self._server.system_user, timeout=60)
+
+    def stop(self) -> None:
+        """A fast shutdown: sessions are terminated, the server goes away."""
+        self.pg_ctl("-w", "-m", "fast", "stop")
+
+    def start(self) -> None:
+        self._server.ensure_postgres_running()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def terminate(self, application_name: str) -> int:
+        """``pg_terminate_backend`` every session of ``application_name``; returns how many."""
+        with self.connect() as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = %s AND pid <> pg_backend_pid()",
+                [application_name],
+            ).fetchall()
+        return len(rows)
+
+    def migrate(self) -> None:
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+            cwd=ROOT,
+            env={**os.environ, "DATABASE_URL": self.url},
+            check=True,
+            timeout=300,
+        )
+
+    def close(self) -> None:
+        self._server.cleanup()
+
+
+@contextmanager
+def private_server() -> Iterator[PrivateServer]:
+    """A server in a fresh directory readable by the server's own system user (pytest's
+    temporary directories are private to root)."""
+    base = Path(tempfile.mkdtemp(prefix="pgstage-pg-"))
+    base.chmod(0o755)
+    server = PrivateServer(base / "data")
+    try:
+        yield server
+    finally:
+        server.close()
+        shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,210 @@
+"""Workers ride out the database going away: terminated connections, a restart, a long
+stop — on a private PostgreSQL the test starts, stops and cuts off.
+
+Fault model (each cell a test below):
+
+- PostgreSQL terminates the worker's connections (pool, LISTEN, the job threads' Django
+  connections), again and again while jobs flow:
+  test_terminated_connections_lose_and_repeat_nothing
+- PostgreSQL restarts (fast shutdown) while a job runs and jobs wait; then it stays down
+  for 30 s and comes back: test_a_database_restart_loses_and_repeats_nothing — the worker
+  keeps its pid, LISTEN comes back (jobs enqueued afterwards start although the polling
+  fallback is an hour), the running job is retried once through the normal path.
+- PostgreSQL stays away past the outage window:
+  test_a_worker_exits_non_zero_when_the_database_stays_away
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.acceptance.private_pg import PrivateServer, private_server
+from tests.conftest import wait_for
+from tests.invariants import ALWAYS
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("private_pg"), pytest.mark.django_db]
+
+WORKER_APP = "pgstage-worker"
+EFFECTS_DDL = """
+CREATE TABLE IF NOT EXISTS test_effects (
+    id bigserial PRIMARY KEY, label text NOT NULL, at timestamptz NOT NULL DEFAULT now())"""
+
+
+@pytest.fixture(scope="module")
+def pg() -> PrivateServer:
+    with private_server() as server:
+        server.migrate()
+        with server.connect() as conn:
+            conn.execute(EFFECTS_DDL)
+        yield server
+
+
+@pytest.fixture
+def db(pg: PrivateServer):
+    """A fresh queue on the private server, and a connection the storms leave alone."""
+    with pg.connect(application_name="pgstage-test") as conn:
+        conn.execute(
+            "TRUNCATE test_effects, procrastinate_events, procrastinate_periodic_defers, "
+            "procrastinate_jobs, procrastinate_workers RESTART IDENTITY CASCADE"
+        )
+    yield pg
+
+
+def worker_env(pg: PrivateServer, **extra: str) -> dict[str, str]:
+    return {
+        "DATABASE_URL": pg.url,
+        "PGAPPNAME": WORKER_APP,
+        "PGSTAGE_TASK_MODULES": "tests.queueing.tasks",
+        "WORKER_HEARTBEAT_SECONDS": "1",
+        "STALLED_WORKER_SECONDS": "5",
+        "STALLED_RECOVERY_SECONDS": "2",
+        **extra,
+    }
+
+
+def defer(pg: PrivateServer, labels: list[str], task: str = "tests.record") -> None:
+    with pg.connect(application_name="pgstage-test") as conn:
+        conn.execute(
+            "INSERT INTO procrastinate_jobs (queue_name, task_name, args) "
+            "SELECT 'default', %s, jsonb_build_object('label', l) FROM unnest(%s::text[]) l",
+            [task, labels],
+        )
+
+
+def query(pg: PrivateServer, sql: str, params=None) -> list[tuple]:
+    for attempt in range(50):
+        try:
+            with pg.connect(application_name="pgstage-test") as conn:
+                return conn.execute(sql, params).fetchall()
+        except Exception:
+            if attempt == 49:
+                raise
+            time.sleep(0.2)
+    return []
+
+
+def statuses(pg: PrivateServer, task: str = "tests.record") -> dict[str, int]:
+    rows = query(
+        pg,
+        "SELECT status::text, count(*) FROM procrastinate_jobs WHERE task_name = %s GROUP BY 1",
+        [task],
+    )
+    return dict(rows)
+
+
+def effect_counts(pg: PrivateServer) -> dict[str, int]:
+    return dict(query(pg, "SELECT label, count(*) FROM test_effects GROUP BY 1"))
+
+
+def assert_settled(pg: PrivateServer) -> None:
+    """Every invariant holds, and no job but the framework's own ticks waits or runs."""
+    found = {name: rows for name, sql in ALWAYS.items() if (rows := query(pg, sql))}
+    assert not found, f"invariants violated: {found}"
+    left = query(
+        pg,
+        "SELECT id, task_name, status::text FROM procrastinate_jobs "
+        "WHERE status IN ('todo', 'doing') AND task_name NOT LIKE 'queueing.sweep%'",
+    )
+    assert left == [], f"jobs left waiting or running: {left}"
+
+
+def test_terminated_connections_lose_and_repeat_nothing(db, start_worker):
+    worker = start_worker(env=worker_env(db), concurrency=2)
+    pid = worker.process.pid
+    stop = threading.Event()
+    terminated = []
+
+    def storm() -> None:
+        while not stop.is_set():
+            terminated.append(db.terminate(WORKER_APP))
+            stop.wait(0.25)
+
+    storm_thread = threading.Thread(target=storm)
+    storm_thread.start()
+    labels = [f"job-{i}" for i in range(500)]
+    try:
+        for start in range(0, 500, 25):  # 500 jobs over the 10 s storm
+            defer(db, labels[start : start + 25])
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        storm_thread.join(timeout=10)
+    assert sum(terminated) > 20, "the storm did not hit the worker's connections"
+
+    wait_for(
+        lambda: statuses(db) == {"succeeded": 500},
+        timeout=120,
+        message=f"every job to succeed ({statuses(db)})\n{worker.log()[-3000:]}",
+    )
+    assert worker.alive and worker.process.pid == pid
+    counts = effect_counts(db)
+    assert set(counts) == set(labels)
+    assert_settled(db)
+
+
+def test_a_database_restart_loses_and_repeats_nothing(db, start_worker, tmp_path):
+    # Polling once an hour: only LISTEN, established again after each outage, can start
+    # the jobs enqueued after it.
+    worker = start_worker(env=worker_env(db, WORKER_POLLING_SECONDS="3600"), concurrency=2)
+    pid = worker.process.pid
+    release = tmp_path / "release"
+    with db.connect(application_name="pgstage-test") as conn:
+        conn.execute(
+            "INSERT INTO procrastinate_jobs (queue_name, task_name, args) VALUES "
+            "('default', 'tests.block', jsonb_build_object('label', 'long', "
+            "'release_file', %s::text))",
+            [str(release)],
+        )
+    defer(db, [f"before-{i}" for i in range(50)])
+    wait_for(lambda: "long:started" in effect_counts(db), message="the long job to start")
+
+    db.restart()  # fast shutdown: every session is terminated mid-run
+    defer(db, [f"after-restart-{i}" for i in range(50)])
+    wait_for(
+        lambda: statuses(db).get("succeeded", 0) == 100,
+        timeout=60,
+        message=f"jobs after the restart ({statuses(db)})\n{worker.log()[-3000:]}",
+    )
+
+    db.stop()
+    time.sleep(30)  # the outage itself: 30 s without a database
+    db.start()
+    returned = time.monotonic()
+    defer(db, [f"after-outage-{i}" for i in range(50)])
+    wait_for(
+        lambda: statuses(db).get("succeeded", 0) == 150,
+        timeout=60,
+        message=f"jobs after the outage ({statuses(db)})\n{worker.log()[-3000:]}",
+    )
+    recovery_seconds = time.monotonic() - returned
+
+    release.touch()
+    wait_for(
+        lambda: statuses(db, "tests.block") == {"succeeded": 1},
+        timeout=60,
+        message=f"the long job ({statuses(db, 'tests.block')})\n{worker.log()[-3000:]}",
+    )
+    assert worker.alive and worker.process.pid == pid
+    assert "next attempt in" in worker.log()
+    counts = effect_counts(db)
+    assert all(counts.get(f"{p}-{i}") for p in ("before", "after-restart") for i in range(50))
+    # The long job's connection died under it: it failed once, was retried through the
+    # normal path, and finished once.
+    assert counts["long:finished"] == 1
+    assert_settled(db)
+    print(f"\nback to work {recovery_seconds:.1f} s after the database returned")
+
+
+def test_a_worker_exits_non_zero_when_the_database_stays_away(db, start_worker):
+    worker = start_worker(env=worker_env(db, DATABASE_OUTAGE_SECONDS="4"))
+    db.stop()
+    try:
+        assert worker.wait(timeout=60) != 0
+    finally:
+        db.start()
+    log = worker.log()
+    assert "the database stayed unreachable for" in log
+    assert "QUEUEING_DATABASE_OUTAGE_SECONDS" in log
