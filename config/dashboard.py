@@ -98,15 +98,17 @@ class InquiryRow:
 
 
 def _saved_job_ids(user: User, jobs: list[AnalysisJob]) -> set[int]:
-    """Ids of ``jobs`` whose run already names them (one query, keyed by run id)."""
+    """Ids of ``jobs`` that count as saved: their run holds them or a later job of the run
+    (one query, keyed by run id). A superseded job is never offered for a save."""
     run_ids = {job.run_id for job in jobs}
     if not run_ids:
         return set()
-    return set(
+    held = dict(
         AnalysisRun.objects.filter(pk__in=run_ids, user_id=user.pk, tenant_id=user.tenant_id)
         .exclude(job_id__isnull=True)
-        .values_list("job_id", flat=True)
+        .values_list("pk", "job_id")
     )
+    return {job.pk for job in jobs if job.run_id in held and held[job.run_id] >= job.pk}
 
 
 def _job_sort_key(row: JobRow) -> tuple[int, int, int]:

@@ -16,6 +16,7 @@ env = environ.Env(
     SWEEP_GRACE_SECONDS=(int, 120),
     DOC_HTML_TRIM_HOURS=(int, 24),
     RELEASE_RETRY_WINDOW_SECONDS=(int, 1800),
+    ANALYSIS_MAX_REQUEUES=(int, 3),
     STALLED_WORKER_SECONDS=(int, 30),
     STALLED_RECOVERY_SECONDS=(int, 15),
     STALLED_JOB_MAX_RECOVERIES=(int, 3),
@@ -23,6 +24,9 @@ env = environ.Env(
     WORKER_POLLING_SECONDS=(float, 5.0),
     DATABASE_OUTAGE_SECONDS=(float, 300.0),
     SWEEP_TRANSACTION_TIMEOUT_SECONDS=(float, 60.0),
+    RETRY_MAX_ATTEMPTS=(int, 8),
+    RETRY_BASE_SECONDS=(float, 2.0),
+    RETRY_CAP_SECONDS=(float, 300.0),
     JOB_RETENTION_SECONDS=(int, 3 * 24 * 3600),
     WORKER_GRACEFUL_TIMEOUT_SECONDS=(float, 60.0),
     PGSTAGE_DATA_DIR=(str, str(BASE_DIR / ".data")),
@@ -129,6 +133,8 @@ STATIC_ROOT = DATA_DIR / "static"
 SWEEP_GRACE_SECONDS = env("SWEEP_GRACE_SECONDS")
 DOC_HTML_TRIM_HOURS = env("DOC_HTML_TRIM_HOURS")
 RELEASE_RETRY_WINDOW_SECONDS = env("RELEASE_RETRY_WINDOW_SECONDS")
+# An active analysis whose process_job was lost this many times fails (refunded).
+ANALYSIS_MAX_REQUEUES = env("ANALYSIS_MAX_REQUEUES")
 STORAGE_ROOT = Path(env("STORAGE_ROOT") or DATA_DIR / "storage")
 STAGING_RETENTION_SECONDS = env("STAGING_RETENTION_SECONDS")
 METRICS_TOKEN = env("METRICS_TOKEN")
@@ -149,6 +155,11 @@ QUEUEING_DATABASE_OUTAGE_SECONDS = env("DATABASE_OUTAGE_SECONDS")
 # queueing: PostgreSQL ends a sweep transaction whose statement or pause between
 # statements lasts longer (a worker host that vanished mid-sweep), freeing its locks.
 QUEUEING_SWEEP_TRANSACTION_TIMEOUT_SECONDS = env("SWEEP_TRANSACTION_TIMEOUT_SECONDS")
+# queueing: the default retry strategy of every task — capped exponential backoff with
+# full jitter; a job's last attempt (counting the first run) fails it for good.
+QUEUEING_RETRY_MAX_ATTEMPTS = env("RETRY_MAX_ATTEMPTS")
+QUEUEING_RETRY_BASE_SECONDS = env("RETRY_BASE_SECONDS")
+QUEUEING_RETRY_CAP_SECONDS = env("RETRY_CAP_SECONDS")
 # queueing: succeeded, cancelled and aborted jobs are deleted after this long (failed
 # jobs stay for inspection).
 QUEUEING_JOB_RETENTION_SECONDS = env("JOB_RETENTION_SECONDS")

@@ -85,4 +85,16 @@ class JitteredBackoff(BaseRetryStrategy):
         return None if at is None else RetryDecision(retry_at=at)
 
 
-DEFAULT_RETRY = JitteredBackoff()
+def retry_from_settings() -> JitteredBackoff:
+    """The default strategy, tuned by ``QUEUEING_RETRY_MAX_ATTEMPTS``,
+    ``QUEUEING_RETRY_BASE_SECONDS`` and ``QUEUEING_RETRY_CAP_SECONDS``."""
+    from django.conf import settings
+
+    return JitteredBackoff(
+        max_attempts=int(getattr(settings, "QUEUEING_RETRY_MAX_ATTEMPTS", 8)),
+        base_seconds=float(getattr(settings, "QUEUEING_RETRY_BASE_SECONDS", 2.0)),
+        cap_seconds=float(getattr(settings, "QUEUEING_RETRY_CAP_SECONDS", 300.0)),
+    )
+
+
+DEFAULT_RETRY = retry_from_settings()

@@ -1,8 +1,10 @@
 """A per-key serial admission queue over any model with (key, status, created) columns.
 
-*Admit* inserts the row with a status decided in the INSERT itself (``CASE … EXISTS``)
-under the key's advisory lock: ``start`` (e.g. ``pending``) when no first-pass sibling is
-active, else ``queued``. *Promote* moves the oldest ``queued`` row to ``start`` under the
+*Admit* inserts the row with a status decided in the INSERT itself under the key's
+advisory lock: ``start`` (e.g. ``pending``) when no first-pass sibling is active or
+queued, else ``queued`` — a late admit never jumps the queue; when the slot is free but
+older rows wait (it was freed without a promotion: a crash, an operator), the oldest is
+promoted in the same transaction. *Promote* moves the oldest ``queued`` row to ``start`` under the
 same lock, only when no sibling is active. Rows with a parent (e.g. delta re-checks) bypass
 the queue: they are born ``start`` and never block it. Two admitters or promoters on the
 same key serialise on the lock, across processes and hosts.
@@ -25,6 +27,8 @@ from queueing.rows import model_defaults
 class Admitted:
     id: int
     status: str
+    #: An older queued row this admission started (the slot was free, rows waited).
+    promoted: int | None = None
 
 
 @dataclass(frozen=True)
@@ -97,23 +101,29 @@ class SerialQueue:
             # A child never waits and never takes the slot (siblings count only with
             # parent IS NULL), so it needs no lock and is born with the start status.
             params["queued"] = self.start
+        promoted = None
         with transaction.atomic(using=self.using):
             if not is_child:
                 locks.xact_lock(self.namespace, key, using=self.using)
             with connection.cursor() as cursor:
                 cursor.execute(statement, params)
-                pk, status = cursor.fetchone()
-        return Admitted(id=pk, status=status)
+                pk, status, promote_next = cursor.fetchone()
+            if promote_next and not is_child:
+                promoted = self._promote_locked(key)
+        return Admitted(id=pk, status=status, promoted=promoted)
 
     def promote(self, *, key: Any) -> int | None:
         """Under the key's lock, start the oldest queued row if no sibling is active;
         return its id, or None. Idempotent: a second call finds the slot taken."""
-        statement = sql.render(sql.queries["serial_promote"], **self._identifiers)
         with transaction.atomic(using=self.using):
             locks.xact_lock(self.namespace, key, using=self.using)
-            with connections[self.using].cursor() as cursor:
-                cursor.execute(statement, self._params(key))
-                row = cursor.fetchone()
+            return self._promote_locked(key)
+
+    def _promote_locked(self, key: Any) -> int | None:
+        statement = sql.render(sql.queries["serial_promote"], **self._identifiers)
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(statement, self._params(key))
+            row = cursor.fetchone()
         return row[0] if row else None
 
     def stuck_keys(self, *, limit: int = 500) -> list[Any]:

@@ -132,6 +132,9 @@ def analysis_job_admit(
         )
         if admitted.status == JobStatus.PENDING:
             enqueue_process(admitted.id)
+        if admitted.promoted is not None:
+            # The slot was free but older jobs waited: the oldest started instead.
+            enqueue_process(admitted.promoted)
         job = AnalysisJob.objects.only("pk", "user", "status", "created_at", "delta_of_job").get(
             pk=admitted.id
         )

@@ -92,7 +92,8 @@ def analysis_run_record(*, job_id: int, saved_by: SavedBy) -> Recorded:
 
 def analysis_run_save(*, user: User, job_id: int) -> Saved:
     """The client save (the browser saw its job terminal). ``written`` is False when the
-    run already holds this save (or a later one): a repeat rewrites nothing."""
+    run already holds this save, or a later job of the run: a repeat, or a stale save of
+    a job that a delta re-check superseded, rewrites nothing (the run keeps its newest)."""
     job = analysis_job_for_user(user=user, job_id=job_id)
     if job.status not in RECORDABLE_STATUSES:
         if job.status == JobStatus.CANCELLED:

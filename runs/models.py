@@ -103,6 +103,11 @@ class AnalysisJob(models.Model):
         CoreRun, on_delete=models.PROTECT, null=True, blank=True, related_name="jobs"
     )
     release_attempts = models.PositiveIntegerField(default=0)
+    requeues = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="How often the resume tick re-enqueued its lost process_job.",
+    )
     release_deadline = models.DateTimeField(null=True, blank=True)
     released_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=ClockTimestamp())

@@ -10,9 +10,11 @@ from __future__ import annotations
 import datetime
 import enum
 import logging
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from queueing.exceptions import RetryLater
@@ -47,19 +49,65 @@ def release_window() -> datetime.timedelta:
     return datetime.timedelta(seconds=int(settings.RELEASE_RETRY_WINDOW_SECONDS))
 
 
-def analysis_jobs_requeue_lost(*, idle_seconds: int, limit: int = 500) -> int:
-    """Enqueue ``process_job`` for active jobs idle for ``idle_seconds`` whose task is
-    gone (it failed for good, or was lost with its worker). The EXCLUSIVE key makes this
-    a no-op for every job whose task is still waiting, retrying or running."""
+@dataclass(frozen=True, kw_only=True)
+class Requeued:
+    requeued: int
+    abandoned: int
+
+
+def max_requeues() -> int:
+    return int(getattr(settings, "ANALYSIS_MAX_REQUEUES", 3))
+
+
+def analysis_jobs_requeue_lost(*, idle_seconds: int, limit: int = 500) -> Requeued:
+    """Enqueue ``process_job`` again for active jobs idle for ``idle_seconds`` whose task
+    is gone (deleted, or lost in a way nothing else noticed). The EXCLUSIVE key makes this
+    a no-op for every job whose task still waits, retries or runs. Bounded: a job whose
+    task was lost ``ANALYSIS_MAX_REQUEUES`` times fails (refunded once, the user's next
+    job starts), so nothing holds a user's queue for ever."""
     cutoff = timezone.now() - datetime.timedelta(seconds=idle_seconds)
-    job_ids = (
+    job_ids = list(
         AnalysisJob.objects.filter(
             status__in=ACTIVE_STATUSES, deleted_at__isnull=True, updated_at__lt=cutoff
         )
         .order_by("updated_at")
         .values_list("pk", flat=True)[:limit]
     )
-    return sum(enqueue_process(job_id).created for job_id in job_ids)
+    outcomes = [_requeue_lost(job_id, cutoff=cutoff) for job_id in job_ids]
+    return Requeued(requeued=outcomes.count("requeued"), abandoned=outcomes.count("abandoned"))
+
+
+def _requeue_lost(job_id: int, *, cutoff: datetime.datetime) -> str | None:
+    with transaction.atomic():
+        job = lock_job(job_id)
+        if job is None or job.status not in ACTIVE_STATUSES or job.updated_at >= cutoff:
+            return None
+        before = transaction.savepoint()
+        if not enqueue_process(job.pk).created:
+            return None  # its task still waits, retries or runs
+        if job.requeues >= max_requeues():
+            transaction.savepoint_rollback(before)
+            job_fail(
+                job,
+                reason=f"its task was lost {job.requeues + 1} times (ANALYSIS_MAX_REQUEUES="
+                f"{max_requeues()}); the credit was refunded",
+            )
+            return "abandoned"
+        AnalysisJob.objects.filter(pk=job.pk).update(requeues=F("requeues") + 1)
+    return "requeued"
+
+
+def analysis_job_abandon(*, job_id: int, reason: str) -> bool:
+    """``process_job``'s give-up hook: its job ended for good without finishing the
+    analysis (its last attempt failed, its workers kept dying, an operator cancelled
+    it). Fail the analysis, refund it once, start the user's next job. Compare-and-set on
+    the locked row: False when the analysis is not active any more."""
+    with transaction.atomic():
+        job = lock_job(job_id)
+        if job is None or job.status not in ACTIVE_STATUSES:
+            return False
+        job_fail(job, reason=f"the analysis could not be completed: {reason}")
+    return True
 
 
 def job_fail(job: AnalysisJob, *, reason: str) -> None:

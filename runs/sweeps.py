@@ -50,14 +50,20 @@ def resume_analysis_queue(ctx: SweepContext) -> SweepResult:
     if ctx.dry_run:
         return expired
     promoted = admission.analysis_queue_resume(limit=ctx.batch_size)
-    requeued = processing.analysis_jobs_requeue_lost(
+    lost = processing.analysis_jobs_requeue_lost(
         idle_seconds=ctx.grace_seconds, limit=ctx.batch_size
     )
+    changed = len(promoted) + lost.requeued + lost.abandoned
     return SweepResult(
-        selected=expired.selected + len(promoted) + requeued,
-        changed=expired.changed + len(promoted) + requeued,
+        selected=expired.selected + changed,
+        changed=expired.changed + changed,
         failed=expired.failed,
-        notes={"gave_up": expired.changed, "promoted": len(promoted), "requeued": requeued},
+        notes={
+            "gave_up": expired.changed,
+            "promoted": len(promoted),
+            "requeued": lost.requeued,
+            "abandoned": lost.abandoned,
+        },
     )
 
 

@@ -10,7 +10,7 @@ from runs import sweeps as _sweeps  # noqa: F401  (declares the analyses' sweeps
 from runs.queue import JUDGE_RUN_TASK, PROCESS_JOB_TASK, RUNS_QUEUE
 
 
-@task(name=PROCESS_JOB_TASK, queue=RUNS_QUEUE)
+@task(name=PROCESS_JOB_TASK, queue=RUNS_QUEUE, on_give_up=processing.analysis_job_abandon)
 def process_job(job_id: int) -> str:
     """Release, judge and finish one analysis job (see analysis_job_process)."""
     return processing.analysis_job_process(job_id=job_id).value

@@ -122,19 +122,26 @@ UPDATE {table}
 RETURNING id;
 
 -- serial_admit --
--- Insert a row whose status is decided under the key's advisory lock: 'queued' when an
--- active first-pass sibling exists, else the start status. created/updated come from the
--- clock under the lock, so FIFO order is admission order.
+-- Insert a row whose status is decided under the key's advisory lock: 'queued' when a
+-- first-pass sibling is active OR already queued (a late admit never jumps the queue,
+-- even when the slot was freed without a promotion), else the start status.
+-- created/updated come from the clock under the lock, so FIFO order is admission order.
+-- promote_next is true when the slot is free but older rows wait: the caller promotes the
+-- oldest in the same transaction.
+WITH siblings AS (
+    SELECT coalesce(bool_or(b.{status} = ANY(%(active)s)), false) AS active,
+           coalesce(bool_or(b.{status} = %(queued)s), false) AS waiting
+      FROM {table} b
+     WHERE b.{key} = %(key)s
+       AND b.{parent} IS NULL
+       AND (b.{status} = ANY(%(active)s) OR b.{status} = %(queued)s)
+       AND (NOT %(has_deleted)s OR b.{deleted} IS NULL)
+)
 INSERT INTO {table} ({columns}, {created}, {updated}, {status})
-VALUES ({placeholders}, clock_timestamp(), clock_timestamp(),
-        CASE WHEN EXISTS (
-                 SELECT 1 FROM {table} b
-                  WHERE b.{key} = %(key)s
-                    AND b.{parent} IS NULL
-                    AND b.{status} = ANY(%(active)s)
-                    AND (NOT %(has_deleted)s OR b.{deleted} IS NULL))
-             THEN %(queued)s ELSE %(start)s END)
-RETURNING {pk}, {status};
+SELECT {placeholders}, clock_timestamp(), clock_timestamp(),
+       CASE WHEN s.active OR s.waiting THEN %(queued)s ELSE %(start)s END
+  FROM siblings s
+RETURNING {pk}, {status}, (SELECT waiting AND NOT active FROM siblings) AS promote_next;
 
 -- serial_promote --
 -- Under the key's lock: the oldest queued row becomes the start status, only when no

@@ -11,11 +11,13 @@ RETURNING used;
 
 -- record_run --
 -- Record a job's run (either writer) in ONE statement whose ON CONFLICT WHERE is the
--- precedence rule, so two writers racing on the primary key cannot both win:
---   * a client save beats a worker row (of any job of the run) and replaces a client row
---     only for a later job of the same run; the same job saved again rewrites nothing;
---   * a worker save never overwrites a client row or a legacy row (saved_by NULL counts
---     as client); it replaces a worker row only for a later job of the same run.
+-- precedence rule, so two writers racing on the primary key cannot both win. A run ends
+-- holding its newest recorded job:
+--   * a later job of the run replaces the row, whoever wrote it and whoever writes now;
+--   * for the same job, a client save replaces a worker row (saved_by NULL, a legacy
+--     row, counts as client); the same job saved again rewrites nothing;
+--   * an earlier job never replaces a later one: a stale save (an old tab saving the job
+--     a delta re-check has superseded) writes nothing.
 -- The body is copied from the job inside the statement (never shipped through Python),
 -- and only while the job is recordable. No row back = nothing was written.
 INSERT INTO analysis_runs AS r
@@ -38,17 +40,15 @@ ON CONFLICT (id) DO UPDATE
        saved_by = EXCLUDED.saved_by,
        version = r.version + 1,
        updated_at = clock_timestamp()
- WHERE CASE EXCLUDED.saved_by
-           WHEN 'client' THEN r.saved_by = 'worker' OR r.job_id < EXCLUDED.job_id
-           ELSE r.saved_by = 'worker' AND r.job_id < EXCLUDED.job_id
-       END
+ WHERE EXCLUDED.job_id > coalesce(r.job_id, 0)
+    OR (EXCLUDED.job_id = r.job_id AND EXCLUDED.saved_by = 'client' AND r.saved_by = 'worker')
 RETURNING r.id, r.version;
 
 -- unsaved_runs --
 -- The backstop sweep's batch: terminal jobs that still hold their body and non-empty
 -- results, untouched for the grace period (the browser had its chance), whose run is
--- missing — or is a worker row of an earlier job of the same run (precedence lets this
--- job replace it). Oldest first: it is the closest to losing its body to the trim.
+-- missing or holds an earlier job of the run (a job counts as saved only when its run
+-- holds it or a later job). Oldest first: it is the closest to losing its body to the trim.
 -- SKIP LOCKED: two sweeps (an old and a new container during a deploy) take disjoint
 -- rows. The partial index analysis_jobs_unsaved_idx serves the scan and the order; the
 -- run lookup is an anti-join on the runs' primary key (the seed's LEFT JOIN … IS NULL,
@@ -64,7 +64,7 @@ SELECT j.id, j.run_id
    AND NOT EXISTS (
         SELECT 1 FROM analysis_runs r
          WHERE r.id = j.run_id
-           AND NOT COALESCE(r.saved_by = 'worker' AND r.job_id < j.id, false))
+           AND r.job_id >= j.id)
  ORDER BY j.updated_at ASC
  LIMIT %(limit)s
    FOR UPDATE OF j SKIP LOCKED;
@@ -101,7 +101,7 @@ WITH batch AS (
                 AND NOT EXISTS (
                     SELECT 1 FROM analysis_runs r
                      WHERE r.id = j.run_id
-                       AND NOT COALESCE(r.saved_by = 'worker' AND r.job_id < j.id, false)))
+                       AND r.job_id >= j.id))
      ORDER BY j.finished_at
      LIMIT %(limit)s
        FOR UPDATE OF j SKIP LOCKED
@@ -127,6 +127,6 @@ SELECT j.id
    AND NOT EXISTS (
         SELECT 1 FROM analysis_runs r
          WHERE r.id = j.run_id
-           AND NOT COALESCE(r.saved_by = 'worker' AND r.job_id < j.id, false))
+           AND r.job_id >= j.id)
  ORDER BY j.finished_at
  LIMIT %(limit)s;

@@ -186,3 +186,19 @@ def test_a_row_cancelled_while_promote_waits_on_it_is_not_started():
     promoter.join(timeout=10)
     assert outcome["promoted"] is None
     assert Item.objects.get(pk=second.id).status == "cancelled"
+
+
+def test_a_late_admit_never_jumps_the_queue_and_the_oldest_starts():
+    """The slot was freed without a promotion (a crash, an operator): a new admit waits
+    behind the older queued rows, and the oldest of them starts in the same admission."""
+    first = QUEUE.admit(key="gina", values={"label": "first"})
+    second = QUEUE.admit(key="gina", values={"label": "second"})
+    third = QUEUE.admit(key="gina", values={"label": "third"})
+    finish(first.id)  # nobody promoted: 'second' and 'third' wait with a free slot
+
+    late = QUEUE.admit(key="gina", values={"label": "late"})
+
+    assert late.status == "queued" and late.promoted == second.id
+    assert statuses("gina") == ["complete", "pending", "queued", "queued"]
+    assert QUEUE.promote(key="gina") is None
+    assert third.status == "queued"

@@ -165,25 +165,39 @@ def test_precedence_for_one_job(first, second, winner, version):
 
 
 @pytest.mark.django_db
-def test_a_later_job_replaces_an_earlier_worker_row_but_never_a_client_row():
+def test_a_run_ends_holding_its_newest_job_whoever_saves_in_whatever_order():
+    """Newer job first, then client over worker; a stale save of an older job writes
+    nothing, whoever makes it."""
     parent = AnalysisJobFactory()
     delta = AnalysisJobFactory(user=parent.user, run_id=parent.run_id, delta_of_job=parent)
 
     record(parent, SavedBy.WORKER)
-    assert record(delta, SavedBy.WORKER) is True
+    assert record(delta, SavedBy.WORKER) is True  # a later job replaces the row
     assert record(parent, SavedBy.WORKER) is False
-    assert AnalysisRun.objects.get().job_id == delta.pk
-
-    assert record(parent, SavedBy.CLIENT) is True  # a client save always beats a worker row
+    assert record(parent, SavedBy.CLIENT) is False  # a stale save: an old tab, say
+    assert record(delta, SavedBy.CLIENT) is True  # same job: the client save wins
     assert record(delta, SavedBy.WORKER) is False
-    assert record(delta, SavedBy.CLIENT) is True  # a later job's client save replaces it
     assert record(parent, SavedBy.CLIENT) is False
     run = AnalysisRun.objects.get()
-    assert (run.job_id, run.saved_by, run.version) == (delta.pk, "client", 4)
+    assert (run.job_id, run.saved_by, run.version) == (delta.pk, "client", 3)
 
 
 @pytest.mark.django_db
-def test_the_sweep_lets_a_delta_replace_its_parents_worker_row_only():
+def test_a_stale_client_save_never_replaces_a_newer_recheck():
+    """The reviewed fault: the delta's worker row was in place, the browser saved the
+    older job, the sweep never re-recorded the delta and the trim deleted its body."""
+    parent = AnalysisJobFactory()
+    delta = AnalysisJobFactory(user=parent.user, run_id=parent.run_id, delta_of_job=parent)
+    record(delta, SavedBy.WORKER)
+
+    assert record(parent, SavedBy.CLIENT) is False
+    assert AnalysisRun.objects.get().job_id == delta.pk
+    past_grace(parent.pk, delta.pk)
+    assert run_sweep("unsaved_runs").selected == 0  # both count as saved
+
+
+@pytest.mark.django_db
+def test_the_sweep_records_a_newer_job_over_any_older_row():
     parent = AnalysisJobFactory()
     delta = AnalysisJobFactory(user=parent.user, run_id=parent.run_id, delta_of_job=parent)
     record(parent, SavedBy.WORKER)
@@ -192,13 +206,17 @@ def test_the_sweep_lets_a_delta_replace_its_parents_worker_row_only():
     assert run_sweep("unsaved_runs").changed == 1
     assert AnalysisRun.objects.get().job_id == delta.pk
 
+    # A client row of the older job does not hide the newer one either: the newer job
+    # is not saved until its run holds it.
     other_parent = AnalysisJobFactory()
     other_delta = AnalysisJobFactory(
         user=other_parent.user, run_id=other_parent.run_id, delta_of_job=other_parent
     )
     record(other_parent, SavedBy.CLIENT)
     past_grace(other_delta.pk)
-    assert run_sweep("unsaved_runs").selected == 0
+    assert run_sweep("unsaved_runs").changed == 1
+    run = AnalysisRun.objects.get(pk=other_parent.run_id)
+    assert (run.job_id, run.saved_by) == (other_delta.pk, "worker")
 
 
 @pytest.mark.django_db
