@@ -2,7 +2,9 @@
 
 Each check is one SQL query returning the offending rows, so a failure names them.
 ``settled=True`` adds the checks that hold once work has quiesced (every job finished,
-grace passed and the sweeps ran).
+grace passed and the sweeps ran). :func:`liveness_violations` are DESIGN §5.11: nothing
+waits for ever — every unfinished thing has a live job or is due for a named sweep, and
+a thing past due is a violation. They hold at any moment while workers run.
 """
 
 from __future__ import annotations
@@ -65,6 +67,115 @@ SETTLED = {
         SELECT id, task_name, status FROM procrastinate_jobs
          WHERE status IN ('todo', 'doing') AND task_name NOT LIKE 'queueing.sweep%%'""",
 }
+
+
+#: Each query takes the periods it allows (seconds) as parameters; see liveness_violations.
+LIVENESS = {
+    "11a. every active analysis has a live process_job or is due for the resume tick": """
+        SELECT j.id, j.status FROM analysis_jobs j
+         WHERE j.status IN ('pending', 'running') AND j.deleted_at IS NULL
+           AND j.updated_at < now() - %(resume_due)s * interval '1 second'
+           AND NOT EXISTS (
+                SELECT 1 FROM procrastinate_jobs p
+                 WHERE p.task_name = 'runs.process_job' AND p.status IN ('todo', 'doing')
+                   AND p.args ->> 'job_id' = j.id::text)""",
+    "11b. every user with queued analyses has one active or is due for promotion": """
+        SELECT q.user_id, min(q.id) FROM analysis_jobs q
+         WHERE q.status = 'queued' AND q.delta_of_job_id IS NULL AND q.deleted_at IS NULL
+           AND NOT EXISTS (
+                SELECT 1 FROM analysis_jobs b
+                 WHERE b.user_id = q.user_id AND b.delta_of_job_id IS NULL
+                   AND b.deleted_at IS NULL
+                   AND (b.status IN ('pending', 'running')
+                        OR b.updated_at > now() - %(resume_due)s * interval '1 second'))
+         GROUP BY 1""",
+    "11c. every unsaved terminal analysis is recorded within grace and one tick": """
+        SELECT j.id FROM analysis_jobs j
+         WHERE j.status IN ('complete', 'failed') AND j.deleted_at IS NULL
+           AND j.doc_html IS NOT NULL AND j.results IS NOT NULL
+           AND j.results <> '{}'::jsonb
+           AND j.updated_at < now() - %(save_due)s * interval '1 second'
+           AND NOT EXISTS (SELECT 1 FROM analysis_runs r
+                            WHERE r.id = j.run_id AND r.job_id >= j.id)""",
+    "11d. no running job belongs to a worker silent past the threshold and one recovery": """
+        SELECT j.id, j.task_name, j.worker_id FROM procrastinate_jobs j
+          LEFT JOIN procrastinate_workers w ON w.id = j.worker_id
+         WHERE j.status = 'doing'
+           AND (w.id IS NULL
+                OR greatest(w.last_heartbeat, pg_postmaster_start_time())
+                   < now() - %(stall_due)s * interval '1 second')""",
+}
+
+
+def _period_seconds(cron: str) -> float:
+    from croniter import croniter
+
+    it = croniter(cron, 0)
+    first = it.get_next(float)
+    return it.get_next(float) - first
+
+
+def liveness_violations(
+    *,
+    stall_seconds: float | None = None,
+    recovery_seconds: float | None = None,
+    slack_seconds: float = 5.0,
+    workers_up_seconds: float | None = None,
+) -> dict[str, list[tuple]]:
+    """DESIGN §5.11 at this moment. The periods default to the settings of this process;
+    a scenario whose workers run with other settings passes theirs.
+
+    ``workers_up_seconds`` (how long workers have been running) adds "every sweep has a
+    live tick" for each sweep whose period fits in that time: its latest tick is at most
+    one period (and the slack) old. An hourly sweep cannot be judged after a minute."""
+    from django.conf import settings
+
+    from queueing.sweeps import sweeps
+
+    stall = stall_seconds if stall_seconds is not None else settings.QUEUEING_STALLED_WORKER_SECONDS
+    recovery = (
+        recovery_seconds
+        if recovery_seconds is not None
+        else settings.QUEUEING_STALLED_RECOVERY_SECONDS
+    )
+    declared = sweeps()
+    resume = declared["analysis_resume"]
+    unsaved = declared["unsaved_runs"]
+    params = {
+        "stall_due": stall + recovery + slack_seconds,
+        "resume_due": resume.grace_seconds + _period_seconds(resume.cron) + slack_seconds,
+        "save_due": unsaved.grace_seconds + _period_seconds(unsaved.cron) + slack_seconds,
+    }
+    found = {}
+    with connection.cursor() as cursor:
+        for name, query in LIVENESS.items():
+            cursor.execute(query, params)
+            rows = cursor.fetchall()
+            if rows:
+                found[name] = rows[:10]
+        if workers_up_seconds is not None:
+            late = []
+            for sweep in declared.values():
+                if _period_seconds(sweep.cron) + slack_seconds > workers_up_seconds:
+                    continue
+                cursor.execute(
+                    "SELECT extract(epoch FROM now()) - max(defer_timestamp) "
+                    "FROM procrastinate_periodic_defers WHERE task_name = %s",
+                    [sweep.tick_name],
+                )
+                (age,) = cursor.fetchone()
+                if age is None or age > _period_seconds(sweep.cron) + slack_seconds:
+                    late.append((sweep.name, age))
+            if late:
+                found["11e. every sweep has a live tick"] = late
+    return found
+
+
+def assert_live(**kwargs) -> None:
+    found = liveness_violations(**kwargs)
+    assert not found, "liveness violated:\n" + "\n".join(
+        f"- {name}: {rows}" for name, rows in found.items()
+    )
 
 
 def violations(*, settled: bool = False) -> dict[str, list[tuple]]:

@@ -18,7 +18,7 @@ from queueing.sweeps import run_sweep
 from runs.admission import analysis_job_admit
 from runs.credits import credit_grant
 from tests.conftest import wait_for
-from tests.invariants import assert_invariants, violations
+from tests.invariants import assert_invariants, assert_live, violations
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -117,6 +117,7 @@ def test_kill_and_drain_workers_mid_flight_then_every_invariant_holds(clean_queu
         message=f"settling\n{violations(settled=True)}\n{rescuer.log()[-3000:]}",
     )
     assert_invariants(settled=True)
+    assert_live()
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pipeline_runs WHERE status = 'success'")
         assert cursor.fetchone()[0] == 6 * 4
