@@ -103,6 +103,11 @@ class AnalysisJob(models.Model):
         CoreRun, on_delete=models.PROTECT, null=True, blank=True, related_name="jobs"
     )
     release_attempts = models.PositiveIntegerField(default=0)
+    run_saved = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Its run holds it or a later job of the run (set by the run's writer).",
+    )
     requeues = models.PositiveIntegerField(
         default=0,
         db_default=0,
@@ -142,7 +147,9 @@ class AnalysisJob(models.Model):
                 condition=Q(status__in=(JobStatus.QUEUED, *ACTIVE_STATUSES)),
                 name="analysis_jobs_live_idx",
             ),
-            # The backstop sweep's scan: terminal jobs still holding a body, oldest first.
+            # The backstop sweep's scan: terminal jobs still holding a body whose run is
+            # not saved, oldest first — only what the sweep has to do, however many
+            # saved jobs the table holds.
             models.Index(
                 fields=["updated_at"],
                 condition=Q(
@@ -150,6 +157,7 @@ class AnalysisJob(models.Model):
                     deleted_at__isnull=True,
                     doc_html__isnull=False,
                     results__isnull=False,
+                    run_saved=False,
                 ),
                 name="analysis_jobs_unsaved_idx",
             ),

@@ -47,6 +47,11 @@ ALWAYS = {
         SELECT user_id, sum(amount) FROM credit_ledger GROUP BY 1 HAVING sum(amount) < 0""",
     "6a. at most one run per run id (one row per job's run)": """
         SELECT job_id, count(*) FROM analysis_runs GROUP BY 1 HAVING count(*) > 1""",
+    "6c. a job flagged run_saved is held by its run (it or a later job)": """
+        SELECT j.id FROM analysis_jobs j
+         WHERE j.run_saved
+           AND NOT EXISTS (SELECT 1 FROM analysis_runs r
+                            WHERE r.id = j.run_id AND r.job_id >= j.id)""",
     "7a. every run version is judged at most once": """
         SELECT run_id, version, count(*) FROM run_judgements
          GROUP BY 1, 2 HAVING count(*) > 1""",

@@ -20,6 +20,12 @@ RETURNING used;
 --     a delta re-check has superseded) writes nothing.
 -- The body is copied from the job inside the statement (never shipped through Python),
 -- and only while the job is recordable. No row back = nothing was written.
+-- The same statement flags the job run_saved once its run holds it or a later job (this
+-- write, or one before it), so the backstop's partial index holds only unsaved jobs and
+-- the sweep costs what it finds. Only this job's row is flagged: its row lock is already
+-- the writer's, so the flag adds no lock order (older jobs of the run are flagged by the
+-- sweep when it meets them).
+WITH recorded AS (
 INSERT INTO analysis_runs AS r
        (id, tenant_id, user_id, job_id, title, doc_html, results, saved_by, version,
         created_at, updated_at)
@@ -42,29 +48,35 @@ ON CONFLICT (id) DO UPDATE
        updated_at = clock_timestamp()
  WHERE EXCLUDED.job_id > coalesce(r.job_id, 0)
     OR (EXCLUDED.job_id = r.job_id AND EXCLUDED.saved_by = 'client' AND r.saved_by = 'worker')
-RETURNING r.id, r.version;
+RETURNING r.id, r.version
+), flagged AS (
+    UPDATE analysis_jobs j
+       SET run_saved = true
+     WHERE j.id = %(job_id)s
+       AND NOT j.run_saved
+       AND (EXISTS (SELECT 1 FROM recorded)
+            OR EXISTS (SELECT 1 FROM analysis_runs r
+                        WHERE r.id = j.run_id AND r.job_id >= j.id))
+)
+SELECT id, version FROM recorded;
 
 -- unsaved_runs --
 -- The backstop sweep's batch: terminal jobs that still hold their body and non-empty
--- results, untouched for the grace period (the browser had its chance), whose run is
--- missing or holds an earlier job of the run (a job counts as saved only when its run
--- holds it or a later job). Oldest first: it is the closest to losing its body to the trim.
+-- results, untouched for the grace period (the browser had its chance), not flagged
+-- run_saved (a job counts as saved once its run holds it or a later job; record_run
+-- flags it). Oldest first: it is the closest to losing its body to the trim.
 -- SKIP LOCKED: two sweeps (an old and a new container during a deploy) take disjoint
--- rows. The partial index analysis_jobs_unsaved_idx serves the scan and the order; the
--- run lookup is an anti-join on the runs' primary key (the seed's LEFT JOIN … IS NULL,
--- written as NOT EXISTS so the precedence condition keeps it an anti-join).
+-- rows. The partial index analysis_jobs_unsaved_idx holds exactly the unsaved jobs, so a
+-- sweep that finds nothing reads nothing, whatever the table's size.
 SELECT j.id, j.run_id
   FROM analysis_jobs j
  WHERE j.status IN ('complete', 'failed')
    AND j.deleted_at IS NULL
    AND j.doc_html IS NOT NULL
    AND j.results IS NOT NULL
+   AND NOT j.run_saved
    AND j.results <> '{}'::jsonb
    AND j.updated_at < now() - %(grace_seconds)s * interval '1 second'
-   AND NOT EXISTS (
-        SELECT 1 FROM analysis_runs r
-         WHERE r.id = j.run_id
-           AND r.job_id >= j.id)
  ORDER BY j.updated_at ASC
  LIMIT %(limit)s
    FOR UPDATE OF j SKIP LOCKED;

@@ -38,7 +38,8 @@ def judge_jobs() -> list[dict]:
 
 
 def past_grace(*job_ids: int) -> None:
-    backdate("analysis_jobs", job_ids, seconds=GRACE + 1)
+    # Well past: inside a test transaction now() is when the test began.
+    backdate("analysis_jobs", job_ids, seconds=GRACE + 3600)
 
 
 def record(job: AnalysisJob, saved_by: SavedBy) -> bool:
@@ -233,6 +234,11 @@ def test_a_legacy_row_counts_as_a_client_save():
     )
     past_grace(job.pk)
 
+    # A row written before the run_saved flag existed: the sweep meets the job once,
+    # writes nothing, flags it, and never selects it again.
+    first = run_sweep("unsaved_runs")
+    assert (first.selected, first.changed) == (1, 0)
+    assert AnalysisJob.objects.get(pk=job.pk).run_saved
     assert run_sweep("unsaved_runs").selected == 0
     assert record(job, SavedBy.WORKER) is False
     assert record(job, SavedBy.CLIENT) is False
