@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,7 +103,7 @@ def enqueue(
         if schedule_at is not None:
             raise QueueingError("pass schedule_at or schedule_in, not both")
         schedule_at = timezone.now() + schedule_in
-    statuses = ["todo", "doing"] if policy is Policy.EXCLUSIVE else ["todo"]
+    statuses = _live_statuses(policy)
     params = {
         "queue": queue or task_queue,
         "task_name": task_name,
@@ -126,3 +127,21 @@ def enqueue(
                 continue
             return Enqueued(job_id=row[0], created=row[1])
     raise QueueingError(f"could not enqueue {task_name} with key {key!r}: it kept changing")
+
+
+def _live_statuses(policy: Policy) -> list[str]:
+    return ["todo", "doing"] if policy is Policy.EXCLUSIVE else ["todo"]
+
+
+def live_keys(keys: Iterable[str], policy: Policy, *, using: str = "default") -> set[str]:
+    """Which of ``keys`` have a job that the policy counts (EXCLUSIVE: waiting, retrying
+    or running; SHORT: waiting) — one statement for any number of keys, read without
+    locks (a caller that acts on the answer enqueues, and the unique index decides)."""
+    by_lock = {queueing_lock_for(key, policy): key for key in keys}
+    if not by_lock:
+        return set()
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            queries["live_keys"], {"locks": list(by_lock), "statuses": _live_statuses(policy)}
+        )
+        return {by_lock[row[0]] for row in cursor.fetchall()}

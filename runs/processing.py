@@ -20,7 +20,7 @@ from django.utils import timezone
 from queueing.exceptions import RetryLater
 from queueing.rows import replace_children
 from runs import judge as judging
-from runs.admission import enqueue_process, lock_job, promote_next
+from runs.admission import enqueue_process, live_process_jobs, lock_job, promote_next
 from runs.core import get_core
 from runs.credits import credit_refund
 from runs.exceptions import (
@@ -66,14 +66,18 @@ def analysis_jobs_requeue_lost(*, idle_seconds: int, limit: int = 500) -> Requeu
     task was lost ``ANALYSIS_MAX_REQUEUES`` times fails (refunded once, the user's next
     job starts), so nothing holds a user's queue for ever."""
     cutoff = timezone.now() - datetime.timedelta(seconds=idle_seconds)
-    job_ids = list(
+    idle = list(
         AnalysisJob.objects.filter(
             status__in=ACTIVE_STATUSES, deleted_at__isnull=True, updated_at__lt=cutoff
         )
         .order_by("updated_at")
         .values_list("pk", flat=True)[:limit]
     )
-    outcomes = [_requeue_lost(job_id, cutoff=cutoff) for job_id in job_ids]
+    # One look-up for the whole batch: a job whose task still waits, retries or runs (the
+    # common case: it is merely slow) costs nothing more.
+    live = live_process_jobs(idle)
+    lost = [job_id for job_id in idle if job_id not in live]
+    outcomes = [_requeue_lost(job_id, cutoff=cutoff) for job_id in lost]
     return Requeued(requeued=outcomes.count("requeued"), abandoned=outcomes.count("abandoned"))
 
 

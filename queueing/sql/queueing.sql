@@ -231,3 +231,11 @@ UPDATE procrastinate_jobs
    SET status = 'cancelled'
  WHERE id = %(job_id)s AND status = 'todo'
 RETURNING task_name, args;
+
+-- live_keys --
+-- Which of these queueing locks a job holds that waits, retries or runs (one probe each
+-- of the queueing-lock indexes).
+SELECT DISTINCT queueing_lock
+  FROM procrastinate_jobs
+ WHERE queueing_lock = ANY(%(locks)s)
+   AND status = ANY(%(statuses)s::procrastinate_job_status[]);

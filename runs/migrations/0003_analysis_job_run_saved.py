@@ -5,22 +5,25 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('accounts', '0001_initial'),
-        ('runs', '0002_analysis_job_requeues'),
+        ("accounts", "0001_initial"),
+        ("runs", "0002_analysis_job_requeues"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.RemoveIndex(
-            model_name='analysisjob',
-            name='analysis_jobs_unsaved_idx',
+            model_name="analysisjob",
+            name="analysis_jobs_unsaved_idx",
         ),
         migrations.AddField(
-            model_name='analysisjob',
-            name='run_saved',
-            field=models.BooleanField(db_default=False, default=False, help_text="Its run holds it or a later job of the run (set by the run's writer)."),
+            model_name="analysisjob",
+            name="run_saved",
+            field=models.BooleanField(
+                db_default=False,
+                default=False,
+                help_text="Its run holds it or a later job of the run (set by the run's writer).",
+            ),
         ),
         # Existing rows: a job is saved when its run holds it or a later job of the run.
         migrations.RunSQL(
@@ -32,7 +35,17 @@ class Migration(migrations.Migration):
             reverse_sql=migrations.RunSQL.noop,
         ),
         migrations.AddIndex(
-            model_name='analysisjob',
-            index=models.Index(condition=models.Q(('deleted_at__isnull', True), ('doc_html__isnull', False), ('results__isnull', False), ('run_saved', False), ('status__in', ('complete', 'failed'))), fields=['updated_at'], name='analysis_jobs_unsaved_idx'),
+            model_name="analysisjob",
+            index=models.Index(
+                condition=models.Q(
+                    ("deleted_at__isnull", True),
+                    ("doc_html__isnull", False),
+                    ("results__isnull", False),
+                    ("run_saved", False),
+                    ("status__in", ("complete", "failed")),
+                ),
+                fields=["updated_at"],
+                name="analysis_jobs_unsaved_idx",
+            ),
         ),
     ]

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection, transaction
 
 import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
-from queueing.enqueue import Policy, enqueue, queueing_lock_for
+from queueing.enqueue import Policy, enqueue, live_keys, queueing_lock_for
 from queueing.exceptions import InvalidKey, QueueingError
 from tests.conftest import jobs, run_concurrently
 
@@ -113,3 +113,22 @@ def test_an_unknown_task_name_is_refused_and_writes_nothing(clean_queue):
     with pytest.raises(UnknownTask, match=r"no task named 'tests\.typo'"):
         enqueue("tests.typo", args={})
     assert jobs() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_live_keys_names_the_keys_whose_job_waits_or_runs(clean_queue):
+    enqueue("tests.record", args={"label": "a"}, key="lk:waiting", policy=Policy.EXCLUSIVE)
+    running = enqueue(
+        "tests.record", args={"label": "b"}, key="lk:running", policy=Policy.EXCLUSIVE
+    )
+    done = enqueue("tests.record", args={"label": "c"}, key="lk:done", policy=Policy.EXCLUSIVE)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE procrastinate_jobs SET status = 'doing' WHERE id = %s", [running.job_id]
+        )
+        cursor.execute(
+            "UPDATE procrastinate_jobs SET status = 'succeeded' WHERE id = %s", [done.job_id]
+        )
+    keys = ["lk:waiting", "lk:running", "lk:done", "lk:never"]
+    assert live_keys(keys, Policy.EXCLUSIVE) == {"lk:waiting", "lk:running"}
+    assert live_keys([], Policy.EXCLUSIVE) == set()

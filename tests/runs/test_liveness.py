@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from queueing.jobs import job_cancel
 from queueing.sweeps import run_sweep
@@ -173,3 +174,17 @@ def test_a_late_admit_waits_behind_older_queued_jobs(clean_queue):
     assert late.status == JobStatus.QUEUED and late.queue_position == 1
     assert status(second.id) == JobStatus.PENDING
     assert [j["status"] for j in process_jobs(second.id)] == ["todo"]
+
+
+def test_the_resume_tick_costs_a_few_statements_however_many_slow_jobs_it_checks(clean_queue):
+    """Slow jobs whose tasks still run are checked with one look-up, not one enqueue each."""
+    users = [funded_user(credits=1) for _ in range(20)]
+    admitted = [admit(user) for user in users]
+    for job in admitted:
+        make_running(job.id)
+    backdate("analysis_jobs", [a.id for a in admitted], seconds=3600)
+
+    with CaptureQueriesContext(connection) as captured:
+        notes = run_sweep("analysis_resume").notes
+    assert notes["requeued"] == 0 and notes["abandoned"] == 0
+    assert len(captured) <= 10, [q["sql"][:80] for q in captured]
