@@ -176,17 +176,24 @@ SELECT DISTINCT q.{key}
  LIMIT %(limit)s;
 
 -- finished_jobs --
--- Jobs that ended well (not failed) and saw no event within the retention period, oldest
--- first; SKIP LOCKED keeps two retention sweeps on disjoint jobs.
+-- Jobs that ended well (not failed) and saw no event within the retention period. Only
+-- the oldest finished jobs are looked at (ids grow with time; the partial index
+-- pgstage_jobs_finished_idx serves them in order), so a sweep with nothing to delete reads
+-- one bounded batch, not days of jobs; a job that finished late waits for the next run.
+-- SKIP LOCKED keeps two retention sweeps on disjoint jobs.
 SELECT j.id
-  FROM procrastinate_jobs j
+  FROM (SELECT id
+          FROM procrastinate_jobs
+         WHERE status IN ('succeeded', 'cancelled', 'aborted')
+         ORDER BY id
+         LIMIT %(limit)s) AS oldest
+  JOIN procrastinate_jobs j ON j.id = oldest.id
  WHERE j.status IN ('succeeded', 'cancelled', 'aborted')
    AND NOT EXISTS (
         SELECT 1 FROM procrastinate_events e
          WHERE e.job_id = j.id
            AND e.at >= now() - %(seconds)s * interval '1 second')
  ORDER BY j.id
- LIMIT %(limit)s
    FOR UPDATE OF j SKIP LOCKED;
 
 -- delete_finished_job --

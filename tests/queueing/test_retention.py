@@ -43,3 +43,22 @@ def test_old_finished_jobs_go_failed_and_recent_and_live_ones_stay(clean_queue):
         )
         assert cursor.fetchone()[0] == 0
     assert run_sweep("finished_jobs").selected == 0
+
+
+def test_a_sweep_with_nothing_to_delete_reads_one_bounded_batch_through_its_index(clean_queue):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO procrastinate_jobs (queue_name, task_name, args) "
+            "SELECT 'default', 'tests.record', '{}' FROM generate_series(1, 20000)"
+        )
+        cursor.execute("UPDATE procrastinate_jobs SET status = 'succeeded'")
+        cursor.execute("ANALYZE procrastinate_jobs")
+        from queueing.sql import queries
+
+        cursor.execute(
+            "EXPLAIN " + queries["finished_jobs"], {"seconds": 3 * 24 * 3600, "limit": 1000}
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "pgstage_jobs_finished_idx" in plan, plan
+    # Every job is recent (its insert event is now): nothing goes, whatever the size.
+    assert run_sweep("finished_jobs").changed == 0
