@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -221,10 +222,12 @@ class PgstageWorker(procrastinate_worker.Worker):
         if self._gave_up is not None:
             raise DatabaseUnavailable(self._gave_up)
 
-    async def _register_again(self) -> None:
-        """Our row is gone (pruned while we were cut off): register anew and take back
-        the running jobs that are still ours."""
-        old = self.worker_id
+    async def _register_again(self, old: int | None) -> None:
+        """Our row ``old`` is gone (pruned while we were cut off): register anew and take
+        back the running jobs that are still ours. The fetch loop and the heartbeat may
+        both notice; the second finds the id already changed and does nothing."""
+        if self.worker_id != old:
+            return
         self.worker_id = await self.app.job_manager.register_worker()
         running = [c.job.id for c in self._running_jobs.values() if c.job.id]
         adopted = await self.app.connector.execute_query_all_async(
@@ -251,7 +254,10 @@ class PgstageWorker(procrastinate_worker.Worker):
                 await super()._fetch_and_process_jobs()
             except procrastinate_exceptions.ConnectorException as exc:
                 if _is_missing_worker(exc):
-                    await self._with_retries("registering the worker again", self._register_again)
+                    await self._with_retries(
+                        "registering the worker again",
+                        functools.partial(self._register_again, self.worker_id),
+                    )
                     continue
                 pause = self.outage.failed("fetching jobs", exc, attempt=attempt, rng=self._rng)
                 attempt += 1
@@ -283,11 +289,12 @@ class PgstageWorker(procrastinate_worker.Worker):
         while True:
             await asyncio.sleep(pause)
             try:
+                beating = self.worker_id
                 rows = await self.app.connector.execute_query_all_async(
-                    queries["beat"], worker_id=self.worker_id
+                    queries["beat"], worker_id=beating
                 )
                 if not rows:
-                    await self._register_again()
+                    await self._register_again(beating)
             except procrastinate_exceptions.ConnectorException as exc:
                 # Beat again soon after the database returns: a long silence would make
                 # this worker look dead and its running jobs would be run elsewhere.
