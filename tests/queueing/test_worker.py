@@ -169,3 +169,27 @@ def test_a_draining_worker_keeps_beating_so_no_one_runs_its_job_twice(
     assert effects() == ["d:started", "d:finished"]
     assert statuses() == {"tests.block": ["succeeded"]}
     assert successor.alive
+
+
+def test_a_worker_whose_row_was_pruned_registers_again_and_keeps_its_job(
+    effects, task_worker, tmp_path, settings
+):
+    """Another worker pruned this one while it was cut off (its row deleted, its running
+    job's worker_id set NULL): it registers again, takes its job back, and recovery
+    leaves the job alone."""
+    settings.QUEUEING_STALLED_WORKER_SECONDS = 3
+    worker = task_worker(env=FAST_BEATS)
+    release = tmp_path / "release"
+    enqueue("tests.block", args={"label": "p", "release_file": str(release)})
+    wait_for(lambda: "p:started" in effects(), message="job start")
+    [running] = jobs(task_name="tests.block")
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM procrastinate_workers WHERE id = %s", [running["worker_id"]])
+
+    wait_for(lambda: "registered again" in worker.log(), message=f"re-registration\n{worker.log()}")
+    [adopted] = jobs(task_name="tests.block")
+    assert adopted["worker_id"] not in (None, running["worker_id"])
+    assert run_sweep("stalled_jobs").selected == 0
+    release.touch()
+    wait_for(lambda: statuses() == {"tests.block": ["succeeded"]}, message="job end")
+    assert effects() == ["p:started", "p:finished"]
