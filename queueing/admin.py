@@ -29,7 +29,7 @@ from procrastinate.contrib.django.models import ProcrastinateJob
 
 from queueing.enqueue import Policy, queueing_lock_for
 from queueing.exceptions import UnknownSweep
-from queueing.jobs import RetryOutcome, job_cancel, job_retry
+from queueing.jobs import CancelRefused, RetryOutcome, job_cancel, job_retry
 from queueing.sweeps import SWEEP_KEY, Sweep, SweepResult, get_sweep, request_sweep, run_sweep
 from queueing.sweeps import sweeps as declared_sweeps
 
@@ -114,7 +114,13 @@ class JobAdmin(ProcrastinateJobAdmin):
     def cancel(self, request: HttpRequest, queryset) -> None:
         actor = f"admin:{request.user.get_username()}"
         ids = list(queryset.values_list("pk", flat=True))
-        cancelled = [pk for pk in ids if job_cancel(job_id=pk, actor=actor)]
+        cancelled = []
+        for pk in ids:
+            try:
+                if job_cancel(job_id=pk, actor=actor):
+                    cancelled.append(pk)
+            except CancelRefused as exc:
+                self.message_user(request, str(exc), messages.WARNING)
         self.message_user(
             request,
             f"Cancelled {len(cancelled)} of {len(ids)} job(s); only waiting jobs are "

@@ -41,18 +41,24 @@ def task(
     queue: str = "default",
     retry: Any = DEFAULT_RETRY,
     on_give_up: giveup.GiveUpHook | None = None,
+    cancellable: bool | None = None,
     **options: Any,
 ):
     """``@task(name="pipeline.extract")``: a procrastinate task with pgstage's defaults.
 
     Names are explicit so a job in the table survives a module move. ``on_give_up(reason=,
     **args)`` settles the task's domain row when a job of it ends without doing its work
-    for good (``queueing.giveup``); it must be idempotent.
+    for good (``queueing.giveup``); it must be idempotent. ``cancellable`` (default: when it
+    has a hook) lets an operator cancel its waiting jobs; otherwise a cancel is refused,
+    since nothing would do the job's work.
     """
 
     def decorator(func: Callable[..., Any]):
-        if on_give_up is not None:
-            giveup.register(name, on_give_up)
+        giveup.register(
+            name,
+            on_give_up,
+            cancellable=on_give_up is not None if cancellable is None else cancellable,
+        )
         return procrastinate_app.task(name=name, queue=queue, retry=retry, **options)(
             _with_connection_hygiene(func)
         )

@@ -29,12 +29,14 @@ def check_database(app_configs, **kwargs):
         )
     errors.extend(_check_stall_threshold())
     period = getattr(settings, "QUEUEING_STALLED_RECOVERY_SECONDS", 15)
-    if not isinstance(period, int) or not 1 <= period <= 30 or 60 % period:
+    grace = getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30)
+    if not isinstance(period, int | float) or not 0 < period <= grace:
         errors.append(
             Error(
-                f"QUEUEING_STALLED_RECOVERY_SECONDS={period!r} must divide a minute "
-                "(the recovery tick is a cron with a seconds field).",
-                hint="Use 5, 10, 15, 20 or 30.",
+                f"QUEUEING_STALLED_RECOVERY_SECONDS={period!r} must be a positive number of "
+                f"seconds no longer than QUEUEING_STALLED_WORKER_SECONDS ({grace}): recovery "
+                "runs at least once per stall threshold.",
+                hint="Use half the stall threshold (15 for 30).",
                 id="queueing.E003",
             )
         )

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime
 import enum
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +31,7 @@ from procrastinate import tasks as procrastinate_tasks
 from psycopg.types.json import Jsonb
 
 from queueing.exceptions import QueueingError, UnknownTask
-from queueing.keys import validate_key
+from queueing.keys import KeyFormat, validate_key
 from queueing.sql import queries
 
 EXCLUSIVE_PREFIX = "exclusive/"
@@ -51,6 +50,16 @@ class Policy(enum.StrEnum):
 class Enqueued:
     job_id: int
     created: bool
+
+
+def queueing_lock_prefix(key_format: KeyFormat, policy: Policy, **leading: object) -> str:
+    """The queueing lock of every key of ``key_format`` with these leading parts, up to its
+    last part: for SQL that appends the last part (an id column) and probes the lock
+    indexes for many jobs at once. ``KeyFormat.leading`` builds the key part."""
+    if policy is Policy.NONE:
+        raise QueueingError("keys without a policy hold no queueing lock")
+    text = key_format.leading(**leading)
+    return EXCLUSIVE_PREFIX + text if policy is Policy.EXCLUSIVE else text
 
 
 def queueing_lock_for(key: str | None, policy: Policy) -> str | None:
@@ -103,7 +112,7 @@ def enqueue(
         if schedule_at is not None:
             raise QueueingError("pass schedule_at or schedule_in, not both")
         schedule_at = timezone.now() + schedule_in
-    statuses = _live_statuses(policy)
+    statuses = ["todo", "doing"] if policy is Policy.EXCLUSIVE else ["todo"]
     params = {
         "queue": queue or task_queue,
         "task_name": task_name,
@@ -127,21 +136,3 @@ def enqueue(
                 continue
             return Enqueued(job_id=row[0], created=row[1])
     raise QueueingError(f"could not enqueue {task_name} with key {key!r}: it kept changing")
-
-
-def _live_statuses(policy: Policy) -> list[str]:
-    return ["todo", "doing"] if policy is Policy.EXCLUSIVE else ["todo"]
-
-
-def live_keys(keys: Iterable[str], policy: Policy, *, using: str = "default") -> set[str]:
-    """Which of ``keys`` have a job that the policy counts (EXCLUSIVE: waiting, retrying
-    or running; SHORT: waiting) — one statement for any number of keys, read without
-    locks (a caller that acts on the answer enqueues, and the unique index decides)."""
-    by_lock = {queueing_lock_for(key, policy): key for key in keys}
-    if not by_lock:
-        return set()
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            queries["live_keys"], {"locks": list(by_lock), "statuses": _live_statuses(policy)}
-        )
-        return {by_lock[row[0]] for row in cursor.fetchall()}

@@ -24,8 +24,10 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from procrastinate.contrib.django.models import ProcrastinateJob
 
 from queueing import giveup
+from queueing.exceptions import QueueingError
 from queueing.sql import queries
 from queueing.stalled import recover_job
 
@@ -101,9 +103,24 @@ def job_retry(*, job_id: int) -> Retried:
         )
 
 
+class CancelRefused(QueueingError):
+    """This job's task may not be cancelled: nothing else would do its work."""
+
+
 def job_cancel(*, job_id: int, actor: str) -> bool:
     """Cancel a waiting job and settle its domain row through its task's give-up hook;
-    False when the job is not waiting (running jobs finish; failed ones are over)."""
+    False when the job is not waiting (running jobs finish; failed ones are over).
+    Raises :class:`CancelRefused` for a task whose work nothing else would do (no hook,
+    not declared cancellable), e.g. the judge of a recorded run."""
+    task_name = (
+        ProcrastinateJob.objects.filter(pk=job_id).values_list("task_name", flat=True).first()
+    )
+    if task_name is not None and not giveup.is_cancellable(task_name):
+        raise CancelRefused(
+            f"job {job_id} ({task_name}) cannot be cancelled: nothing else would do its work "
+            "and its domain would wait for ever; fix what it waits for, or cancel what it "
+            "belongs to (e.g. the analysis) instead"
+        )
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(queries["cancel_waiting_job"], {"job_id": job_id})
         row = cursor.fetchone()

@@ -62,6 +62,17 @@ class KeyFormat:
             texts.insert(0, self.prefix)
         return SEPARATOR.join(texts)
 
+    def leading(self, **values: object) -> str:
+        """The key of this format up to its last part (separator included), for SQL that
+        appends the last part itself (an id column) to look keys up in bulk."""
+        expected = self.parts[:-1]
+        if set(values) != set(expected):
+            raise InvalidKey(f"key format {self.parts} needs exactly the leading parts {expected}")
+        texts = [validate_part(p, values[p]) for p in expected]
+        if self.prefix is not None:
+            texts.insert(0, self.prefix)
+        return "".join(f"{text}{SEPARATOR}" for text in texts)
+
     def parse(self, key: str) -> dict[str, str]:
         """Split a key built by this format back into its parts."""
         texts = key.split(SEPARATOR)

@@ -8,17 +8,20 @@ give-up hook, so its domain row settles.
 
 Why it is built the way it is:
 
-* **It runs inline in its tick** (``declare_sweep(inline=True)``), under a try-lock, not
-  as a singleton job: a recovery job that dies in ``doing`` would hold its own key, and
-  the only code that frees dead ``doing`` jobs would be the dead job (procrastinate #1408).
-  It frees every other sweep's dead job too.
+* **It is no job** (``declare_sweep(inline=True)``): every worker runs it in its own
+  maintenance loop under the sweep's try-lock. A recovery job that dies in ``doing`` would
+  hold its own key, and the only code that frees dead ``doing`` jobs would be the dead job
+  (procrastinate #1408); a recovery *job* would also wait behind every job queued before
+  it. It frees every sweep's dead job too.
 * **Stalls are counted apart from attempts** (``pgstage_job_stalls``). procrastinate's
   ``attempts`` counts the task's own failures, ``RetryLater`` and backoff; a stage that
   retried four times and then lost its worker once must not be failed for good. A
   recovery does not count an attempt either: the task did not fail, its worker died.
-* **Silence counts from the server's start too** (``pg_postmaster_start_time()``): after a
-  PostgreSQL restart every heartbeat is old, yet the workers are alive and beat again
-  within a second.
+* **Silence counts from the later of the last heartbeat, the server's start and the moment
+  recovery resumed after a gap** (``SweepContext.resumed_at``): after a PostgreSQL restart,
+  a crash restart or a failover (which do not all move ``pg_postmaster_start_time()``),
+  every heartbeat is old, yet the workers are alive and beat again within a second. A
+  worker that stays silent after recovery resumes is recovered one threshold later.
 * procrastinate issues 1446/1543: a stalled job whose queueing lock a fresh ``todo`` job
   now holds cannot go back to ``todo`` (unique violation). The fresh job will do the same
   work, so the stalled one ends ``failed`` ("superseded"), in its own savepoint.
@@ -43,10 +46,6 @@ logger = logging.getLogger(__name__)
 
 def max_recoveries() -> int:
     return int(getattr(settings, "QUEUEING_STALLED_MAX_RECOVERIES", 3))
-
-
-def recovery_period_seconds() -> int:
-    return int(getattr(settings, "QUEUEING_STALLED_RECOVERY_SECONDS", 15))
 
 
 def _end(cursor, job_id: int, status: str) -> None:
@@ -106,18 +105,19 @@ def recover_job(row) -> str:
 
 @declare_sweep(
     name="stalled_jobs",
-    cron=f"* * * * * */{recovery_period_seconds()}",
     batch_size=100,
     grace_setting="QUEUEING_STALLED_WORKER_SECONDS",
     grace_default=30,
     inline=True,
+    every_setting="QUEUEING_STALLED_RECOVERY_SECONDS",
+    every_default=15,
 )
 def recover_stalled_jobs(ctx: SweepContext) -> SweepResult:
     """Retry jobs whose worker died (no heartbeat for the grace period)."""
     result = sweep_rows(
         ctx,
         select_sql=queries["stalled_jobs"],
-        params={"seconds": ctx.grace_seconds},
+        params={"seconds": ctx.grace_seconds, "resumed_at": ctx.resumed_at},
         process=recover_job,
     )
     changed = sum(result.notes.values())

@@ -16,11 +16,15 @@ and get:
 
 A sweep job whose worker dies keeps its key in ``doing``, so every later tick deduplicates
 onto it until stalled recovery frees it (procrastinate #1408). Recovery itself therefore
-must not be such a job: ``inline=True`` sweeps (stalled recovery) run *in* their tick,
-inside one transaction under a transaction-level try-lock ``queueing_sweep:<name>``. Two
-ticks never overlap (the second skips), and a tick that dies takes its lock with it: its
-connection closes and PostgreSQL ends the transaction, so the next tick runs. Nothing in
-an inline sweep can wedge the ones after it.
+must not be such a job: ``inline=True`` sweeps (stalled recovery) are no jobs at all. Every
+worker runs them in its own maintenance loop every ``every_seconds`` (``queueing.worker``),
+inside one transaction under a transaction-level try-lock ``queueing_sweep:<name>``: two
+runs never overlap (the second skips), a run that dies takes its lock with it (its
+connection closes and PostgreSQL ends the transaction), and no backlog of jobs delays it.
+Each run records itself in ``pgstage_inline_sweeps``; after a gap longer than the sweep's
+grace (the database, or every worker, was away) it records that it *resumed*, and hands
+that moment to the sweep (``SweepContext.resumed_at``): stalled recovery counts a worker's
+silence from it, since nobody could beat during the gap.
 
 Inside, :func:`sweep_rows` selects a bounded batch ``FOR UPDATE … SKIP LOCKED`` (two
 sweeps on two hosts take disjoint rows), oldest first as the query orders it, and runs
@@ -36,6 +40,7 @@ that long instead of when TCP gives up (hours), so its row locks and try-lock co
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -86,6 +91,8 @@ class SweepContext:
     batch_size: int
     grace_seconds: int
     dry_run: bool = False
+    #: For an inline sweep run by a worker: when its runs resumed after their last gap.
+    resumed_at: datetime.datetime | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +105,19 @@ class Sweep:
     grace_default: int
     description: str
     inline: bool = False
+    every_setting: str | None = None
+    every_default: float = 0.0
+
+    @property
+    def every_seconds(self) -> float:
+        """An inline sweep's period (each worker runs it this often)."""
+        if self.every_setting is None:
+            return self.every_default
+        return float(getattr(settings, self.every_setting, self.every_default))
+
+    @property
+    def schedule(self) -> str:
+        return f"every {self.every_seconds:g} s, in every worker" if self.inline else self.cron
 
     @property
     def grace_seconds(self) -> int:
@@ -113,12 +133,19 @@ class Sweep:
     def tick_name(self) -> str:
         return f"queueing.sweep_tick.{self.name}"
 
-    def context(self, *, dry_run: bool = False, batch_size: int | None = None) -> SweepContext:
+    def context(
+        self,
+        *,
+        dry_run: bool = False,
+        batch_size: int | None = None,
+        resumed_at: datetime.datetime | None = None,
+    ) -> SweepContext:
         return SweepContext(
             name=self.name,
             batch_size=batch_size or self.batch_size,
             grace_seconds=self.grace_seconds,
             dry_run=dry_run,
+            resumed_at=resumed_at,
         )
 
 
@@ -128,15 +155,20 @@ _registry: dict[str, Sweep] = {}
 def declare_sweep(
     *,
     name: str,
-    cron: str,
+    cron: str = "",
     batch_size: int = 100,
     grace_setting: str | None = None,
     grace_default: int = 0,
     inline: bool = False,
+    every_setting: str | None = None,
+    every_default: float = 0.0,
 ):
-    """Register ``func(ctx) -> SweepResult`` as a sweep with a tick and a singleton job
-    (``inline=True``: no job; the tick runs it under the sweep's try-lock)."""
+    """Register ``func(ctx) -> SweepResult`` as a sweep with a periodic tick (``cron``)
+    and a singleton job; or, ``inline=True``, as one every worker runs itself every
+    ``every_*`` seconds under the sweep's try-lock."""
     SWEEP_KEY.build(name=name)  # validates the name
+    if inline == bool(cron):
+        raise ValueError(f"sweep {name!r}: give a cron, or inline=True with a period")
 
     def decorator(func: Callable[[SweepContext], SweepResult]):
         if name in _registry:
@@ -150,25 +182,28 @@ def declare_sweep(
             grace_default=grace_default,
             description=(func.__doc__ or "").strip().splitlines()[0] if func.__doc__ else "",
             inline=inline,
+            every_setting=every_setting,
+            every_default=every_default,
         )
         _registry[name] = sweep
 
         if inline:
-
-            @periodic(cron=cron, periodic_id=name)
-            @task(name=sweep.tick_name, queue=SWEEP_QUEUE, retry=False)
+            # Not periodic: workers run it in their maintenance loop. The task lets an
+            # operator ask any worker for one run now (the admin's "queue for a worker").
+            @task(name=sweep.tick_name, queue=SWEEP_QUEUE, retry=False, cancellable=True)
             def inline_tick(timestamp: int = 0) -> dict[str, Any] | None:
                 result = run_sweep_exclusively(name)
                 return None if result is None else _counts(result)
 
             return func
 
-        @task(name=sweep.task_name, queue=SWEEP_QUEUE, retry=False)
+        # A cancelled sweep job or tick loses nothing: the next tick asks again.
+        @task(name=sweep.task_name, queue=SWEEP_QUEUE, retry=False, cancellable=True)
         def run_job() -> dict[str, Any]:
             return _counts(run_sweep(name))
 
         @periodic(cron=cron, periodic_id=name)
-        @task(name=sweep.tick_name, queue=SWEEP_QUEUE, retry=False)
+        @task(name=sweep.tick_name, queue=SWEEP_QUEUE, retry=False, cancellable=True)
         def tick(timestamp: int) -> int:
             return request_sweep(name).job_id
 
@@ -216,20 +251,35 @@ def bound_transaction(*, using: str = "default") -> None:
 
 
 def run_sweep_exclusively(name: str) -> SweepResult | None:
-    """Run the sweep in one bounded transaction under its try-lock; None when another
-    run holds the lock (it is doing this work right now)."""
+    """Run the sweep in one bounded transaction under its try-lock, recording the run (and
+    whether it resumed after a gap longer than its grace); None when another run holds the
+    lock (it is doing this work right now)."""
+    sweep = get_sweep(name)
     with transaction.atomic():
         bound_transaction()
         if not locks.try_xact_lock(SWEEP_LOCK, name):
             logger.info("sweep %s: another run holds its lock; skipped", name)
             return None
-        return run_sweep(name)
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                queries["inline_sweep_clock"], {"name": name, "gap": sweep.grace_seconds}
+            )
+            (resumed_at,) = cursor.fetchone()
+        return run_sweep(name, resumed_at=resumed_at)
 
 
-def run_sweep(name: str, *, dry_run: bool = False, batch_size: int | None = None) -> SweepResult:
+def run_sweep(
+    name: str,
+    *,
+    dry_run: bool = False,
+    batch_size: int | None = None,
+    resumed_at: datetime.datetime | None = None,
+) -> SweepResult:
     """Run one sweep once, in this process."""
     sweep = get_sweep(name)
-    result = sweep.func(sweep.context(dry_run=dry_run, batch_size=batch_size))
+    result = sweep.func(
+        sweep.context(dry_run=dry_run, batch_size=batch_size, resumed_at=resumed_at)
+    )
     if result.selected or result.failed:
         logger.info(
             "sweep %s: selected=%d changed=%d failed=%d%s",

@@ -3,60 +3,70 @@
 ``manage.py procrastinate worker`` runs it (``install`` is procrastinate's
 ``PROCRASTINATE_ON_APP_READY`` hook), so operators keep procrastinate's own command.
 
-What it adds to procrastinate's worker (3.10), each proven by a test that fails without it:
+What it adds to procrastinate's worker (3.10):
 
 * **A draining worker keeps heart-beating.** procrastinate cancels the heartbeat as soon as
   SIGTERM arrives, while its jobs run on (sync jobs to completion, whatever the graceful
   timeout); a stall threshold shorter than the drain then re-runs them on another worker.
   Here the heartbeat stops only after the last job has ended.
+* **Stalled recovery runs beside the jobs, not among them.** Each worker runs the inline
+  sweeps (stalled recovery) in a maintenance loop of its own, every period, under the
+  sweep's try-lock: a backlog of jobs, or every slot busy with long ones, never delays
+  the recovery of a dead worker's work.
 * **It rides out the database going away** — terminated connections, a restart, a
   failover. procrastinate's worker exits on the first database error in any of its loops.
-  Here each loop (fetch, heartbeat, LISTEN, periodic deferrer, persisting a job's outcome)
-  retries with capped, fully jittered backoff and logs one line per attempt with its next
-  delay. LISTEN is established again on a fresh connection, followed by one poll at once,
-  so jobs enqueued during the outage start within LISTEN latency. While the database stays
-  away longer than ``outage_seconds`` the worker stops taking jobs and exits non-zero with
-  a clear message, for its supervisor.
-* **A job's outcome is never dropped, and never written over another worker's run.**
-  Persisting it is retried until the database is back, and it is fenced on the worker:
-  a job that stalled recovery took back meanwhile (because this worker looked dead) is
-  left to its new run. A retry whose queueing lock a fresh job holds (procrastinate
-  issues 1446/1543) ends ``failed`` as superseded instead of staying ``doing`` for ever.
+  Here each loop (fetch, heartbeat, LISTEN, periodic deferrer, maintenance, saving a job's
+  outcome) retries with capped, fully jittered backoff and logs one line per attempt with
+  its next delay (``queueing.outage``). LISTEN is established again on a fresh connection,
+  followed by one poll at once, so jobs enqueued during the outage start within LISTEN
+  latency. A loop that fails without a break for ``QUEUEING_DATABASE_OUTAGE_SECONDS``
+  stops the worker, which exits non-zero with a clear message for its supervisor.
+* **A job's outcome is never dropped, and never written over another run.** Saving it is
+  retried until the database is back, and fenced on the worker: a job that stalled
+  recovery took back (this worker looked dead) is left to its new run; if this worker
+  fetches that job again while its first run goes on, the second fetch is not run. A
+  retry whose queueing lock a fresh job holds (procrastinate issues 1446/1543) ends
+  ``failed`` as superseded instead of staying ``doing`` for ever.
+* **A fetch whose reply was lost** (the connection cut after the fetch committed) would
+  leave a job ``doing`` under this live worker that never runs it; after a failed fetch
+  the worker puts such jobs back, one by one (superseded or aborted ones end).
 * **Its row survives an outage.** Only workers silent far longer than any live one can be
-  are pruned (silence counted from the server's start too), and a worker whose row went
-  missing registers again and takes back its running jobs.
-* **Jobs that fail for good settle their domain.** The give-up middleware runs the task's
-  ``on_give_up`` hook (``queueing.app.task``) when the task's retry strategy has no retry
-  left, so a domain row never stays active behind a failed job.
+  are pruned, and a worker whose row went missing registers again and takes its running
+  jobs back, in one statement.
+* **Jobs that fail for good settle their domain.** Once a job's last attempt is saved as
+  ``failed``, its task's ``on_give_up`` hook runs (``queueing.giveup``), so a domain row
+  never stays active behind a failed job.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
+import json
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import psycopg
 from django.conf import settings
+from django.db import close_old_connections
 from procrastinate import exceptions as procrastinate_exceptions
 from procrastinate import jobs, periodic, retry, utils
 from procrastinate import worker as procrastinate_worker
+from procrastinate.contrib.django.utils import connector_params
 from procrastinate.job_context import JobContext, JobResult
+from procrastinate.manager import get_channel_for_queues
 
-from queueing import backoff
-from queueing.giveup import give_up_middleware
+from queueing import giveup, sweeps
+from queueing.outage import Failures, describe
 from queueing.sql import load
 
 logger = logging.getLogger(__name__)
 queries = load("queueing", "worker.sql")
 
-#: Backoff between attempts while the database is away: full jitter up to the cap.
-RECONNECT_BASE_SECONDS = 0.5
-RECONNECT_CAP_SECONDS = 10.0
 #: How often the LISTEN connection proves it is alive when no notification comes.
 LISTEN_KEEPALIVE_SECONDS = 30.0
 #: How long a loop waits for a pooled connection before it counts as a failed attempt.
@@ -64,8 +74,8 @@ POOL_TIMEOUT_SECONDS = 5.0
 
 
 class DatabaseUnavailable(procrastinate_exceptions.ProcrastinateException):
-    """The database stayed unreachable for longer than the worker's outage window: the
-    worker stopped so that its supervisor (systemd, compose, ``make run``) restarts it."""
+    """One of the worker's loops failed for longer than the outage window: the worker
+    stopped so that its supervisor (systemd, compose, ``make run``) restarts it."""
 
 
 def outage_seconds() -> float:
@@ -86,56 +96,6 @@ def prune_after_seconds() -> float:
     return outage_seconds() + 4 * stalled_seconds()
 
 
-class Outage:
-    """One stretch of database trouble, shared by the worker's loops: when it began, and
-    whether it has lasted past the window."""
-
-    def __init__(self, *, window: float, on_expired: Callable[[str], None]):
-        self.window = window
-        self.started: float | None = None
-        self._on_expired = on_expired
-        self.expired = False
-
-    def failed(self, what: str, exc: BaseException, *, attempt: int, rng: random.Random) -> float:
-        """Record a failed attempt of ``what``; return the delay before the next one."""
-        now = time.monotonic()
-        if self.started is None:
-            self.started = now
-        elapsed = now - self.started
-        if elapsed >= self.window and not self.expired:
-            self.expired = True
-            self._on_expired(
-                f"the database stayed unreachable for {elapsed:.0f} s (the outage window "
-                f"is {self.window:.0f} s, QUEUEING_DATABASE_OUTAGE_SECONDS); last error "
-                f"while {what}: {_describe(exc)}"
-            )
-        pause = backoff.delay(
-            attempt, base=RECONNECT_BASE_SECONDS, cap=RECONNECT_CAP_SECONDS, rng=rng
-        )
-        pause = max(pause, 0.05)
-        logger.warning(
-            "database unreachable while %s (attempt %d, %.0f s into the outage): %s; "
-            "next attempt in %.1f s",
-            what,
-            attempt + 1,
-            elapsed,
-            _describe(exc),
-            pause,
-        )
-        return pause
-
-    def recovered(self) -> None:
-        if self.started is not None and not self.expired:
-            logger.warning("database reachable again after %.1f s", time.monotonic() - self.started)
-            self.started = None
-
-
-def _describe(exc: BaseException) -> str:
-    cause = exc.__cause__ or exc
-    text = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-    return f"{type(cause).__name__}: {text}" if text else type(cause).__name__
-
-
 def _is_missing_worker(exc: BaseException) -> bool:
     """A foreign-key violation on ``worker_id``: this worker's row was pruned."""
     cause = exc.__cause__
@@ -144,17 +104,31 @@ def _is_missing_worker(exc: BaseException) -> bool:
     )
 
 
+def _in_django(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run ``func`` on this thread's Django connection, healthy before and after."""
+    close_old_connections()
+    try:
+        return func(*args, **kwargs)
+    finally:
+        close_old_connections()
+
+
 class PgstageWorker(procrastinate_worker.Worker):
-    """procrastinate's worker with a drain heartbeat, database-outage resilience, fenced
-    outcomes, and give-up hooks (see the module docstring)."""
+    """procrastinate's worker with a drain heartbeat, a maintenance loop, database-outage
+    resilience, fenced outcomes and give-up hooks (see the module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
-        middleware = list(kwargs.pop("task_middleware", None) or [])
         kwargs.setdefault("update_heartbeat_interval", heartbeat_seconds())
-        super().__init__(*args, task_middleware=[*middleware, give_up_middleware], **kwargs)
-        self._rng = random.SystemRandom()
+        super().__init__(*args, **kwargs)
         self._gave_up: str | None = None
-        self.outage = Outage(window=outage_seconds(), on_expired=self._give_up)
+        self.failures = Failures(window=outage_seconds(), on_expired=self._give_up)
+        self._registering = asyncio.Lock()
+        self._errors: dict[int, BaseException] = {}
+        # One thread for the worker's own Django work (maintenance, give-up hooks), so
+        # it holds one Django connection and never takes a job's slot.
+        self._maintenance = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="pgstage-maintenance"
+        )
 
     # -- the outage window -------------------------------------------------------------
 
@@ -168,22 +142,26 @@ class PgstageWorker(procrastinate_worker.Worker):
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stop_event.wait(), timeout=seconds)
 
-    async def _with_retries(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
+    async def _with_retries(self, loop: str, call: Callable[[], Awaitable[Any]]) -> Any:
         """Run ``call`` until it succeeds; between failures, back off (one log line per
-        attempt). Raises :class:`DatabaseUnavailable` once the outage window is over."""
-        attempt = 0
+        attempt). Raises :class:`DatabaseUnavailable` once the worker gave up."""
         while True:
             try:
                 result = await call()
             except procrastinate_exceptions.ConnectorException as exc:
-                pause = self.outage.failed(what, exc, attempt=attempt, rng=self._rng)
+                pause = self.failures.failed(loop, exc)
                 if self._gave_up is not None:
                     raise DatabaseUnavailable(self._gave_up) from exc
-                attempt += 1
                 await asyncio.sleep(pause)
                 continue
-            self.outage.recovered()
+            self.failures.recovered(loop)
             return result
+
+    async def _in_maintenance_thread(self, func: Callable[..., Any], *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._maintenance, functools.partial(_in_django, func, *args)
+        )
 
     # -- start, register, prune --------------------------------------------------------
 
@@ -219,37 +197,39 @@ class PgstageWorker(procrastinate_worker.Worker):
             raise
         finally:
             self._loop = None
+            self._maintenance.shutdown(wait=False, cancel_futures=True)
         if self._gave_up is not None:
             raise DatabaseUnavailable(self._gave_up)
 
     async def _register_again(self, old: int | None) -> None:
         """Our row ``old`` is gone (pruned while we were cut off): register anew and take
-        back the running jobs that are still ours. The fetch loop and the heartbeat may
-        both notice; the second finds the id already changed and does nothing."""
-        if self.worker_id != old:
-            return
-        self.worker_id = await self.app.job_manager.register_worker()
-        running = [c.job.id for c in self._running_jobs.values() if c.job.id]
-        adopted = await self.app.connector.execute_query_all_async(
-            queries["adopt_jobs"], worker_id=self.worker_id, old_worker_id=old, job_ids=running
-        )
-        lost = sorted(set(running) - {row["id"] for row in adopted})
+        back our running jobs, in one statement. Serialised, and a no-op when the id has
+        already moved on: the fetch loop and the heartbeat may both notice."""
+        async with self._registering:
+            if self.worker_id != old:
+                return
+            running = [c.job.id for c in self._running_jobs.values() if c.job.id]
+            row = await self.app.connector.execute_query_one_async(
+                queries["register_and_adopt"], old_worker_id=old, job_ids=running
+            )
+            self.worker_id = row["worker_id"]
+        lost = sorted(set(running) - set(row["adopted"]))
         logger.warning(
             "worker %s was pruned while cut off from the database; registered again as %s "
             "and took back %d running job(s)%s",
             old,
             self.worker_id,
-            len(adopted),
+            len(row["adopted"]),
             f"; job(s) {lost} were recovered elsewhere meanwhile" if lost else "",
         )
 
     # -- the loops ---------------------------------------------------------------------
 
     async def _fetch_and_process_jobs(self) -> None:
-        attempt = 0
+        failed = False
         while not self._stop_event.is_set():
             try:
-                if attempt:
+                if failed:
                     await self._requeue_orphans()
                 await super()._fetch_and_process_jobs()
             except procrastinate_exceptions.ConnectorException as exc:
@@ -259,32 +239,63 @@ class PgstageWorker(procrastinate_worker.Worker):
                         functools.partial(self._register_again, self.worker_id),
                     )
                     continue
-                pause = self.outage.failed("fetching jobs", exc, attempt=attempt, rng=self._rng)
-                attempt += 1
-                await self._pause(pause)
+                failed = True
                 # A poll at once after the pause, whatever LISTEN said meanwhile.
+                await self._pause(self.failures.failed("fetching jobs", exc))
                 continue
-            self.outage.recovered()
+            self.failures.recovered("fetching jobs")
             return
 
     async def _requeue_orphans(self) -> None:
         """After a failed fetch: a fetch whose reply was lost may have committed, leaving
         a job 'doing' under this (live, heart-beating) worker that never runs it —
-        invisible to stalled recovery. Put such jobs back. Called from the fetch loop
-        only, so no fetch is in flight."""
+        invisible to stalled recovery. Put each back; one whose SHORT key a fresh job now
+        holds ends failed (superseded), one whose abort was requested ends aborted. Called
+        from the fetch loop only, so no fetch of ours is in flight."""
+        connector = self.app.connector
         running = [c.job.id for c in self._running_jobs.values() if c.job.id]
-        rows = await self.app.connector.execute_query_all_async(
-            queries["requeue_orphans"], worker_id=self.worker_id, running=running
+        orphans = await connector.execute_query_all_async(
+            queries["orphans"], worker_id=self.worker_id, running=running
         )
-        if rows:
+        for orphan in orphans:
+            fenced = {"job_id": orphan["id"], "worker_id": self.worker_id, "delete_job": False}
+            if orphan["abort_requested"]:
+                note = "aborted as requested"
+                await connector.execute_query_all_async(
+                    queries["finish_job_fenced"], status="aborted", **fenced
+                )
+            else:
+                try:
+                    await connector.execute_query_all_async(
+                        queries["requeue_orphan"], job_id=orphan["id"], worker_id=self.worker_id
+                    )
+                    note = "put back to todo"
+                except procrastinate_exceptions.UniqueViolation:
+                    note = "superseded by a waiting job with its queueing lock"
+                    await connector.execute_query_all_async(
+                        queries["finish_job_fenced"], status="failed", **fenced
+                    )
             logger.warning(
-                "job(s) %s were fetched by this worker but their fetch's reply was lost; "
-                "put back to todo",
-                ", ".join(str(r["id"]) for r in rows),
+                "job %s was fetched by this worker but the fetch's reply was lost: %s",
+                orphan["id"],
+                note,
             )
 
+    async def _process_job(self, context: JobContext) -> None:
+        # This worker fetched a job it is still running: stalled recovery took it back
+        # while this worker looked dead, and this worker fetched it again. The first run
+        # goes on and saves the outcome; a second one here would run it twice.
+        job_id = context.job.id
+        if any(c.job.id == job_id and c is not context for c in self._running_jobs.values()):
+            logger.warning(
+                "job %s was fetched again while this worker still runs it (it looked dead "
+                "for a moment); the running one goes on",
+                job_id,
+            )
+            return
+        await super()._process_job(context)
+
     async def _update_heartbeat(self) -> None:
-        attempt = 0
         pause = self.update_heartbeat_interval
         while True:
             await asyncio.sleep(pause)
@@ -298,17 +309,12 @@ class PgstageWorker(procrastinate_worker.Worker):
             except procrastinate_exceptions.ConnectorException as exc:
                 # Beat again soon after the database returns: a long silence would make
                 # this worker look dead and its running jobs would be run elsewhere.
-                pause = min(
-                    self.update_heartbeat_interval,
-                    self.outage.failed("beating", exc, attempt=attempt, rng=self._rng),
-                )
-                attempt += 1
+                pause = min(self.update_heartbeat_interval, self.failures.failed("beating", exc))
                 continue
-            self.outage.recovered()
-            attempt, pause = 0, self.update_heartbeat_interval
+            self.failures.recovered("beating")
+            pause = self.update_heartbeat_interval
 
     async def _periodic_deferrer(self) -> None:
-        attempt = 0
         while True:
             deferrer = periodic.PeriodicDeferrer(
                 registry=self.app.periodic_registry, **self.app.periodic_defaults
@@ -316,22 +322,31 @@ class PgstageWorker(procrastinate_worker.Worker):
             try:
                 return await deferrer.worker()
             except procrastinate_exceptions.ConnectorException as exc:
-                pause = self.outage.failed(
-                    "deferring periodic jobs", exc, attempt=attempt, rng=self._rng
-                )
-                attempt += 1
-                await asyncio.sleep(pause)
+                await asyncio.sleep(self.failures.failed("deferring periodic jobs", exc))
+
+    async def _maintain(self) -> None:
+        """Run the inline sweeps (stalled recovery) every period, under their try-locks,
+        in this worker's maintenance thread — beside the jobs, never behind them."""
+        inline = [s for s in sweeps.sweeps().values() if s.inline]
+        if not inline:
+            return
+        period = min(s.every_seconds for s in inline)
+        while True:
+            await asyncio.sleep(period)
+            for sweep in inline:
+                try:
+                    await self._in_maintenance_thread(sweeps.run_sweep_exclusively, sweep.name)
+                except Exception as exc:
+                    await asyncio.sleep(self.failures.failed(f"running sweep {sweep.name}", exc))
+                    break
+                self.failures.recovered(f"running sweep {sweep.name}")
 
     async def _listen(self) -> None:
         """LISTEN on a session connection of its own; on any failure, connect again with
         backoff. Each time LISTEN is (re)established, poll once at once: notifications
-        sent while it was down are lost, their jobs are not."""
-        import psycopg
-        from procrastinate.contrib.django.utils import connector_params
-        from procrastinate.manager import get_channel_for_queues
-
+        sent while it was down are lost, their jobs are not. Unbounded: without LISTEN
+        the worker still polls."""
         channels = list(get_channel_for_queues(queues=self.queues))
-        attempt = 0
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
@@ -341,38 +356,43 @@ class PgstageWorker(procrastinate_worker.Worker):
                         await connection.execute(
                             psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel))
                         )
-                    if attempt:
-                        self.outage.recovered()
-                        logger.warning("LISTEN established again; polling for jobs now")
-                    attempt = 0
+                    self.failures.recovered("listening for jobs")
                     self._new_job_event.set()
                     while True:
                         async for notify in connection.notifies(timeout=LISTEN_KEEPALIVE_SECONDS):
                             await self._handle_notification(
-                                channel=notify.channel, notification=_load(notify.payload)
+                                channel=notify.channel, notification=json.loads(notify.payload)
                             )
                         await connection.execute("SELECT 1")
             except (psycopg.Error, OSError) as exc:
-                pause = self.outage.failed(
-                    "listening for jobs",
-                    procrastinate_exceptions.ConnectorException(str(exc)),
-                    attempt=attempt,
-                    rng=self._rng,
-                )
-                attempt += 1
-                await asyncio.sleep(pause)
+                await asyncio.sleep(self.failures.failed("listening for jobs", exc, bounded=False))
 
     def _start_side_tasks(self) -> list[asyncio.Task[Any]]:
         side_tasks = [
             asyncio.create_task(self._update_heartbeat(), name="update_heartbeats"),
             asyncio.create_task(self._periodic_deferrer(), name="deferrer"),
             asyncio.create_task(self._poll_jobs_to_abort(), name="poll_jobs_to_abort"),
+            asyncio.create_task(self._maintain(), name="maintenance"),
         ]
         if self.listen_notify:
             side_tasks.append(asyncio.create_task(self._listen(), name="listener"))
         return side_tasks
 
     # -- a job's outcome ---------------------------------------------------------------
+
+    def _log_job_outcome(
+        self,
+        status: jobs.Status,
+        context: JobContext,
+        job_result: JobResult | None,
+        job_retry: procrastinate_exceptions.JobRetry | None,
+        exc_info: bool | BaseException = False,
+    ) -> None:
+        # Keep the failure for the give-up hook's reason (procrastinate logs it and drops
+        # it before it saves the outcome).
+        if isinstance(exc_info, BaseException) and context.job.id is not None:
+            self._errors[context.job.id] = exc_info
+        super()._log_job_outcome(status, context, job_result, job_retry, exc_info)
 
     async def _persist_job_status(
         self,
@@ -384,6 +404,7 @@ class PgstageWorker(procrastinate_worker.Worker):
     ) -> None:
         assert job.id
         connector = self.app.connector
+        error = self._errors.pop(job.id, None)
 
         async def persist() -> str:
             if retry_decision is not None:
@@ -421,10 +442,12 @@ class PgstageWorker(procrastinate_worker.Worker):
             outcome = await self._with_retries(f"saving the outcome of job {job.id}", persist)
         finally:
             self._job_ids_to_abort.pop(job.id, None)
-        if outcome == "taken":
+        if outcome == "finished" and status == jobs.Status.FAILED:
+            await self._settle(job, error)
+        elif outcome == "taken":
             logger.warning(
-                "job %s (%s) was recovered by another worker while this one ran it; "
-                "this run's outcome (%s) is discarded",
+                "job %s (%s) is no longer this worker's (recovered elsewhere, or already "
+                "saved before the connection dropped); this run's outcome (%s) is not saved",
                 job.id,
                 job.task_name,
                 status.value,
@@ -437,6 +460,23 @@ class PgstageWorker(procrastinate_worker.Worker):
                 job.task_name,
                 job.queueing_lock,
             )
+
+    async def _settle(self, job: jobs.Job, error: BaseException | None) -> None:
+        """The job's last attempt is saved as failed: its task's give-up hook settles the
+        domain row (a failing hook is logged; the domain's resume sweep is the net)."""
+        if not giveup.has_hook(job.task_name):
+            return
+        reason = f"its job {job.id} failed for good after {job.attempts + 1} attempt(s)"
+        if error is not None:
+            reason += f": {describe(error)}"
+        try:
+            await self._in_maintenance_thread(
+                functools.partial(
+                    giveup.give_up, task_name=job.task_name, args=job.task_kwargs, reason=reason
+                )
+            )
+        except Exception:
+            logger.exception("could not settle job %s after its failure", job.id)
 
     # -- shutdown ----------------------------------------------------------------------
 
@@ -467,16 +507,10 @@ class PgstageWorker(procrastinate_worker.Worker):
                 logger.warning(
                     "could not unregister worker %s (%s); it will be pruned",
                     self.worker_id,
-                    _describe(exc),
+                    describe(exc),
                 )
         self.worker_id = None
         self.logger.info(f"Stopped worker on {utils.queues_display(self.queues)}")
-
-
-def _load(payload: str) -> jobs.Notification:
-    import json
-
-    return json.loads(payload)
 
 
 def install(app: Any) -> None:

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from accounts.models import User
 from queueing import locks
-from queueing.enqueue import Enqueued, Policy, enqueue, live_keys
+from queueing.enqueue import Enqueued, Policy, enqueue
 from runs import judge as judging
 from runs.core import get_core
 from runs.credits import ANALYSIS_PRICE, credit_refund
@@ -61,13 +61,6 @@ def enqueue_process(job_id: int) -> Enqueued:
         policy=Policy.EXCLUSIVE,
         queue=RUNS_QUEUE,
     )
-
-
-def live_process_jobs(job_ids: Sequence[int]) -> set[int]:
-    """Of these analysis jobs, those whose ``process_job`` waits, retries or runs (one
-    statement, whatever their number)."""
-    keys = {PROCESS_JOB_KEY.build(job=job_id): job_id for job_id in job_ids}
-    return {keys[key] for key in live_keys(keys, Policy.EXCLUSIVE)}
 
 
 def lock_job(job_id: int) -> AnalysisJob | None:

@@ -13,15 +13,16 @@ import logging
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from queueing.enqueue import Policy, queueing_lock_prefix
 from queueing.exceptions import RetryLater
 from queueing.rows import replace_children
 from runs import judge as judging
-from runs.admission import enqueue_process, live_process_jobs, lock_job, promote_next
-from runs.core import get_core
+from runs.admission import enqueue_process, lock_job, promote_next
+from runs.core import get_core, queries
 from runs.credits import credit_refund
 from runs.exceptions import (
     CoreStateError,
@@ -34,6 +35,7 @@ from runs.models import (
     JobCitation,
     JobStatus,
 )
+from runs.queue import PROCESS_JOB_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -66,17 +68,18 @@ def analysis_jobs_requeue_lost(*, idle_seconds: int, limit: int = 500) -> Requeu
     task was lost ``ANALYSIS_MAX_REQUEUES`` times fails (refunded once, the user's next
     job starts), so nothing holds a user's queue for ever."""
     cutoff = timezone.now() - datetime.timedelta(seconds=idle_seconds)
-    idle = list(
-        AnalysisJob.objects.filter(
-            status__in=ACTIVE_STATUSES, deleted_at__isnull=True, updated_at__lt=cutoff
+    # Only jobs whose task is gone are read (an anti-join on the EXCLUSIVE key's index):
+    # however many older jobs are merely slow, a lost one is found.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            queries["lost_process_jobs"],
+            {
+                "cutoff": cutoff,
+                "lock_prefix": queueing_lock_prefix(PROCESS_JOB_KEY, Policy.EXCLUSIVE),
+                "limit": limit,
+            },
         )
-        .order_by("updated_at")
-        .values_list("pk", flat=True)[:limit]
-    )
-    # One look-up for the whole batch: a job whose task still waits, retries or runs (the
-    # common case: it is merely slow) costs nothing more.
-    live = live_process_jobs(idle)
-    lost = [job_id for job_id in idle if job_id not in live]
+        lost = [row[0] for row in cursor.fetchall()]
     outcomes = [_requeue_lost(job_id, cutoff=cutoff) for job_id in lost]
     return Requeued(requeued=outcomes.count("requeued"), abandoned=outcomes.count("abandoned"))
 

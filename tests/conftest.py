@@ -28,6 +28,7 @@ PROCRASTINATE_TABLES = (
     "procrastinate_periodic_defers",
     "procrastinate_jobs",
     "procrastinate_workers",
+    "pgstage_inline_sweeps",
 )
 
 

@@ -37,15 +37,16 @@ SELECT id
 
 -- stalled_jobs --
 -- Jobs in 'doing' whose worker stopped heart-beating (or was pruned), oldest first.
--- Silence counts from the later of the last heartbeat and the server's start: while the
--- server was down (a restart) no worker could beat, and a live one beats again at once.
+-- Silence counts from the latest of the last heartbeat, the server's start and when
+-- recovery resumed after a gap (NULL when run by hand): while the server was down or
+-- recovery could not run, no worker could beat, and a live one beats again at once.
 -- SKIP LOCKED: two recoveries never take the same job.
 SELECT j.id, j.task_name, j.queueing_lock, j.args, j.abort_requested, j.worker_id
   FROM procrastinate_jobs j
   LEFT JOIN procrastinate_workers w ON w.id = j.worker_id
  WHERE j.status = 'doing'
    AND (w.id IS NULL
-        OR greatest(w.last_heartbeat, pg_postmaster_start_time())
+        OR greatest(w.last_heartbeat, pg_postmaster_start_time(), %(resumed_at)s::timestamptz)
            < now() - %(seconds)s * interval '1 second')
  ORDER BY j.id
  LIMIT %(limit)s
@@ -239,10 +240,14 @@ UPDATE procrastinate_jobs
  WHERE id = %(job_id)s AND status = 'todo'
 RETURNING task_name, args;
 
--- live_keys --
--- Which of these queueing locks a job holds that waits, retries or runs (one probe each
--- of the queueing-lock indexes).
-SELECT DISTINCT queueing_lock
-  FROM procrastinate_jobs
- WHERE queueing_lock = ANY(%(locks)s)
-   AND status = ANY(%(statuses)s::procrastinate_job_status[]);
+-- inline_sweep_clock --
+-- Under an inline sweep's try-lock: record this run; when the previous one was longer ago
+-- than %(gap)s seconds (the database, or every worker, was away), record that the sweep
+-- resumed now. Returns when it last resumed.
+INSERT INTO pgstage_inline_sweeps AS s (name, last_run, resumed_at)
+VALUES (%(name)s, now(), now())
+ON CONFLICT (name) DO UPDATE
+   SET resumed_at = CASE WHEN s.last_run < now() - %(gap)s * interval '1 second'
+                         THEN now() ELSE s.resumed_at END,
+       last_run = now()
+RETURNING resumed_at;

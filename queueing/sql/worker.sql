@@ -6,16 +6,24 @@ UPDATE procrastinate_workers
  WHERE id = %(worker_id)s
 RETURNING id;
 
--- adopt_jobs --
--- After registering again: take back the running jobs that are still ours (left 'doing'
--- with our old id, or with none after the old row was pruned). A job that a recovery
--- already put back to 'todo' (or another worker took) is not ours any more.
-UPDATE procrastinate_jobs
-   SET worker_id = %(worker_id)s
- WHERE id = ANY(%(job_ids)s)
-   AND status = 'doing'
-   AND (worker_id IS NULL OR worker_id = %(old_worker_id)s)
-RETURNING id;
+-- register_and_adopt --
+-- Register again (this worker's row was pruned while it was cut off) and, in the same
+-- statement, take back the running jobs that are still ours: left 'doing' with our old
+-- id, or with none after the old row was pruned. A job that recovery already put back to
+-- 'todo' (or another worker took) is not ours any more. One statement: never a new id
+-- without its jobs.
+WITH registered AS (
+    INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id
+), adopted AS (
+    UPDATE procrastinate_jobs
+       SET worker_id = (SELECT id FROM registered)
+     WHERE id = ANY(%(job_ids)s)
+       AND status = 'doing'
+       AND (worker_id IS NULL OR worker_id = %(old_worker_id)s)
+    RETURNING id
+)
+SELECT (SELECT id FROM registered) AS worker_id,
+       coalesce((SELECT array_agg(id) FROM adopted), '{}') AS adopted;
 
 -- prune_dead_workers --
 -- Delete worker rows silent for far longer than any live worker can be (a worker exits
@@ -54,13 +62,21 @@ WITH mine AS (
 SELECT procrastinate_retry_job_v2(id, %(retry_at)s, %(priority)s, %(queue)s, %(lock)s)
   FROM mine;
 
--- requeue_orphans --
+-- orphans --
 -- Jobs this worker was given but never heard of: the fetch committed, then the connection
--- died before its reply arrived. They never started, so they go back to 'todo' as they
--- were (no attempt counted). Run only while no fetch is in flight.
-UPDATE procrastinate_jobs
-   SET status = 'todo', worker_id = NULL
+-- died before its reply arrived. They never started. Read only while no fetch is in
+-- flight (the fetch loop, after a failed fetch).
+SELECT id, abort_requested
+  FROM procrastinate_jobs
  WHERE worker_id = %(worker_id)s
    AND status = 'doing'
    AND NOT (id = ANY(%(running)s))
+ ORDER BY id;
+
+-- requeue_orphan --
+-- Put one orphan back to 'todo' as it was (no attempt counted). A fresh job holding its
+-- SHORT key meanwhile makes this a unique violation: the caller ends it as superseded.
+UPDATE procrastinate_jobs
+   SET status = 'todo', worker_id = NULL
+ WHERE id = %(job_id)s AND status = 'doing' AND worker_id = %(worker_id)s
 RETURNING id;

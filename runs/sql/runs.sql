@@ -17,7 +17,9 @@ RETURNING used;
 --   * for the same job, a client save replaces a worker row (saved_by NULL, a legacy
 --     row, counts as client); the same job saved again rewrites nothing;
 --   * an earlier job never replaces a later one: a stale save (an old tab saving the job
---     a delta re-check has superseded) writes nothing.
+--     a delta re-check has superseded) writes nothing;
+--   * a row that names no job (a legacy row, or its job deleted) counts as a client save
+--     of the run's newest job: only a client save replaces it.
 -- The body is copied from the job inside the statement (never shipped through Python),
 -- and only while the job is recordable. No row back = nothing was written.
 -- The same statement flags the job run_saved once its run holds it or a later job (this
@@ -46,8 +48,9 @@ ON CONFLICT (id) DO UPDATE
        saved_by = EXCLUDED.saved_by,
        version = r.version + 1,
        updated_at = clock_timestamp()
- WHERE EXCLUDED.job_id > coalesce(r.job_id, 0)
+ WHERE EXCLUDED.job_id > r.job_id
     OR (EXCLUDED.job_id = r.job_id AND EXCLUDED.saved_by = 'client' AND r.saved_by = 'worker')
+    OR (r.job_id IS NULL AND EXCLUDED.saved_by = 'client')
 RETURNING r.id, r.version
 ), flagged AS (
     UPDATE analysis_jobs j
@@ -56,7 +59,7 @@ RETURNING r.id, r.version
        AND NOT j.run_saved
        AND (EXISTS (SELECT 1 FROM recorded)
             OR EXISTS (SELECT 1 FROM analysis_runs r
-                        WHERE r.id = j.run_id AND r.job_id >= j.id))
+                        WHERE r.id = j.run_id AND (r.job_id >= j.id OR r.job_id IS NULL)))
 )
 SELECT id, version FROM recorded;
 
@@ -80,6 +83,23 @@ SELECT j.id, j.run_id
  ORDER BY j.updated_at ASC
  LIMIT %(limit)s
    FOR UPDATE OF j SKIP LOCKED;
+
+-- lost_process_jobs --
+-- Active analyses idle since %(cutoff)s whose process_job is gone: no job holds its
+-- EXCLUSIVE key waiting, retrying or running (the LIKE lets the planner use that key's
+-- partial unique index). Oldest first, bounded.
+SELECT j.id
+  FROM analysis_jobs j
+ WHERE j.status IN ('pending', 'running')
+   AND j.deleted_at IS NULL
+   AND j.updated_at < %(cutoff)s
+   AND NOT EXISTS (
+        SELECT 1 FROM procrastinate_jobs p
+         WHERE p.queueing_lock = %(lock_prefix)s || j.id::text
+           AND p.queueing_lock LIKE 'exclusive/%%'
+           AND p.status IN ('todo', 'doing'))
+ ORDER BY j.updated_at
+ LIMIT %(limit)s;
 
 -- expired_releases --
 -- Running jobs whose held core run was never released and whose release window has
@@ -113,7 +133,7 @@ WITH batch AS (
                 AND NOT EXISTS (
                     SELECT 1 FROM analysis_runs r
                      WHERE r.id = j.run_id
-                       AND r.job_id >= j.id))
+                       AND (r.job_id >= j.id OR r.job_id IS NULL)))
      ORDER BY j.finished_at
      LIMIT %(limit)s
        FOR UPDATE OF j SKIP LOCKED
@@ -139,6 +159,6 @@ SELECT j.id
    AND NOT EXISTS (
         SELECT 1 FROM analysis_runs r
          WHERE r.id = j.run_id
-           AND r.job_id >= j.id)
+           AND (r.job_id >= j.id OR r.job_id IS NULL))
  ORDER BY j.finished_at
  LIMIT %(limit)s;

@@ -232,5 +232,5 @@ def test_a_worker_exits_non_zero_when_the_database_stays_away(db, start_worker):
         db.start()
     print(f"\nexited {exited:.1f} s after the server stopped (window 4 s)")
     log = worker.log()
-    assert "the database stayed unreachable for" in log
+    assert "the database stayed unreachable while" in log
     assert "QUEUEING_DATABASE_OUTAGE_SECONDS" in log

@@ -65,3 +65,24 @@ def given_up(labels: list[str]) -> dict[str, str]:
             _, label, reason = text.split(":", 2)
             out[label] = reason
     return out
+
+
+@task(name="tests.sleep")
+def sleep(label: str, seconds: float) -> None:
+    time.sleep(seconds)
+    record(label)
+
+
+@task(name="tests.two_phase")
+def two_phase(label: str, first: str, second: str) -> None:
+    """Its first run waits for the file ``first``; a second run (started while the first
+    still runs) waits for ``second``."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM test_effects WHERE label = %s", [f"{label}:started"])
+        (runs,) = cursor.fetchone()
+    record(f"{label}:started")
+    release = Path(first if runs == 0 else second)
+    deadline = time.monotonic() + 60
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    record(f"{label}:finished")

@@ -6,8 +6,9 @@ import pytest
 from django.db import connection, transaction
 
 import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
-from queueing.enqueue import Policy, enqueue, live_keys, queueing_lock_for
+from queueing.enqueue import Policy, enqueue, queueing_lock_for, queueing_lock_prefix
 from queueing.exceptions import InvalidKey, QueueingError
+from queueing.keys import KeyFormat
 from tests.conftest import jobs, run_concurrently
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -115,20 +116,14 @@ def test_an_unknown_task_name_is_refused_and_writes_nothing(clean_queue):
     assert jobs() == []
 
 
-@pytest.mark.django_db(transaction=True)
-def test_live_keys_names_the_keys_whose_job_waits_or_runs(clean_queue):
-    enqueue("tests.record", args={"label": "a"}, key="lk:waiting", policy=Policy.EXCLUSIVE)
-    running = enqueue(
-        "tests.record", args={"label": "b"}, key="lk:running", policy=Policy.EXCLUSIVE
+def test_a_lock_prefix_is_what_the_format_builds_but_its_last_part():
+    fmt = KeyFormat(prefix="analysis", parts=("job",))
+    for policy in (Policy.SHORT, Policy.EXCLUSIVE):
+        prefix = queueing_lock_prefix(fmt, policy)
+        assert prefix + "42" == queueing_lock_for(fmt.build(job=42), policy)
+    stage = KeyFormat(parts=("stage", "tenant", "anfrage"))
+    assert queueing_lock_prefix(stage, Policy.EXCLUSIVE, stage="x", tenant="acme") == (
+        "exclusive/x:acme:"
     )
-    done = enqueue("tests.record", args={"label": "c"}, key="lk:done", policy=Policy.EXCLUSIVE)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE procrastinate_jobs SET status = 'doing' WHERE id = %s", [running.job_id]
-        )
-        cursor.execute(
-            "UPDATE procrastinate_jobs SET status = 'succeeded' WHERE id = %s", [done.job_id]
-        )
-    keys = ["lk:waiting", "lk:running", "lk:done", "lk:never"]
-    assert live_keys(keys, Policy.EXCLUSIVE) == {"lk:waiting", "lk:running"}
-    assert live_keys([], Policy.EXCLUSIVE) == set()
+    with pytest.raises(QueueingError):
+        queueing_lock_prefix(fmt, Policy.NONE)

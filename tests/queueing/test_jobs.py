@@ -24,7 +24,7 @@ from django.db import IntegrityError, connection, transaction
 
 import tests.queueing.tasks  # noqa: F401
 from queueing.enqueue import Policy, enqueue
-from queueing.jobs import RetryOutcome, job_cancel, job_retry
+from queueing.jobs import CancelRefused, RetryOutcome, job_cancel, job_retry
 from queueing.sql import queries
 from tests.conftest import jobs
 from tests.queueing.tasks import given_up
@@ -113,7 +113,7 @@ def test_cancel_settles_the_domain_and_only_waiting_jobs(effects):
 def test_the_job_admins_retry_and_cancel_use_the_framework(admin_client, clean_queue):
     running = enqueue("tests.record", args={"label": "r"})
     make_doing(running.job_id, heartbeat_age_s=0)
-    waiting = enqueue("tests.record", args={"label": "w"})
+    waiting = enqueue("tests.settled", args={"label": "w"})
     url = "/admin/procrastinate/procrastinatejob/"
 
     response = admin_client.post(
@@ -155,3 +155,10 @@ def test_enqueue_inserts_what_procrastinates_defer_inserts():
 def test_procrastinate_is_pinned_to_the_tested_minor_version():
     """The worker subclass and the SQL above rely on procrastinate 3.10's internals."""
     assert importlib.metadata.version("procrastinate").startswith("3.10.")
+
+
+def test_a_task_whose_work_nothing_else_would_do_cannot_be_cancelled(clean_queue):
+    job = enqueue("tests.record", args={"label": "x"})
+    with pytest.raises(CancelRefused, match=r"\(tests.record\) cannot be cancelled"):
+        job_cancel(job_id=job.job_id, actor="admin:ops")
+    assert status(job.job_id) == "todo"

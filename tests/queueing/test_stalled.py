@@ -12,7 +12,9 @@ A job runs, and
 - its workers keep dying: test_the_stall_budget_fails_the_job_and_settles_its_domain
 - an abort was requested, then its worker died: test_an_aborted_stalled_job_is_not_run_again
 - the server restarts (every heartbeat is old, the workers alive): acceptance,
-  test_a_database_restart_loses_and_repeats_nothing
+  test_a_database_restart_loses_and_repeats_nothing; a crash restart or failover, which
+  does not move the server's start time, and any other gap in recovery:
+  test_after_a_gap_recovery_waits_one_threshold_before_it_takes_anything
 Recovery requeues it, and
 - a fresh job holds its queueing lock (1446/1543):
   test_fresh_job_holding_the_queueing_lock_supersedes_the_stalled_one
@@ -21,6 +23,8 @@ Recovery runs, and
 - another recovery runs right now: test_two_recovery_ticks_never_overlap
 - a sweep's job died holding its key: test_a_dead_sweep_job_is_freed_and_the_sweep_runs_again
 - its own worker dies mid-batch: acceptance, test_a_worker_killed_inside_each_sweep
+- a backlog of jobs fills every slot: test_worker.py,
+  test_recovery_runs_beside_a_backlog_not_behind_it
 """
 
 from __future__ import annotations
@@ -141,13 +145,47 @@ def test_fresh_job_holding_the_queueing_lock_supersedes_the_stalled_one(clean_qu
 
 
 def tick() -> object:
-    """What the periodic deferrer runs every recovery period."""
+    """One run as a worker's maintenance loop makes it (or an operator's request)."""
     return app.tasks["queueing.sweep_tick.stalled_jobs"](timestamp=0)
 
 
-def test_a_dead_recovery_job_never_wedges_recovery(clean_queue):
-    """procrastinate #1408: the recovery that died in 'doing' (holding whatever key it
-    was enqueued with) must not stop the next tick from recovering — itself included."""
+def recovery_ran(*, last_run_ago: float, resumed_ago: float) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO pgstage_inline_sweeps (name, last_run, resumed_at) "
+            "VALUES ('stalled_jobs', now() - %s * interval '1 s', now() - %s * interval '1 s') "
+            "ON CONFLICT (name) DO UPDATE SET last_run = EXCLUDED.last_run, "
+            "resumed_at = EXCLUDED.resumed_at",
+            [last_run_ago, resumed_ago],
+        )
+
+
+@pytest.fixture
+def continuous_recovery(clean_queue) -> None:
+    """Recovery ran a moment ago and has run without a gap for an hour."""
+    recovery_ran(last_run_ago=1, resumed_ago=3600)
+
+
+def test_after_a_gap_recovery_waits_one_threshold_before_it_takes_anything(clean_queue):
+    """A crash restart or a failover does not move pg_postmaster_start_time(): when
+    recovery runs again after the gap every heartbeat is old, yet the workers are alive
+    and beat again within moments. Silence counts from when recovery resumed."""
+    recovery_ran(last_run_ago=600, resumed_ago=86400)  # nothing ran for ten minutes
+    job = enqueue("tests.record", args={"label": "x"})
+    make_doing(job.job_id, heartbeat_age_s=120)
+
+    assert tick()["changed"] == 0
+    # The worker stays silent for a whole threshold after recovery resumed: it is dead.
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pgstage_inline_sweeps SET resumed_at = resumed_at - interval '60 s'")
+    assert tick()["changed"] == 1
+    assert jobs()[0]["status"] == "todo"
+
+
+def test_a_dead_recovery_job_never_wedges_recovery(continuous_recovery):
+    """procrastinate #1408: a recovery that died in 'doing' (an operator's request for one
+    run, holding whatever key it was enqueued with) must not stop the next run from
+    recovering — itself included."""
     dead_recovery = request_sweep("stalled_jobs")
     make_doing(dead_recovery.job_id)
     lost = enqueue("tests.record", args={"label": "lost"})
@@ -160,7 +198,7 @@ def test_a_dead_recovery_job_never_wedges_recovery(clean_queue):
     }
 
 
-def test_a_dead_sweep_job_is_freed_and_the_sweep_runs_again(clean_queue):
+def test_a_dead_sweep_job_is_freed_and_the_sweep_runs_again(continuous_recovery):
     from tests.queueing.test_sweeps import make_rows  # noqa: F401  (declares test_swept)
 
     dead = request_sweep("test_swept")
@@ -172,7 +210,7 @@ def test_a_dead_sweep_job_is_freed_and_the_sweep_runs_again(clean_queue):
     assert jobs(id=dead.job_id)[0]["status"] == "todo"
 
 
-def test_two_recovery_ticks_never_overlap(clean_queue):
+def test_two_recovery_ticks_never_overlap(continuous_recovery):
     """While one recovery holds the sweep's try-lock, a second tick skips."""
     holding, release = threading.Event(), threading.Event()
 

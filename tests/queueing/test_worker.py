@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 
 import tests.queueing.tasks  # registers the test tasks in this process
-from queueing.enqueue import Policy, enqueue
+from queueing.enqueue import Policy, enqueue, queueing_lock_for
 from queueing.sweeps import run_sweep
 from tests.conftest import jobs, wait_for
 
@@ -120,7 +120,11 @@ def test_sigkilled_workers_job_is_recovered_and_completes_once(effects, task_wor
     assert run_sweep("stalled_jobs").selected == 0
 
 
-FAST_BEATS = {"WORKER_HEARTBEAT_SECONDS": "0.5", "STALLED_WORKER_SECONDS": "3"}
+FAST_BEATS = {
+    "WORKER_HEARTBEAT_SECONDS": "0.5",
+    "STALLED_WORKER_SECONDS": "3",
+    "STALLED_RECOVERY_SECONDS": "1",
+}
 
 
 def heartbeat_age(worker_id: int) -> float:
@@ -193,3 +197,168 @@ def test_a_worker_whose_row_was_pruned_registers_again_and_keeps_its_job(
     release.touch()
     wait_for(lambda: statuses() == {"tests.block": ["succeeded"]}, message="job end")
     assert effects() == ["p:started", "p:finished"]
+
+
+#: One failed fetch, as a connection cut mid-fetch would cause: the first todo -> doing of
+#: the job labelled 'poison' raises (a sequence is not rolled back: it raises only once).
+POISON_ONCE = """
+CREATE SEQUENCE IF NOT EXISTS test_poison_seq;
+CREATE OR REPLACE FUNCTION test_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    -- Nested, not AND-ed: SQL does not promise to test the label before nextval().
+    IF NEW.args->>'label' = 'poison' THEN
+        IF nextval('test_poison_seq') = 1 THEN
+            RAISE EXCEPTION 'simulated failed fetch';
+        END IF;
+    END IF;
+    RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS test_poison ON procrastinate_jobs;
+CREATE TRIGGER test_poison BEFORE UPDATE OF status ON procrastinate_jobs
+    FOR EACH ROW WHEN (OLD.status = 'todo' AND NEW.status = 'doing')
+    EXECUTE FUNCTION test_poison();
+"""
+POISON_DROP = """
+DROP TRIGGER IF EXISTS test_poison ON procrastinate_jobs;
+DROP FUNCTION IF EXISTS test_poison();
+DROP SEQUENCE IF EXISTS test_poison_seq;
+"""
+
+
+@pytest.fixture
+def poison_once():
+    with connection.cursor() as cursor:
+        cursor.execute(POISON_ONCE)
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute(POISON_DROP)
+
+
+def _orphan(worker_id: int, *, label: str, lock: str | None = None) -> int:
+    """A job whose fetch committed under ``worker_id`` and whose reply never arrived."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO procrastinate_jobs (queue_name, task_name, args, queueing_lock, "
+            "status, worker_id) VALUES ('default', 'tests.record', "
+            "jsonb_build_object('label', %s::text), %s, 'doing', %s) RETURNING id",
+            [label, lock, worker_id],
+        )
+        return cursor.fetchone()[0]
+
+
+def _the_worker_id() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM procrastinate_workers")
+        [(worker_id,)] = cursor.fetchall()
+    return worker_id
+
+
+def test_orphans_of_a_lost_fetch_reply_go_back_or_end_and_the_worker_goes_on(
+    effects, task_worker, poison_once
+):
+    """Jobs left 'doing' under this live worker by fetches whose reply was lost: after
+    the next failed fetch, a plain one goes back to todo and runs, one whose SHORT key a
+    fresh job now holds ends failed (superseded), one whose abort was requested ends
+    aborted — and the worker keeps taking jobs (none of them wedges its fetch loop)."""
+    worker = task_worker(env=FAST_BEATS)
+    wait_for(lambda: bool(jobs()) or _workers() == 1, message="registration")
+    worker_id = _the_worker_id()
+    lock = queueing_lock_for("orphan:1", Policy.SHORT)
+    plain = _orphan(worker_id, label="plain")
+    colliding = _orphan(worker_id, label="colliding", lock=lock)
+    aborted = _orphan(worker_id, label="aborted")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE procrastinate_jobs SET abort_requested = true WHERE id = %s", [aborted]
+        )
+        cursor.execute(
+            "INSERT INTO procrastinate_jobs (queue_name, task_name, args, queueing_lock, "
+            "scheduled_at) VALUES ('default', 'tests.record', '{\"label\": \"fresh\"}', %s, "
+            "now() + interval '1 hour')",
+            [lock],
+        )
+    enqueue("tests.record", args={"label": "poison"})
+    wait_for(lambda: "simulated failed fetch" in worker.log(), message="the failed fetch")
+    enqueue("tests.record", args={"label": "after"})
+    wait_for(
+        lambda: {"plain", "poison", "after"} <= set(effects()),
+        message=f"work after the failed fetch\n{worker.log()[-2000:]}",
+    )
+    status = {j["id"]: j["status"] for j in jobs()}
+    assert (status[plain], status[colliding], status[aborted]) == (
+        "succeeded",
+        "failed",
+        "aborted",
+    )
+    assert worker.alive
+
+
+def _workers() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM procrastinate_workers")
+        return cursor.fetchone()[0]
+
+
+def test_recovery_runs_beside_a_backlog_not_behind_it(effects, task_worker):
+    """Recovery is no job in the queue: a dead worker's job is taken back while the one
+    live worker is still busy with a long backlog, not after it."""
+    stalled = enqueue(
+        "tests.record", args={"label": "stalled"}, key="st:1", policy=Policy.EXCLUSIVE
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO procrastinate_workers (last_heartbeat) "
+            "VALUES (now() - interval '1 hour') RETURNING id"
+        )
+        (dead,) = cursor.fetchone()
+        cursor.execute(
+            "UPDATE procrastinate_jobs SET status = 'doing', worker_id = %s WHERE id = %s",
+            [dead, stalled.job_id],
+        )
+        cursor.execute(
+            "INSERT INTO pgstage_inline_sweeps "
+            "VALUES ('stalled_jobs', now(), now() - interval '1 h')"
+        )
+    for i in range(40):
+        enqueue("tests.sleep", args={"label": f"backlog-{i}", "seconds": 0.4})
+    worker = task_worker(env={**FAST_BEATS, "STALLED_RECOVERY_SECONDS": "1"})
+    wait_for(
+        lambda: jobs(id=stalled.job_id)[0]["status"] != "doing",
+        timeout=60,
+        message=f"recovery\n{worker.log()[-2000:]}",
+    )
+    done = sum(label.startswith("backlog-") for label in effects())
+    assert done < 40, "the dead worker's job was recovered only after the whole backlog"
+
+
+def test_a_job_fetched_again_while_its_first_run_goes_on_is_not_run_twice(
+    effects, task_worker, tmp_path, settings
+):
+    """This worker looked dead for a moment, recovery put its running job back, and the
+    same worker fetched it again into a free slot: the first run goes on alone and saves
+    the outcome; the job's key stays held until it ends."""
+    settings.QUEUEING_STALLED_WORKER_SECONDS = 3
+    first, second = tmp_path / "first", tmp_path / "second"
+    worker = task_worker(env=FAST_BEATS, concurrency=2)
+    job = enqueue(
+        "tests.two_phase",
+        args={"label": "j", "first": str(first), "second": str(second)},
+        key="j:1",
+        policy=Policy.EXCLUSIVE,
+    )
+    wait_for(lambda: effects().count("j:started") == 1, message="the first run")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE procrastinate_workers SET last_heartbeat = now() - interval '60 s'")
+    assert run_sweep("stalled_jobs").notes.get("retried", 0) >= 1
+    wait_for(
+        lambda: "fetched again while this worker still runs it" in worker.log(),
+        message=f"the second fetch\n{worker.log()[-1500:]}",
+    )
+    assert jobs(id=job.job_id)[0]["status"] == "doing"
+    assert not enqueue(
+        "tests.record", args={"label": "dup"}, key="j:1", policy=Policy.EXCLUSIVE
+    ).created
+    first.touch()
+    second.touch()
+    wait_for(lambda: jobs(id=job.job_id)[0]["status"] == "succeeded", message="the end")
+    assert effects().count("j:started") == 1 and effects().count("j:finished") == 1

@@ -246,6 +246,30 @@ def test_a_legacy_row_counts_as_a_client_save():
 
 
 @pytest.mark.django_db
+def test_a_run_that_names_no_job_counts_as_a_client_save_of_the_newest():
+    """A legacy row, or one whose job was deleted (the foreign key sets it NULL): the
+    sweep never overwrites it; a user's own save of a job of the run does."""
+    job = AnalysisJobFactory()
+    AnalysisRun.objects.create(
+        id=job.run_id,
+        tenant=job.tenant,
+        user=job.user,
+        job=None,
+        doc_html="legacy",
+        results={"legacy": True},
+        saved_by=None,
+    )
+    past_grace(job.pk)
+
+    sweep = run_sweep("unsaved_runs")
+    assert (sweep.selected, sweep.changed) == (1, 0)  # met once, flagged, not written
+    assert run_sweep("unsaved_runs").selected == 0
+    assert AnalysisRun.objects.get().doc_html == "legacy"
+    assert record(job, SavedBy.CLIENT) is True
+    assert AnalysisRun.objects.get().job_id == job.pk
+
+
+@pytest.mark.django_db
 def test_each_recorded_version_is_judged_once():
     job = AnalysisJobFactory()
     record(job, SavedBy.WORKER)

@@ -188,3 +188,22 @@ def test_the_resume_tick_costs_a_few_statements_however_many_slow_jobs_it_checks
         notes = run_sweep("analysis_resume").notes
     assert notes["requeued"] == 0 and notes["abandoned"] == 0
     assert len(captured) <= 10, [q["sql"][:80] for q in captured]
+
+
+def test_a_lost_task_is_found_behind_any_number_of_slow_ones(clean_queue):
+    """The resume tick reads only jobs whose task is gone: a full batch of older jobs
+    that are merely slow (their tasks wait or run) never hides a lost one."""
+    slow = [admit(funded_user(credits=1)).id for _ in range(3)]
+    lost = admit(funded_user(credits=1)).id
+    AnalysisJob.objects.filter(pk__in=[*slow, lost]).update(status=JobStatus.RUNNING)
+    backdate("analysis_jobs", slow, seconds=7200)
+    backdate("analysis_jobs", [lost], seconds=3600)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "DELETE FROM procrastinate_jobs WHERE task_name = 'runs.process_job' "
+            "AND args->>'job_id' = %s",
+            [str(lost)],
+        )
+    outcome = processing.analysis_jobs_requeue_lost(idle_seconds=60, limit=3)
+    assert (outcome.requeued, outcome.abandoned) == (1, 0)
+    assert [j["status"] for j in process_jobs(lost)] == ["todo"]

@@ -39,9 +39,9 @@ class Command(BaseCommand):
         declared = sweeps()
         if list_only:
             self._table(
-                ["sweep", "cron", "batch", "grace s", "what it does"],
+                ["sweep", "when", "batch", "grace s", "what it does"],
                 [
-                    [s.name, s.cron, s.batch_size, s.grace_seconds, s.description]
+                    [s.name, s.schedule, s.batch_size, s.grace_seconds, s.description]
                     for s in declared.values()
                 ],
             )
