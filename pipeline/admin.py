@@ -24,8 +24,9 @@ from pipeline.models import (
     Position,
     Stage,
 )
+from pipeline.replay import pipeline_stage_replay
 from pipeline.selectors import PENDING, catalog_for
-from pipeline.services import pipeline_stage_replay, stage_key
+from pipeline.services import stage_key
 from queueing.admin import ReadOnlyModelAdmin, jobs_link
 
 #: How many refusal reasons one message lists (the rest are counted).

@@ -1,4 +1,4 @@
-"""Writes of the pipeline: submitting an inquiry, running a stage, replaying stages.
+"""Writes of the pipeline: submitting an inquiry and running a stage (replays: ``replay.py``).
 
 Every stage runs the same protocol (:func:`pipeline_stage_run`):
 
@@ -35,7 +35,6 @@ from pipeline.exceptions import (
     InvalidTitle,
     NoFiles,
     PipelineError,
-    ReplayRefused,
     StageInputChanged,
     StageInputStale,
     StageSuperseded,
@@ -54,7 +53,7 @@ from pipeline.models import (
     Stage,
 )
 from pipeline.queries import QUERIES
-from pipeline.selectors import anfrage_get, catalog_for, parse_stage
+from pipeline.selectors import catalog_for, parse_stage
 from queueing import locks
 from queueing.enqueue import Enqueued, Policy, enqueue
 from queueing.exceptions import DoNotRetry, LeaseLost, RetryLater
@@ -93,16 +92,6 @@ class StageOutcome(enum.StrEnum):
     SKIPPED = "skipped"
     LEASE_LOST = "lease_lost"
     SUPERSEDED = "superseded"
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReplayResult:
-    anfrage_id: int
-    stage: Stage
-    reopened: tuple[str, ...]
-    job_id: int | None
-    enqueued: bool
-    dry_run: bool
 
 
 def stage_key(*, stage: Stage, anfrage: Anfrage) -> str:
@@ -510,109 +499,3 @@ def _check_inputs_unchanged(
         raise StageInputStale(
             f"the input of {stage.value} changed while it ran; it is retried with the new input"
         )
-
-
-def pipeline_stage_replay(
-    *,
-    tenant_id: int,
-    anfrage_id: int,
-    stage: Stage | str,
-    force: bool = False,
-    cascade: bool = False,
-    dry_run: bool = False,
-    actor: str,
-) -> ReplayResult:
-    """Run a stage again (with ``cascade``, the stages after it too), audited.
-
-    Refused (``ReplayRefused``) while an earlier stage has not succeeded, while a target
-    stage runs under a live lease, and for a successful stage without ``force``. In one
-    transaction: reopen the successful targets (compare-and-set on ``success``), enqueue the
-    stage (EXCLUSIVE key) and write a ``stage.replayed`` audit entry; so the same replay
-    run twice at once reopens once and enqueues one job. ``dry_run`` writes nothing.
-    """
-    stage = parse_stage(stage)
-    anfrage = anfrage_get(tenant_id=tenant_id, anfrage_id=anfrage_id)
-    runs = {run.stage: run for run in anfrage.runs.all()}
-    for earlier in stage.previous:
-        run = runs.get(earlier.value)
-        if run is None or run.status != LedgerStatus.SUCCESS:
-            status = run.status if run else "pending"
-            raise ReplayRefused(
-                f"stage {earlier.value} of inquiry {anfrage.id} has not succeeded ({status}); "
-                f"replay {earlier.value} first"
-            )
-    targets = (stage, *stage.following) if cascade else (stage,)
-    now = timezone.now()
-    for target in targets:
-        run = runs.get(target.value)
-        if (
-            run is not None
-            and run.status == LedgerStatus.RUNNING
-            and run.lease_expires_at is not None
-            and run.lease_expires_at > now
-        ):
-            raise ReplayRefused(
-                f"stage {target.value} of inquiry {anfrage.id} is running (lease until "
-                f"{run.lease_expires_at:%Y-%m-%d %H:%M:%S}); wait for it to finish"
-            )
-    reopen = [
-        t.value for t in targets if t.value in runs and runs[t.value].status == LedgerStatus.SUCCESS
-    ]
-    if reopen and not force:
-        raise ReplayRefused(
-            f"stage {', '.join(reopen)} of inquiry {anfrage.id} already succeeded; "
-            "pass --force to run it again"
-        )
-    if dry_run:
-        return ReplayResult(
-            anfrage_id=anfrage.id,
-            stage=stage,
-            reopened=tuple(reopen),
-            job_id=None,
-            enqueued=False,
-            dry_run=True,
-        )
-    # Reset by compare-and-set at write time, not from the read above: a later stage that
-    # succeeded since the read is reopened too (with --cascade), so it cannot keep a result
-    # computed from the output being replayed.
-    reset = [t.value for t in targets if t is not stage or force]
-    with transaction.atomic():
-        reopened: list[str] = []
-        if reset:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    QUERIES["replay_reset"],
-                    {
-                        "tenant_id": anfrage.tenant_id,
-                        "anfrage_id": anfrage.id,
-                        "stages": reset,
-                        "reason": f"replay requested by {actor} at {now:%Y-%m-%d %H:%M:%S}",
-                    },
-                )
-                reopened = sorted(
-                    (row[0] for row in cursor.fetchall()), key=[s.value for s in Stage].index
-                )
-        job = pipeline_stage_enqueue(anfrage=anfrage, stage=stage)
-        audit_entry_create(
-            tenant_id=anfrage.tenant_id,
-            entity_type="anfrage",
-            entity_id=anfrage.id,
-            action="stage.replayed",
-            actor=actor,
-            payload={
-                "stage": stage.value,
-                "force": force,
-                "cascade": cascade,
-                "reopened": reopened,
-                "job_id": job.job_id,
-                "enqueued": job.created,
-            },
-        )
-    return ReplayResult(
-        anfrage_id=anfrage.id,
-        stage=stage,
-        reopened=tuple(reopened),
-        job_id=job.job_id,
-        enqueued=job.created,
-        dry_run=False,
-    )

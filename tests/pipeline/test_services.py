@@ -1,4 +1,4 @@
-"""The stage protocol in one process: submit, the four stages, retries, files, replays."""
+"""The stage protocol in one process: submit, the four stages, retries, files, leases."""
 
 from __future__ import annotations
 
@@ -6,21 +6,17 @@ import datetime
 import threading
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from pipeline import services, storage
 from pipeline.exceptions import (
-    AnfrageNotFound,
     BinaryFile,
     EmptyFile,
     FileTooLarge,
     InvalidTitle,
     NoFiles,
-    ReplayRefused,
     TooManyFiles,
     UnknownFormat,
-    UnknownStage,
     UnparseableFile,
 )
 from pipeline.models import (
@@ -32,13 +28,13 @@ from pipeline.models import (
     Position,
     Stage,
 )
+from pipeline.replay import pipeline_stage_replay
 from pipeline.services import (
     LEDGER,
     StageOutcome,
     Upload,
     anfrage_submit,
     pipeline_stage_enqueue,
-    pipeline_stage_replay,
     pipeline_stage_run,
 )
 from queueing.exceptions import DoNotRetry, RetryLater
@@ -48,12 +44,6 @@ from tests.pipeline.conftest import ITEMS_CSV, ITEMS_TXT, run_stages, submit
 
 def runs(anfrage) -> dict[str, tuple[str, int]]:
     return {r.stage: (r.status, r.attempts) for r in PipelineRun.objects.filter(anfrage=anfrage)}
-
-
-def drop_jobs() -> None:
-    """Forget the jobs the inline stage runs enqueued (no worker consumed them)."""
-    with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM procrastinate_jobs")
 
 
 def positions(anfrage) -> list[tuple[int, int, str]]:
@@ -387,144 +377,3 @@ def test_a_worker_whose_lease_was_taken_over_commits_nothing(
     assert outcome == [StageOutcome.LEASE_LOST]
     assert positions(anfrage) == before
     assert runs(anfrage)["extract"] == ("running", 3)
-
-
-# --- replays
-
-
-def test_replay_refusals(tenant, other_tenant):
-    anfrage = submit(tenant)
-    with pytest.raises(ReplayRefused, match=r"intake of inquiry .* has not succeeded"):
-        pipeline_stage_replay(
-            tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", actor="test"
-        )
-    run_stages(anfrage.id)
-    with pytest.raises(ReplayRefused, match="pass --force"):
-        pipeline_stage_replay(
-            tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", actor="test"
-        )
-    with pytest.raises(UnknownStage, match="intake, extract, feasibility, calculate"):
-        pipeline_stage_replay(
-            tenant_id=tenant.id, anfrage_id=anfrage.id, stage="bake", actor="test"
-        )
-    with pytest.raises(AnfrageNotFound):
-        pipeline_stage_replay(
-            tenant_id=other_tenant.id,
-            anfrage_id=anfrage.id,
-            stage="extract",
-            force=True,
-            actor="test",
-        )
-    PipelineRun.objects.filter(anfrage=anfrage, stage="calculate").update(
-        status="running", lease_expires_at=timezone.now() + datetime.timedelta(minutes=5)
-    )
-    with pytest.raises(ReplayRefused, match=r"calculate of inquiry .* is running"):
-        pipeline_stage_replay(
-            tenant_id=tenant.id,
-            anfrage_id=anfrage.id,
-            stage="extract",
-            force=True,
-            cascade=True,
-            actor="test",
-        )
-    assert not AuditEntry.objects.filter(action="stage.replayed").exists()
-
-
-def test_dry_run_changes_nothing(tenant):
-    anfrage = submit(tenant)
-    run_stages(anfrage.id)
-    job_count = len(jobs())
-    result = pipeline_stage_replay(
-        tenant_id=tenant.id,
-        anfrage_id=anfrage.id,
-        stage="extract",
-        force=True,
-        cascade=True,
-        dry_run=True,
-        actor="test",
-    )
-    assert result.reopened == ("extract", "feasibility", "calculate") and result.dry_run
-    assert runs(anfrage) == {s.value: ("success", 1) for s in Stage}
-    assert len(jobs()) == job_count
-    assert not AuditEntry.objects.filter(action="stage.replayed").exists()
-
-
-def test_forced_replay_without_cascade_runs_only_that_stage(tenant):
-    anfrage = submit(tenant)
-    run_stages(anfrage.id)
-    drop_jobs()
-    result = pipeline_stage_replay(
-        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="feasibility", force=True, actor="ops"
-    )
-    assert result.reopened == ("feasibility",) and result.enqueued
-    run = PipelineRun.objects.get(anfrage=anfrage, stage="feasibility")
-    assert run.status == "failed" and "replay requested by ops" in run.error
-    assert run_stages(anfrage.id) == ["skipped", "skipped", "completed", "skipped"]
-    assert runs(anfrage)["feasibility"] == ("success", 2)
-    [entry] = AuditEntry.objects.filter(action="stage.replayed")
-    assert entry.actor == "ops"
-    assert entry.payload == {
-        "stage": "feasibility",
-        "force": True,
-        "cascade": False,
-        "reopened": ["feasibility"],
-        "job_id": result.job_id,
-        "enqueued": True,
-    }
-
-
-def test_cascade_replay_reruns_the_later_stages(tenant):
-    anfrage = submit(tenant)
-    run_stages(anfrage.id)
-    result = pipeline_stage_replay(
-        tenant_id=tenant.id,
-        anfrage_id=anfrage.id,
-        stage="extract",
-        force=True,
-        cascade=True,
-        actor="ops",
-    )
-    assert result.reopened == ("extract", "feasibility", "calculate")
-    assert run_stages(anfrage.id) == ["skipped", "completed", "completed", "completed"]
-    assert runs(anfrage) == {
-        "intake": ("success", 1),
-        "extract": ("success", 2),
-        "feasibility": ("success", 2),
-        "calculate": ("success", 2),
-    }
-    anfrage.refresh_from_db()
-    assert anfrage.quote_total is not None
-
-
-def test_replay_of_a_failed_stage_needs_no_force(tenant):
-    anfrage = submit(tenant)
-    run_stages(anfrage.id, [Stage.INTAKE])
-    claim = LEDGER.claim(tenant=tenant.id, anfrage=anfrage.id, stage="extract")
-    LEDGER.fail(claim, error="boom")
-    result = pipeline_stage_replay(
-        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", actor="ops"
-    )
-    assert result.reopened == () and result.job_id is not None
-
-
-@pytest.mark.django_db(transaction=True)
-def test_the_same_replay_twice_at_once_enqueues_once(clean_queue, tenant):
-    anfrage = submit(tenant)
-    run_stages(anfrage.id)
-    drop_jobs()
-    results = run_concurrently(
-        lambda i: pipeline_stage_replay(
-            tenant_id=tenant.id,
-            anfrage_id=anfrage.id,
-            stage="extract",
-            force=True,
-            cascade=True,
-            actor=f"ops-{i}",
-        ),
-        2,
-    )
-    assert sum(r.enqueued for r in results) == 1, results
-    assert len({r.job_id for r in results}) == 1
-    assert sorted(len(r.reopened) for r in results) == [0, 3]
-    assert len(jobs(task_name="pipeline.extract")) == 1
-    assert AuditEntry.objects.filter(action="stage.replayed").count() == 2
