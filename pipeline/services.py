@@ -4,7 +4,9 @@ Every stage runs the same protocol (:func:`pipeline_stage_run`):
 
 1. read its input and claim ``(tenant, anfrage, stage)`` in the ledger — one statement,
    committed before the work starts: *done* skips, *busy* retries later;
-2. compute outside any transaction (a crash here changes nothing in the database);
+2. compute outside any transaction (a crash here changes nothing in the database), while
+   a background thread renews the lease every third of ``PIPELINE_LEASE_SECONDS``, so a
+   live worker is never taken over however long it computes;
 3. in ONE transaction: write the results, mark the run ``success`` (compare-and-set on the
    fencing token) and enqueue the next stage (EXCLUSIVE key ``stage:tenant:anfrage``);
 4. on an error: mark the run ``failed`` with the message and re-raise, so the framework
@@ -24,6 +26,7 @@ from decimal import Decimal
 from pathlib import PurePath
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -65,12 +68,7 @@ logger = logging.getLogger(__name__)
 
 #: The singleton key of every stage job, e.g. ``extract:acme:42``.
 STAGE_KEY = KeyFormat(parts=("stage", "tenant", "anfrage"))
-#: A stage's lease: longer than any stage takes, short enough that a dead worker's stage
-#: is taken over within minutes.
-LEASE_SECONDS = 300.0
-LEDGER = Ledger(
-    model=PipelineRun, key_fields=("tenant", "anfrage", "stage"), lease_seconds=LEASE_SECONDS
-)
+LEDGER = Ledger(model=PipelineRun, key_fields=("tenant", "anfrage", "stage"))
 TASK_NAMES = {stage: f"pipeline.{stage.value}" for stage in Stage}
 #: Serialises staging a blob (submit) with deleting it (the staging cleanup sweep).
 STAGING_LOCK = locks.namespace("pipeline_staging")
@@ -92,6 +90,12 @@ class StageOutcome(enum.StrEnum):
     SKIPPED = "skipped"
     LEASE_LOST = "lease_lost"
     SUPERSEDED = "superseded"
+
+
+def lease_seconds() -> float:
+    """A stage's lease (``PIPELINE_LEASE_SECONDS``): renewed while the stage computes, so
+    it only bounds how long a dead worker's stage waits before another worker takes over."""
+    return float(settings.PIPELINE_LEASE_SECONDS)
 
 
 def stage_key(*, stage: Stage, anfrage: Anfrage) -> str:
@@ -434,8 +438,13 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
         raise DoNotRetry(f"inquiry {anfrage_id} does not exist")
     work = _STAGES[stage]
     inputs, input_hash = work.prepare(anfrage)
+    lease = lease_seconds()
     claim = LEDGER.claim(
-        tenant=anfrage.tenant_id, anfrage=anfrage.id, stage=stage.value, input_hash=input_hash
+        tenant=anfrage.tenant_id,
+        anfrage=anfrage.id,
+        stage=stage.value,
+        input_hash=input_hash,
+        lease_seconds=lease,
     )
     if claim.outcome is Outcome.DONE:
         return StageOutcome.SKIPPED
@@ -443,10 +452,13 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
         # Never skip: the holder may die; its lease then expires and a retry takes over.
         raise RetryLater(
             f"{stage.value} of inquiry {anfrage.id} is running elsewhere",
-            deadline=timezone.now() + datetime.timedelta(seconds=2 * LEASE_SECONDS),
+            deadline=timezone.now() + datetime.timedelta(seconds=2 * lease),
         )
     try:
-        result = work.compute(anfrage, inputs)
+        with LEDGER.renewing(claim, lease_seconds=lease) as renewal:
+            result = work.compute(anfrage, inputs)
+        if renewal.lost.is_set():
+            raise LeaseLost(f"run {claim.entry_id}: taken over while {stage.value} computed")
         with transaction.atomic():
             _check_inputs_unchanged(anfrage, stage, work, input_hash)
             work.write(anfrage, result)
