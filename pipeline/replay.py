@@ -1,19 +1,30 @@
 """Replays: an operator runs a stage again (with ``cascade``, the stages after it too).
 
-A replay is audited and happens in one transaction: it reopens the successful target
-stages (compare-and-set on ``success``), enqueues the stage under its EXCLUSIVE key and
-writes a ``stage.replayed`` audit entry.
+A replay is audited and happens in one transaction. It first locks the inquiry's ledger
+rows ``FOR UPDATE`` in the fixed stage order (intake, extract, feasibility, calculate),
+then decides and writes in new statements: it reopens the successful target stages
+(compare-and-set on ``success``), enqueues the stage under its EXCLUSIVE key and writes a
+``stage.replayed`` audit entry.
+
+Why lock first: a stage's closing transaction share-locks the stage before it and then
+marks its own row ``success``. Without the lock, a reopening statement whose snapshot
+predates that commit would skip the row (it was ``running`` then) and leave a result
+computed from the output being replayed. With it, the replay waits for the closing
+transaction and its reopening statement sees the commit. The order cannot deadlock:
+closing transactions lock in ascending stage order too (the previous stage's row, then
+their own), and a claim, a renewal or a failure locks one row in one statement.
 """
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 
 from django.db import connection, transaction
 from django.utils import timezone
 
 from pipeline.exceptions import ReplayRefused
-from pipeline.models import Stage
+from pipeline.models import Anfrage, Stage
 from pipeline.queries import QUERIES
 from pipeline.selectors import anfrage_get, parse_stage
 from pipeline.services import audit_entry_create, pipeline_stage_enqueue
@@ -30,27 +41,41 @@ class ReplayResult:
     dry_run: bool
 
 
-def pipeline_stage_replay(
-    *,
-    tenant_id: int,
-    anfrage_id: int,
-    stage: Stage | str,
-    force: bool = False,
-    cascade: bool = False,
-    dry_run: bool = False,
-    actor: str,
-) -> ReplayResult:
-    """Run a stage again (with ``cascade``, the stages after it too), audited.
+@dataclass(frozen=True, kw_only=True)
+class _LockedRun:
+    stage: str
+    status: str
+    lease_expires_at: datetime.datetime | None
+    lease_live: bool
 
-    Refused (``ReplayRefused``) while an earlier stage has not succeeded, while a target
-    stage runs under a live lease, and for a successful stage without ``force``. In one
-    transaction: reopen the successful targets (compare-and-set on ``success``), enqueue the
-    stage (EXCLUSIVE key) and write a ``stage.replayed`` audit entry; so the same replay
-    run twice at once reopens once and enqueues one job. ``dry_run`` writes nothing.
-    """
-    stage = parse_stage(stage)
-    anfrage = anfrage_get(tenant_id=tenant_id, anfrage_id=anfrage_id)
-    runs = {run.stage: run for run in anfrage.runs.all()}
+
+def _lock_runs(anfrage: Anfrage) -> dict[str, _LockedRun]:
+    """Lock the inquiry's ledger rows in the fixed stage order (in the caller's
+    transaction); a stage's closing transaction in flight is waited for, and its commit is
+    what this returns."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            QUERIES["replay_lock_runs"],
+            {"tenant_id": anfrage.tenant_id, "anfrage_id": anfrage.id, "stages": Stage.values},
+        )
+        return {
+            row[0]: _LockedRun(
+                stage=row[0], status=row[1], lease_expires_at=row[2], lease_live=row[3]
+            )
+            for row in cursor.fetchall()
+        }
+
+
+def _refuse(
+    *,
+    anfrage: Anfrage,
+    stage: Stage,
+    targets: tuple[Stage, ...],
+    runs: dict[str, _LockedRun],
+    force: bool,
+) -> list[str]:
+    """Raise ``ReplayRefused`` when the locked rows forbid the replay; else return the
+    targets that succeeded (those a forced replay reopens)."""
     for earlier in stage.previous:
         run = runs.get(earlier.value)
         if run is None or run.status != LedgerStatus.SUCCESS:
@@ -59,16 +84,9 @@ def pipeline_stage_replay(
                 f"stage {earlier.value} of inquiry {anfrage.id} has not succeeded ({status}); "
                 f"replay {earlier.value} first"
             )
-    targets = (stage, *stage.following) if cascade else (stage,)
-    now = timezone.now()
     for target in targets:
         run = runs.get(target.value)
-        if (
-            run is not None
-            and run.status == LedgerStatus.RUNNING
-            and run.lease_expires_at is not None
-            and run.lease_expires_at > now
-        ):
+        if run is not None and run.status == LedgerStatus.RUNNING and run.lease_live:
             raise ReplayRefused(
                 f"stage {target.value} of inquiry {anfrage.id} is running (lease until "
                 f"{run.lease_expires_at:%Y-%m-%d %H:%M:%S}); wait for it to finish"
@@ -81,35 +99,66 @@ def pipeline_stage_replay(
             f"stage {', '.join(reopen)} of inquiry {anfrage.id} already succeeded; "
             "pass --force to run it again"
         )
-    if dry_run:
-        return ReplayResult(
-            anfrage_id=anfrage.id,
-            stage=stage,
-            reopened=tuple(reopen),
-            job_id=None,
-            enqueued=False,
-            dry_run=True,
-        )
-    # Reset by compare-and-set at write time, not from the read above: a later stage that
-    # succeeded since the read is reopened too (with --cascade), so it cannot keep a result
-    # computed from the output being replayed.
-    reset = [t.value for t in targets if t is not stage or force]
+    return reopen
+
+
+def pipeline_stage_replay(
+    *,
+    tenant_id: int,
+    anfrage_id: int,
+    stage: Stage | str,
+    force: bool = False,
+    cascade: bool = False,
+    dry_run: bool = False,
+    actor: str,
+) -> ReplayResult:
+    """Run a stage again (with ``cascade``, the stages after it too), audited.
+
+    In one transaction: lock the inquiry's ledger rows in stage order, then decide from
+    them — refused (``ReplayRefused``) while an earlier stage has not succeeded, while a
+    target stage runs under a live lease, and for a successful stage without ``force`` —
+    and, in new statements, reopen the successful targets (compare-and-set on
+    ``success``), enqueue the stage (EXCLUSIVE key) and write a ``stage.replayed`` audit
+    entry. So the same replay run twice at once reopens once and enqueues one job, and a
+    stage whose closing transaction commits meanwhile is reopened too. ``dry_run`` writes
+    nothing.
+    """
+    stage = parse_stage(stage)
+    anfrage = anfrage_get(tenant_id=tenant_id, anfrage_id=anfrage_id)
+    targets = (stage, *stage.following) if cascade else (stage,)
     with transaction.atomic():
+        runs = _lock_runs(anfrage)
+        reopen = _refuse(anfrage=anfrage, stage=stage, targets=targets, runs=runs, force=force)
+        if dry_run:
+            return ReplayResult(
+                anfrage_id=anfrage.id,
+                stage=stage,
+                reopened=tuple(reopen),
+                job_id=None,
+                enqueued=False,
+                dry_run=True,
+            )
+        params = {
+            "tenant_id": anfrage.tenant_id,
+            "anfrage_id": anfrage.id,
+            "stages": [t.value for t in targets],
+        }
         reopened: list[str] = []
-        if reset:
-            with connection.cursor() as cursor:
+        with connection.cursor() as cursor:
+            # A new statement, so a fresh snapshot: it sees every commit the lock waited
+            # for; compare-and-set on 'success' all the same.
+            reset = [t.value for t in targets if t is not stage or force]
+            if reset:
                 cursor.execute(
                     QUERIES["replay_reset"],
                     {
-                        "tenant_id": anfrage.tenant_id,
-                        "anfrage_id": anfrage.id,
+                        **params,
                         "stages": reset,
-                        "reason": f"replay requested by {actor} at {now:%Y-%m-%d %H:%M:%S}",
+                        "reason": f"replay requested by {actor} at "
+                        f"{timezone.now():%Y-%m-%d %H:%M:%S}",
                     },
                 )
-                reopened = sorted(
-                    (row[0] for row in cursor.fetchall()), key=[s.value for s in Stage].index
-                )
+                reopened = sorted((row[0] for row in cursor.fetchall()), key=Stage.values.index)
         job = pipeline_stage_enqueue(anfrage=anfrage, stage=stage)
         audit_entry_create(
             tenant_id=anfrage.tenant_id,

@@ -1,3 +1,14 @@
+-- replay_lock_runs --
+-- Lock an inquiry's ledger rows in the fixed stage order before a replay decides and
+-- writes (pipeline/replay.py says why this order cannot deadlock). Rows are locked in
+-- the order they are sorted; a row a closing transaction holds is waited for and then
+-- returned as committed.
+SELECT stage, status, lease_expires_at, coalesce(lease_expires_at > now(), false)
+  FROM pipeline_runs
+ WHERE tenant_id = %(tenant_id)s AND anfrage_id = %(anfrage_id)s
+ ORDER BY array_position(%(stages)s::text[], stage::text)
+   FOR UPDATE;
+
 -- replay_reset --
 -- Reopen successful stages for an audited replay: compare-and-set on 'success', so of two
 -- concurrent replays only the first reopens a row (the second finds it reopened already).

@@ -1,10 +1,35 @@
 """Replays (``pipeline/replay.py``): refusals, dry runs, forced and cascading replays,
-the same replay twice at once, and replays racing a stage that runs meanwhile."""
+the same replay twice at once, and replays racing a stage that runs meanwhile.
+
+Fault model — at each step, what can die, stall or race; what must hold; the test:
+
+decide (under the ledger rows' locks)
+  - an earlier stage has not succeeded, a target runs under a live lease, a success
+    without --force, another tenant: refused, nothing written (test_replay_refusals)
+  - a dry run: nothing written (test_dry_run_changes_nothing)
+reopen
+  - the same replay twice at once: reopened once, one job, both audited
+    (test_the_same_replay_twice_at_once_enqueues_once)
+  - a later stage's closing transaction (lease lapsed, worker alive) commits while a
+    cascading replay reopens: the replay waits for it and reopens it too
+    (test_a_cascading_replay_reopens_a_stage_whose_closing_transaction_commits_meanwhile)
+  - the replayed stage is reopened while a later stage computes: the later stage's
+    result is superseded (test_extract_reopened_meanwhile_supersedes_feasibility), or
+    retried on the new input once the replay finished
+    (test_extract_replayed_and_finished_meanwhile_makes_feasibility_retry)
+run again
+  - without --cascade only that stage runs
+    (test_forced_replay_without_cascade_runs_only_that_stage); with it the later ones
+    too (test_cascade_replay_reruns_the_later_stages,
+    test_after_the_race_the_chain_finishes_on_the_new_output)
+  - a failed stage needs no --force (test_replay_of_a_failed_stage_needs_no_force)
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import threading
 
 import pytest
 from django.db import connection
@@ -15,8 +40,8 @@ from pipeline.exceptions import AnfrageNotFound, ReplayRefused, StageInputStale,
 from pipeline.models import AuditEntry, PipelineRun, Position, Stage
 from pipeline.replay import pipeline_stage_replay
 from pipeline.services import LEDGER, StageOutcome, pipeline_stage_run
-from tests.conftest import jobs, run_concurrently
-from tests.pipeline.conftest import run_stages, submit
+from tests.conftest import jobs, run_concurrently, wait_for
+from tests.pipeline.conftest import in_background, run_stages, submit
 
 
 def runs(anfrage) -> dict[str, tuple[str, int]]:
@@ -253,3 +278,71 @@ def test_after_the_race_the_chain_finishes_on_the_new_output(tenant):
     run_stages(anfrage.id, (Stage.EXTRACT, Stage.FEASIBILITY, Stage.CALCULATE))
     assert {status(anfrage, s) for s in Stage} == {"success"}
     assert not Position.objects.filter(anfrage=anfrage, feasible__isnull=True).exists()
+
+
+def wait_until_blocked_on_a_lock() -> None:
+    """Wait until another backend of this database waits for a row lock (the replay)."""
+
+    def blocked() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            )
+            return cursor.fetchone()[0] > 0
+
+    wait_for(blocked, timeout=20, message="the replay to wait for the closing transaction")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cascading_replay_reopens_a_stage_whose_closing_transaction_commits_meanwhile(
+    clean_queue, tenant, monkeypatch
+):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, (Stage.INTAKE, Stage.EXTRACT))
+    at_close, release = threading.Event(), threading.Event()
+    work = services._STAGES[Stage.FEASIBILITY]
+
+    def write(anfrage, result):
+        # Inside feasibility's closing transaction: extract's row is share-locked, the
+        # verdicts are written, success is not committed yet.
+        work.write(anfrage, result)
+        at_close.set()
+        assert release.wait(timeout=30), "the test never released the closing transaction"
+
+    monkeypatch.setitem(services._STAGES, Stage.FEASIBILITY, dataclasses.replace(work, write=write))
+    stage, stage_outcome = in_background(
+        lambda: pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.FEASIBILITY)
+    )
+    assert at_close.wait(timeout=20)
+    # Its lease ran out while its worker lived on, so the replay is not refused.
+    PipelineRun.objects.filter(anfrage=anfrage, stage="feasibility").update(
+        lease_expires_at=timezone.now() - datetime.timedelta(seconds=1)
+    )
+    replay, replay_outcome = in_background(
+        lambda: pipeline_stage_replay(
+            tenant_id=tenant.id,
+            anfrage_id=anfrage.id,
+            stage="extract",
+            force=True,
+            cascade=True,
+            actor="ops",
+        )
+    )
+    wait_until_blocked_on_a_lock()
+    release.set()
+    stage.join(timeout=30)
+    replay.join(timeout=30)
+
+    assert stage_outcome == [StageOutcome.COMPLETED]
+    [result] = replay_outcome
+    assert not isinstance(result, BaseException), result
+    # The feasibility result, computed from the replayed positions, did not survive.
+    assert result.reopened == ("extract", "feasibility")
+    assert runs(anfrage) == {
+        "intake": ("success", 1),
+        "extract": ("failed", 1),
+        "feasibility": ("failed", 1),
+    }
+    assert run_stages(anfrage.id) == ["skipped", "completed", "completed", "completed"]
+    assert {status for status, _ in runs(anfrage).values()} == {"success"}
