@@ -3,7 +3,8 @@
 A replay is audited and happens in one transaction. It first locks the inquiry's ledger
 rows ``FOR UPDATE`` in the fixed stage order (intake, extract, feasibility, calculate),
 then decides and writes in new statements: it reopens the successful target stages
-(compare-and-set on ``success``), enqueues the stage under its EXCLUSIVE key and writes a
+(compare-and-set on ``success``), resets their resume count and give-up, reopens the
+inquiry (``completed_at``), enqueues the stage under its EXCLUSIVE key and writes a
 ``stage.replayed`` audit entry.
 
 Why lock first: a stage's closing transaction share-locks the stage before it and then
@@ -12,7 +13,9 @@ predates that commit would skip the row (it was ``running`` then) and leave a re
 computed from the output being replayed. With it, the replay waits for the closing
 transaction and its reopening statement sees the commit. The order cannot deadlock:
 closing transactions lock in ascending stage order too (the previous stage's row, then
-their own), and a claim, a renewal or a failure locks one row in one statement.
+their own), a claim, a renewal or a failure locks one row in one statement, and the
+replay takes the inquiry's row only after the ledger rows (the resume sweep, which holds
+the inquiry's row first, never waits for a ledger row: it skips locked ones).
 """
 
 from __future__ import annotations
@@ -118,10 +121,10 @@ def pipeline_stage_replay(
     them — refused (``ReplayRefused``) while an earlier stage has not succeeded, while a
     target stage runs under a live lease, and for a successful stage without ``force`` —
     and, in new statements, reopen the successful targets (compare-and-set on
-    ``success``), enqueue the stage (EXCLUSIVE key) and write a ``stage.replayed`` audit
-    entry. So the same replay run twice at once reopens once and enqueues one job, and a
-    stage whose closing transaction commits meanwhile is reopened too. ``dry_run`` writes
-    nothing.
+    ``success``), reset their resume count and give-up, reopen the inquiry, enqueue the
+    stage (EXCLUSIVE key) and write a ``stage.replayed`` audit entry. So the same replay
+    run twice at once reopens once and enqueues one job, and a stage whose closing
+    transaction commits meanwhile is reopened too. ``dry_run`` writes nothing.
     """
     stage = parse_stage(stage)
     anfrage = anfrage_get(tenant_id=tenant_id, anfrage_id=anfrage_id)
@@ -159,6 +162,8 @@ def pipeline_stage_replay(
                     },
                 )
                 reopened = sorted((row[0] for row in cursor.fetchall()), key=Stage.values.index)
+            cursor.execute(QUERIES["replay_clear_resumes"], params)
+            cursor.execute(QUERIES["anfrage_reopen"], {"anfrage_id": anfrage.id})
         job = pipeline_stage_enqueue(anfrage=anfrage, stage=stage)
         audit_entry_create(
             tenant_id=anfrage.tenant_id,

@@ -3,6 +3,8 @@
 Each check is one SQL query returning the offending rows, so a failure names them.
 ``settled=True`` adds the checks that hold once work has quiesced (every job finished,
 grace passed and the sweeps ran).
+``LIVENESS`` checks take their time windows as named parameters (e.g.
+``pipeline_resume_due_seconds``: the sweep's grace plus one period).
 """
 
 from __future__ import annotations
@@ -64,6 +66,33 @@ SETTLED = {
     "8. no job is left waiting or running": """
         SELECT id, task_name, status FROM procrastinate_jobs
          WHERE status IN ('todo', 'doing') AND task_name NOT LIKE 'queueing.sweep%%'""",
+}
+
+
+LIVENESS = {
+    "11a. every stage that can run has a live job or is due for the pipeline_resume sweep": """
+        SELECT a.id, s.stage FROM anfragen a
+         CROSS JOIN LATERAL (
+               SELECT o.stage, o.ord, r.status, r.gave_up_at, r.lease_expires_at, r.finished_at
+                 FROM unnest(ARRAY['intake', 'extract', 'feasibility', 'calculate'])
+                      WITH ORDINALITY AS o(stage, ord)
+                 LEFT JOIN pipeline_runs r
+                        ON r.tenant_id = a.tenant_id AND r.anfrage_id = a.id
+                       AND r.stage = o.stage
+                WHERE r.status IS DISTINCT FROM 'success'
+                ORDER BY o.ord LIMIT 1) s
+          LEFT JOIN pipeline_runs p
+                 ON p.tenant_id = a.tenant_id AND p.anfrage_id = a.id
+                AND p.stage = (ARRAY['intake', 'extract', 'feasibility', 'calculate'])[s.ord - 1]
+         WHERE s.gave_up_at IS NULL
+           AND (s.status IS NULL OR s.status = 'failed'
+                OR (s.status = 'running' AND s.lease_expires_at < now()))
+           AND coalesce(s.lease_expires_at, s.finished_at, p.finished_at, a.created_at)
+               < now() - %(pipeline_resume_due_seconds)s * interval '1 second'
+           AND NOT EXISTS (SELECT 1 FROM procrastinate_jobs j
+                            WHERE j.task_name = 'pipeline.' || s.stage
+                              AND j.args ->> 'anfrage_id' = a.id::text
+                              AND j.status IN ('todo', 'doing'))""",
 }
 
 

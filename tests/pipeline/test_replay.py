@@ -22,7 +22,8 @@ run again
     (test_forced_replay_without_cascade_runs_only_that_stage); with it the later ones
     too (test_cascade_replay_reruns_the_later_stages,
     test_after_the_race_the_chain_finishes_on_the_new_output)
-  - a failed stage needs no --force (test_replay_of_a_failed_stage_needs_no_force)
+  - a failed stage needs no --force (test_replay_of_a_failed_stage_needs_no_force); a
+    stage the resume sweep gave up on gets a fresh budget: see ``test_resume.py``
 """
 
 from __future__ import annotations

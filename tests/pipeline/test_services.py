@@ -31,6 +31,7 @@ close
   - readers during a retry see the old positions until the new ones commit
     (test_readers_see_the_old_positions_while_a_retry_extracts)
   - a replay racing the closing transaction: see ``test_replay.py``
+  - the job is lost after a failure: see ``test_resume.py``
 """
 
 from __future__ import annotations
