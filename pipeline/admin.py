@@ -69,7 +69,7 @@ class RunInline(admin.TabularInline):
     model = PipelineRun
     fields = [
         "stage",
-        "display_status",
+        "shown_status",
         "attempts",
         "resumes",
         "started_at",
@@ -83,6 +83,10 @@ class RunInline(admin.TabularInline):
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
+
+    @admin.display(description="status")
+    def shown_status(self, obj: PipelineRun) -> str:
+        return obj.display_status
 
 
 @admin.register(Anfrage)

@@ -216,6 +216,8 @@ def test_a_stage_the_resume_sweep_gave_up_on_is_shown_and_replayable(admin_clien
     assert result_count(admin_client.get(runs, {"resume": "resumed"})) == 1
     board = admin_client.get(reverse("admin:pipeline_anfrage_changelist"))
     assert b"extract failed (gave up)" in board.content
+    detail = admin_client.get(reverse("admin:pipeline_anfrage_change", args=[anfrage.id]))
+    assert b"failed (gave up)" in detail.content
 
     run = PipelineRun.objects.get(anfrage=anfrage, stage="extract")
     response = admin_client.post(
