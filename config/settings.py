@@ -32,6 +32,9 @@ env = environ.Env(
     PGSTAGE_DATA_DIR=(str, str(BASE_DIR / ".data")),
     STORAGE_ROOT=(str, ""),
     STAGING_RETENTION_SECONDS=(int, 24 * 3600),
+    PIPELINE_LEASE_SECONDS=(float, 300.0),
+    PIPELINE_RESUME_GRACE_SECONDS=(int, 60),
+    PIPELINE_MAX_RESUMES=(int, 3),
     METRICS_TOKEN=(str, ""),
     CORE_AVAILABLE=(bool, True),
     CORE_DAILY_BUDGET=(int, 1000),
@@ -137,6 +140,12 @@ RELEASE_RETRY_WINDOW_SECONDS = env("RELEASE_RETRY_WINDOW_SECONDS")
 ANALYSIS_MAX_REQUEUES = env("ANALYSIS_MAX_REQUEUES")
 STORAGE_ROOT = Path(env("STORAGE_ROOT") or DATA_DIR / "storage")
 STAGING_RETENTION_SECONDS = env("STAGING_RETENTION_SECONDS")
+# pipeline: a stage's lease (renewed while it computes), how long a stage without a live
+# job waits before the pipeline_resume sweep re-enqueues it, and how often it does that
+# before it gives up and leaves the stage failed for an operator.
+PIPELINE_LEASE_SECONDS = env("PIPELINE_LEASE_SECONDS")
+PIPELINE_RESUME_GRACE_SECONDS = env("PIPELINE_RESUME_GRACE_SECONDS")
+PIPELINE_MAX_RESUMES = env("PIPELINE_MAX_RESUMES")
 METRICS_TOKEN = env("METRICS_TOKEN")
 CORE_AVAILABLE = env("CORE_AVAILABLE")
 CORE_DAILY_BUDGET = env("CORE_DAILY_BUDGET")

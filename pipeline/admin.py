@@ -1,7 +1,9 @@
 """Admin for inquiries, stage runs, positions, files, warnings, catalogs and the audit log.
 
 Pipeline rows are written by the stages only, so they are read-only here; the replay
-actions call the same service as ``manage.py replay_stage``. Catalogs are the tenants'
+actions call the same service as ``manage.py replay_stage``. A stage the resume sweep gave
+up on shows as ``failed (gave up)`` (filter runs by *resume sweep*); replaying it gives it
+a fresh resume budget. Catalogs are the tenants'
 configuration and stay editable. Inquiries and runs link procrastinate's jobs of their
 stage keys (``stage:tenant:anfrage``).
 """
@@ -24,8 +26,9 @@ from pipeline.models import (
     Position,
     Stage,
 )
+from pipeline.replay import pipeline_stage_replay
 from pipeline.selectors import PENDING, catalog_for
-from pipeline.services import pipeline_stage_replay, stage_key
+from pipeline.services import stage_key
 from queueing.admin import ReadOnlyModelAdmin, jobs_link
 
 #: How many refusal reasons one message lists (the rest are counted).
@@ -64,7 +67,16 @@ class PositionInline(admin.TabularInline):
 
 class RunInline(admin.TabularInline):
     model = PipelineRun
-    fields = ["stage", "status", "attempts", "started_at", "finished_at", "error"]
+    fields = [
+        "stage",
+        "shown_status",
+        "attempts",
+        "resumes",
+        "started_at",
+        "finished_at",
+        "gave_up_at",
+        "error",
+    ]
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -72,10 +84,23 @@ class RunInline(admin.TabularInline):
     def has_add_permission(self, request, obj=None) -> bool:
         return False
 
+    @admin.display(description="status")
+    def shown_status(self, obj: PipelineRun) -> str:
+        return obj.display_status
+
 
 @admin.register(Anfrage)
 class AnfrageAdmin(ReadOnlyModelAdmin):
-    list_display = ["id", "title", "tenant", "stage_board", "quote_total", "currency", "created_at"]
+    list_display = [
+        "id",
+        "title",
+        "tenant",
+        "stage_board",
+        "quote_total",
+        "currency",
+        "created_at",
+        "completed_at",
+    ]
     list_filter = ["tenant"]
     list_select_related = ["tenant"]
     search_fields = ["id__exact", "title"]
@@ -84,12 +109,12 @@ class AnfrageAdmin(ReadOnlyModelAdmin):
     inlines = [RunInline, PositionInline]
 
     def get_queryset(self, request):
-        runs = PipelineRun.objects.only("anfrage_id", "stage", "status")
+        runs = PipelineRun.objects.only("anfrage_id", "stage", "status", "gave_up_at")
         return super().get_queryset(request).prefetch_related(Prefetch("runs", queryset=runs))
 
     @admin.display(description="stages")
     def stage_board(self, obj: Anfrage) -> str:
-        statuses = {run.stage: run.status for run in obj.runs.all()}
+        statuses = {run.stage: run.display_status for run in obj.runs.all()}
         return " · ".join(f"{stage.value} {statuses.get(stage.value, PENDING)}" for stage in Stage)
 
     @admin.display(description="procrastinate jobs")
@@ -152,6 +177,21 @@ def force_replay_cascade(modeladmin, request, queryset) -> None:
     _replay(modeladmin, request, queryset, force=True, cascade=True)
 
 
+class ResumeSweepFilter(admin.SimpleListFilter):
+    title = "resume sweep"
+    parameter_name = "resume"
+
+    def lookups(self, request, model_admin):
+        return [("gave_up", "gave up (needs a replay)"), ("resumed", "resumed at least once")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "gave_up":
+            return queryset.filter(gave_up_at__isnull=False, status="failed")
+        if self.value() == "resumed":
+            return queryset.filter(resumes__gt=0)
+        return queryset
+
+
 @admin.register(PipelineRun)
 class PipelineRunAdmin(ReadOnlyModelAdmin):
     list_display = [
@@ -159,18 +199,23 @@ class PipelineRunAdmin(ReadOnlyModelAdmin):
         "anfrage",
         "tenant",
         "stage",
-        "status",
+        "display_status",
         "attempts",
+        "resumes",
         "started_at",
         "finished_at",
         "short_error",
         "jobs",
     ]
-    list_filter = ["stage", "status", "tenant"]
+    list_filter = ["stage", "status", ResumeSweepFilter, "tenant"]
     list_select_related = ["anfrage__tenant", "tenant"]
     search_fields = ["anfrage__id__exact", "anfrage__title", "error"]
     date_hierarchy = "started_at"
     actions = [replay_stage, force_replay_cascade]
+
+    @admin.display(description="status", ordering="status")
+    def display_status(self, obj: PipelineRun) -> str:
+        return obj.display_status
 
     @admin.display(description="error")
     def short_error(self, obj: PipelineRun) -> str:

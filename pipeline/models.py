@@ -51,7 +51,13 @@ class Unit(models.TextChoices):
 
 class Anfrage(models.Model):
     """An inquiry of a tenant. ``uploads`` is the manifest fixed at submit time (name,
-    sha256, size, format per file); intake turns it into ``AnfrageFile`` rows."""
+    sha256, size, format per file); intake turns it into ``AnfrageFile`` rows.
+
+    ``completed_at`` is set when every stage succeeded (by calculate's closing
+    transaction, or by the resume sweep after a replay without ``--cascade``) and cleared
+    when a stage's output invalidates the quote or a replay reopens the inquiry. The
+    inquiries where it is NULL are the ones in flight: the resume sweep reads only those
+    (a partial index), so its cost follows the work in flight, not the history."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="anfragen")
     title = models.CharField(max_length=200, blank=True, default="")
@@ -59,13 +65,19 @@ class Anfrage(models.Model):
     quote_total = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
     currency = models.CharField(max_length=3, blank=True, default="")
     created_at = models.DateTimeField(db_default=Now())
+    completed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "anfragen"
         ordering = ["-id"]
         verbose_name = "inquiry"
         verbose_name_plural = "inquiries"
-        indexes = [models.Index(fields=["tenant", "-id"], name="anfragen_tenant_id_idx")]
+        indexes = [
+            models.Index(fields=["tenant", "-id"], name="anfragen_tenant_id_idx"),
+            models.Index(
+                fields=["id"], name="anfragen_open_idx", condition=models.Q(completed_at=None)
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.title}".strip()
@@ -74,11 +86,17 @@ class Anfrage(models.Model):
 class PipelineRun(LedgerEntry):
     """The stage ledger: at most one row per (tenant, anfrage, stage), claimed by
     ``queueing.ledger.Ledger``. Only the ledger columns may be NOT NULL without a
-    database default: the claim is a raw ``INSERT``."""
+    database default: the claim is a raw ``INSERT``.
+
+    ``resumes`` counts how often the resume sweep re-enqueued the stage since the last
+    replay; ``gave_up_at`` is set when it stopped doing so (the row is then ``failed``
+    with the reason, and waits for an operator's replay, which clears both)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
     anfrage = models.ForeignKey(Anfrage, on_delete=models.CASCADE, related_name="runs")
     stage = models.CharField(max_length=16, choices=Stage.choices)
+    resumes = models.PositiveIntegerField(db_default=0)
+    gave_up_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "pipeline_runs"
@@ -95,7 +113,15 @@ class PipelineRun(LedgerEntry):
         indexes = [models.Index(fields=["stage", "status"], name="pipeline_runs_stage_status_idx")]
 
     def __str__(self) -> str:
-        return f"{self.stage} of #{self.anfrage_id}: {self.status}"
+        return f"{self.stage} of #{self.anfrage_id}: {self.display_status}"
+
+    @property
+    def display_status(self) -> str:
+        """The status as operators read it: a failed stage the resume sweep gave up on
+        says so."""
+        if self.status == LedgerStatus.FAILED and self.gave_up_at is not None:
+            return "failed (gave up)"
+        return self.status
 
 
 class AnfrageFile(models.Model):

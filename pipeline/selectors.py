@@ -34,6 +34,15 @@ class StageStatus:
     error: str = ""
     started_at: datetime.datetime | None = None
     finished_at: datetime.datetime | None = None
+    #: How often the resume sweep re-enqueued it since the last replay.
+    resumes: int = 0
+    #: The resume sweep gave up on it: it waits for an operator's replay.
+    gave_up: bool = False
+
+    @property
+    def display(self) -> str:
+        """The status as operators read it."""
+        return f"{self.status} (gave up)" if self.gave_up else self.status
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +111,8 @@ def stage_statuses(runs: list[PipelineRun]) -> tuple[StageStatus, ...]:
                     error=run.error,
                     started_at=run.started_at,
                     finished_at=run.finished_at,
+                    resumes=run.resumes,
+                    gave_up=run.gave_up_at is not None and run.status == "failed",
                 )
             )
     return tuple(statuses)

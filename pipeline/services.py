@@ -1,10 +1,12 @@
-"""Writes of the pipeline: submitting an inquiry, running a stage, replaying stages.
+"""Writes of the pipeline: submitting an inquiry and running a stage (replays: ``replay.py``).
 
 Every stage runs the same protocol (:func:`pipeline_stage_run`):
 
 1. read its input and claim ``(tenant, anfrage, stage)`` in the ledger — one statement,
    committed before the work starts: *done* skips, *busy* retries later;
-2. compute outside any transaction (a crash here changes nothing in the database);
+2. compute outside any transaction (a crash here changes nothing in the database), while
+   a background thread renews the lease every third of ``PIPELINE_LEASE_SECONDS``, so a
+   live worker is never taken over however long it computes;
 3. in ONE transaction: write the results, mark the run ``success`` (compare-and-set on the
    fencing token) and enqueue the next stage (EXCLUSIVE key ``stage:tenant:anfrage``);
 4. on an error: mark the run ``failed`` with the message and re-raise, so the framework
@@ -24,6 +26,7 @@ from decimal import Decimal
 from pathlib import PurePath
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -35,7 +38,6 @@ from pipeline.exceptions import (
     InvalidTitle,
     NoFiles,
     PipelineError,
-    ReplayRefused,
     StageInputChanged,
     StageInputStale,
     StageSuperseded,
@@ -54,7 +56,7 @@ from pipeline.models import (
     Stage,
 )
 from pipeline.queries import QUERIES
-from pipeline.selectors import anfrage_get, catalog_for, parse_stage
+from pipeline.selectors import catalog_for, parse_stage
 from queueing import locks
 from queueing.enqueue import Enqueued, Policy, enqueue
 from queueing.exceptions import DoNotRetry, LeaseLost, RetryLater
@@ -66,12 +68,7 @@ logger = logging.getLogger(__name__)
 
 #: The singleton key of every stage job, e.g. ``extract:acme:42``.
 STAGE_KEY = KeyFormat(parts=("stage", "tenant", "anfrage"))
-#: A stage's lease: longer than any stage takes, short enough that a dead worker's stage
-#: is taken over within minutes.
-LEASE_SECONDS = 300.0
-LEDGER = Ledger(
-    model=PipelineRun, key_fields=("tenant", "anfrage", "stage"), lease_seconds=LEASE_SECONDS
-)
+LEDGER = Ledger(model=PipelineRun, key_fields=("tenant", "anfrage", "stage"))
 TASK_NAMES = {stage: f"pipeline.{stage.value}" for stage in Stage}
 #: Serialises staging a blob (submit) with deleting it (the staging cleanup sweep).
 STAGING_LOCK = locks.namespace("pipeline_staging")
@@ -95,14 +92,10 @@ class StageOutcome(enum.StrEnum):
     SUPERSEDED = "superseded"
 
 
-@dataclass(frozen=True, kw_only=True)
-class ReplayResult:
-    anfrage_id: int
-    stage: Stage
-    reopened: tuple[str, ...]
-    job_id: int | None
-    enqueued: bool
-    dry_run: bool
+def lease_seconds() -> float:
+    """A stage's lease (``PIPELINE_LEASE_SECONDS``): renewed while the stage computes, so
+    it only bounds how long a dead worker's stage waits before another worker takes over."""
+    return float(settings.PIPELINE_LEASE_SECONDS)
 
 
 def stage_key(*, stage: Stage, anfrage: Anfrage) -> str:
@@ -323,8 +316,8 @@ def _extract_write(anfrage: Anfrage, result: tuple[list, list]) -> None:
     # and a failed attempt see the previous positions.
     replace_children(Position, parent=parent, rows=positions)
     replace_children(ExtractionWarning, parent=parent, rows=warnings)
-    # New positions invalidate the old quote.
-    Anfrage.objects.filter(pk=anfrage.id).update(quote_total=None, currency="")
+    # New positions invalidate the old quote: the inquiry is in flight again.
+    Anfrage.objects.filter(pk=anfrage.id).update(quote_total=None, currency="", completed_at=None)
 
 
 def _positions_prepare(anfrage: Anfrage) -> tuple[list[Position], str]:
@@ -376,7 +369,7 @@ def _feasibility_write(anfrage: Anfrage, positions: list[Position]) -> None:
         positions,
         ["feasible", "reason", "catalog_item", "catalog_material", "unit_price", "total"],
     )
-    Anfrage.objects.filter(pk=anfrage.id).update(quote_total=None, currency="")
+    Anfrage.objects.filter(pk=anfrage.id).update(quote_total=None, currency="", completed_at=None)
 
 
 def _calculate_compute(
@@ -412,7 +405,17 @@ def _calculate_compute(
 def _calculate_write(anfrage: Anfrage, result: tuple[list[Position], Decimal, str]) -> None:
     positions, total, currency = result
     Position.objects.bulk_update(positions, ["unit_price", "total"])
-    Anfrage.objects.filter(pk=anfrage.id).update(quote_total=total, currency=currency)
+    # The inquiry is complete with its quote, in the same statement (no extra round trip).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            QUERIES["calculate_close"],
+            {
+                "anfrage_id": anfrage.id,
+                "total": total,
+                "currency": currency,
+                "earlier": [s.value for s in Stage.CALCULATE.previous],
+            },
+        )
 
 
 _STAGES: dict[Stage, _StageWork] = {
@@ -445,8 +448,13 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
         raise DoNotRetry(f"inquiry {anfrage_id} does not exist")
     work = _STAGES[stage]
     inputs, input_hash = work.prepare(anfrage)
+    lease = lease_seconds()
     claim = LEDGER.claim(
-        tenant=anfrage.tenant_id, anfrage=anfrage.id, stage=stage.value, input_hash=input_hash
+        tenant=anfrage.tenant_id,
+        anfrage=anfrage.id,
+        stage=stage.value,
+        input_hash=input_hash,
+        lease_seconds=lease,
     )
     if claim.outcome is Outcome.DONE:
         return StageOutcome.SKIPPED
@@ -454,10 +462,13 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
         # Never skip: the holder may die; its lease then expires and a retry takes over.
         raise RetryLater(
             f"{stage.value} of inquiry {anfrage.id} is running elsewhere",
-            deadline=timezone.now() + datetime.timedelta(seconds=2 * LEASE_SECONDS),
+            deadline=timezone.now() + datetime.timedelta(seconds=2 * lease),
         )
     try:
-        result = work.compute(anfrage, inputs)
+        with LEDGER.renewing(claim, lease_seconds=lease) as renewal:
+            result = work.compute(anfrage, inputs)
+        if renewal.lost.is_set():
+            raise LeaseLost(f"run {claim.entry_id}: taken over while {stage.value} computed")
         with transaction.atomic():
             _check_inputs_unchanged(anfrage, stage, work, input_hash)
             work.write(anfrage, result)
@@ -510,109 +521,3 @@ def _check_inputs_unchanged(
         raise StageInputStale(
             f"the input of {stage.value} changed while it ran; it is retried with the new input"
         )
-
-
-def pipeline_stage_replay(
-    *,
-    tenant_id: int,
-    anfrage_id: int,
-    stage: Stage | str,
-    force: bool = False,
-    cascade: bool = False,
-    dry_run: bool = False,
-    actor: str,
-) -> ReplayResult:
-    """Run a stage again (with ``cascade``, the stages after it too), audited.
-
-    Refused (``ReplayRefused``) while an earlier stage has not succeeded, while a target
-    stage runs under a live lease, and for a successful stage without ``force``. In one
-    transaction: reopen the successful targets (compare-and-set on ``success``), enqueue the
-    stage (EXCLUSIVE key) and write a ``stage.replayed`` audit entry; so the same replay
-    run twice at once reopens once and enqueues one job. ``dry_run`` writes nothing.
-    """
-    stage = parse_stage(stage)
-    anfrage = anfrage_get(tenant_id=tenant_id, anfrage_id=anfrage_id)
-    runs = {run.stage: run for run in anfrage.runs.all()}
-    for earlier in stage.previous:
-        run = runs.get(earlier.value)
-        if run is None or run.status != LedgerStatus.SUCCESS:
-            status = run.status if run else "pending"
-            raise ReplayRefused(
-                f"stage {earlier.value} of inquiry {anfrage.id} has not succeeded ({status}); "
-                f"replay {earlier.value} first"
-            )
-    targets = (stage, *stage.following) if cascade else (stage,)
-    now = timezone.now()
-    for target in targets:
-        run = runs.get(target.value)
-        if (
-            run is not None
-            and run.status == LedgerStatus.RUNNING
-            and run.lease_expires_at is not None
-            and run.lease_expires_at > now
-        ):
-            raise ReplayRefused(
-                f"stage {target.value} of inquiry {anfrage.id} is running (lease until "
-                f"{run.lease_expires_at:%Y-%m-%d %H:%M:%S}); wait for it to finish"
-            )
-    reopen = [
-        t.value for t in targets if t.value in runs and runs[t.value].status == LedgerStatus.SUCCESS
-    ]
-    if reopen and not force:
-        raise ReplayRefused(
-            f"stage {', '.join(reopen)} of inquiry {anfrage.id} already succeeded; "
-            "pass --force to run it again"
-        )
-    if dry_run:
-        return ReplayResult(
-            anfrage_id=anfrage.id,
-            stage=stage,
-            reopened=tuple(reopen),
-            job_id=None,
-            enqueued=False,
-            dry_run=True,
-        )
-    # Reset by compare-and-set at write time, not from the read above: a later stage that
-    # succeeded since the read is reopened too (with --cascade), so it cannot keep a result
-    # computed from the output being replayed.
-    reset = [t.value for t in targets if t is not stage or force]
-    with transaction.atomic():
-        reopened: list[str] = []
-        if reset:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    QUERIES["replay_reset"],
-                    {
-                        "tenant_id": anfrage.tenant_id,
-                        "anfrage_id": anfrage.id,
-                        "stages": reset,
-                        "reason": f"replay requested by {actor} at {now:%Y-%m-%d %H:%M:%S}",
-                    },
-                )
-                reopened = sorted(
-                    (row[0] for row in cursor.fetchall()), key=[s.value for s in Stage].index
-                )
-        job = pipeline_stage_enqueue(anfrage=anfrage, stage=stage)
-        audit_entry_create(
-            tenant_id=anfrage.tenant_id,
-            entity_type="anfrage",
-            entity_id=anfrage.id,
-            action="stage.replayed",
-            actor=actor,
-            payload={
-                "stage": stage.value,
-                "force": force,
-                "cascade": cascade,
-                "reopened": reopened,
-                "job_id": job.job_id,
-                "enqueued": job.created,
-            },
-        )
-    return ReplayResult(
-        anfrage_id=anfrage.id,
-        stage=stage,
-        reopened=tuple(reopened),
-        job_id=job.job_id,
-        enqueued=job.created,
-        dry_run=False,
-    )

@@ -1,4 +1,11 @@
-"""The staging cleanup: staged upload bytes leave the disk once no inquiry needs them.
+"""The pipeline's sweeps: resuming stopped pipelines, cleaning up staged uploads.
+
+``pipeline_resume`` (every 30 s): re-enqueue the first unfinished stage of an inquiry that
+has no live job once it has been idle for ``PIPELINE_RESUME_GRACE_SECONDS``, at most
+``PIPELINE_MAX_RESUMES`` times, then give up visibly (``pipeline.resume``).
+
+``staged_uploads`` (hourly), the staging cleanup: staged upload bytes leave the disk once
+no inquiry needs them.
 
 Submit stages an upload's bytes before its inquiry commits; intake copies them to the
 inquiry's storage key. A staged blob is deleted once it is older than
@@ -16,9 +23,35 @@ from django.db import connection, transaction
 
 from pipeline import storage
 from pipeline.queries import QUERIES
+from pipeline.resume import RESUME_PERIOD_SECONDS, ResumeOutcome, anfrage_resume, candidate_params
 from pipeline.services import STAGING_LOCK
 from queueing import locks
-from queueing.sweeps import SweepContext, SweepResult, declare_sweep
+from queueing.sweeps import SweepContext, SweepResult, declare_sweep, sweep_rows
+
+
+@declare_sweep(
+    name="pipeline_resume",
+    cron=f"* * * * * */{RESUME_PERIOD_SECONDS}",
+    batch_size=100,
+    grace_setting="PIPELINE_RESUME_GRACE_SECONDS",
+    grace_default=60,
+)
+def resume_pipelines(ctx: SweepContext) -> SweepResult:
+    """Re-enqueue stopped stages (bounded by PIPELINE_MAX_RESUMES, then give up)."""
+
+    def process(row) -> bool | str:
+        outcome = anfrage_resume(anfrage_id=row[0], grace_seconds=ctx.grace_seconds)
+        return True if outcome is ResumeOutcome.RESUMED else outcome.value
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(QUERIES["resume_without_jit"])
+        return sweep_rows(
+            ctx,
+            select_sql=QUERIES["resume_candidates"],
+            params=candidate_params(grace_seconds=ctx.grace_seconds),
+            process=process,
+        )
 
 
 def _in_use(hashes: list[str]) -> set[str]:

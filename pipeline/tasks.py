@@ -7,7 +7,7 @@ no-op even if a job escaped that (e.g. one recovered after its worker died).
 
 from __future__ import annotations
 
-from pipeline import sweeps  # noqa: F401  (declares the staging cleanup sweep)
+from pipeline import sweeps  # noqa: F401  (declares the resume and staging cleanup sweeps)
 from pipeline.models import Stage
 from pipeline.services import TASK_NAMES, pipeline_stage_run
 from queueing.app import task

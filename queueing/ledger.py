@@ -11,20 +11,30 @@ columns with a unique constraint over them (e.g. ``(tenant_id, anfrage_id, stage
   expired cannot overwrite its successor's row.
 
 ``claim`` must commit before the work starts (call it outside ``atomic()``), so that its
-lease is visible to other workers.
+lease is visible to other workers. Work that may outlast the lease runs inside
+``with ledger.renewing(claim):``: a background thread extends the lease every third of
+it (compare-and-set on the token), so a live holder is never taken over, while a dead
+one's lease still runs out.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from django.db import connections, models
+from django.db import DatabaseError, connections, models
 
 from queueing import sql
 from queueing.exceptions import LeaseLost
+
+logger = logging.getLogger(__name__)
+_renew_queries = sql.load("queueing", "ledger.sql")
 
 
 class LedgerStatus(models.TextChoices):
@@ -65,6 +75,16 @@ class Claim:
         return self.outcome is Outcome.CLAIMED
 
 
+class LeaseRenewal:
+    """The live handle of :meth:`Ledger.renewing`: how many renewals landed, and whether
+    the token went stale (``lost``; the holder's ``complete``/``fail`` then raise
+    :class:`LeaseLost`, as without renewal)."""
+
+    def __init__(self) -> None:
+        self.renewals = 0
+        self.lost = threading.Event()
+
+
 @dataclass(frozen=True)
 class Ledger:
     """The claim protocol over ``model``, keyed by ``key_fields`` (its unique columns)."""
@@ -91,6 +111,7 @@ class Ledger:
             ),
             "complete": sql.render(sql.queries["ledger_complete"], table=table),
             "fail": sql.render(sql.queries["ledger_fail"], table=table),
+            "renew": sql.render(_renew_queries["ledger_renew"], table=table),
         }
 
     def claim(
@@ -126,6 +147,85 @@ class Ledger:
         """Mark the claimed stage ``failed`` with ``error``; it stays claimable. Raises
         :class:`LeaseLost` when another worker re-claimed it meanwhile."""
         self._close("fail", claim, {"error": error[:10_000]})
+
+    def renew(self, claim: Claim, *, lease_seconds: float | None = None) -> bool:
+        """Extend the claim's lease to now + ``lease_seconds``; one compare-and-set on the
+        token. False when the token is stale: a successor's lease is never extended."""
+        if not claim.claimed:
+            return False
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(
+                self._statements["renew"],
+                {
+                    "id": claim.entry_id,
+                    "token": claim.token,
+                    "lease_seconds": self.lease_seconds if lease_seconds is None else lease_seconds,
+                },
+            )
+            return cursor.fetchone() is not None
+
+    @contextmanager
+    def renewing(
+        self, claim: Claim, *, lease_seconds: float | None = None, every: float | None = None
+    ) -> Iterator[LeaseRenewal]:
+        """Keep the claim's lease alive while the block runs (call it outside ``atomic()``).
+
+        A background thread with its own connection (closed when the block ends) calls
+        :meth:`renew` every ``every`` seconds (a third of the lease by default). When the
+        token went stale it stops and sets ``lost``. A failed renewal (the database briefly
+        unreachable) is logged and tried again at the next tick. The block's exit waits for
+        a renewal in flight, so none runs beside the caller's closing transaction.
+        """
+        lease = self.lease_seconds if lease_seconds is None else lease_seconds
+        renewal = LeaseRenewal()
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._renew_until,
+            args=(claim, lease, lease / 3 if every is None else every, stop, renewal),
+            name=f"lease-renewal-{self.model.__name__}-{claim.entry_id}",
+            daemon=True,
+        )
+        thread.start()
+        try:
+            yield renewal
+        finally:
+            stop.set()
+            thread.join()
+
+    def _renew_until(
+        self,
+        claim: Claim,
+        lease: float,
+        every: float,
+        stop: threading.Event,
+        renewal: LeaseRenewal,
+    ) -> None:
+        try:
+            while not stop.wait(every):
+                try:
+                    renewed = self.renew(claim, lease_seconds=lease)
+                except DatabaseError:
+                    logger.warning(
+                        "%s %s: lease renewal failed; trying again in %.0f s",
+                        self.model.__name__,
+                        claim.entry_id,
+                        every,
+                        exc_info=True,
+                    )
+                    connections[self.using].close()
+                    continue
+                if not renewed:
+                    logger.warning(
+                        "%s %s: token %s is stale; the lease was taken over",
+                        self.model.__name__,
+                        claim.entry_id,
+                        claim.token,
+                    )
+                    renewal.lost.set()
+                    return
+                renewal.renewals += 1
+        finally:
+            connections[self.using].close()
 
     def _close(self, statement: str, claim: Claim, extra: dict[str, Any]) -> None:
         if not claim.claimed:

@@ -111,6 +111,29 @@ LIVENESS = {
            AND (w.id IS NULL
                 OR greatest(w.last_heartbeat, pg_postmaster_start_time())
                    < now() - %(stall_due)s * interval '1 second')""",
+    "11f. every stage that can run has a live job or is due for the pipeline_resume sweep": """
+        SELECT a.id, s.stage FROM anfragen a
+         CROSS JOIN LATERAL (
+               SELECT o.stage, o.ord, r.status, r.gave_up_at, r.lease_expires_at, r.finished_at
+                 FROM unnest(ARRAY['intake', 'extract', 'feasibility', 'calculate'])
+                      WITH ORDINALITY AS o(stage, ord)
+                 LEFT JOIN pipeline_runs r
+                        ON r.tenant_id = a.tenant_id AND r.anfrage_id = a.id
+                       AND r.stage = o.stage
+                WHERE r.status IS DISTINCT FROM 'success'
+                ORDER BY o.ord LIMIT 1) s
+          LEFT JOIN pipeline_runs p
+                 ON p.tenant_id = a.tenant_id AND p.anfrage_id = a.id
+                AND p.stage = (ARRAY['intake', 'extract', 'feasibility', 'calculate'])[s.ord - 1]
+         WHERE s.gave_up_at IS NULL
+           AND (s.status IS NULL OR s.status = 'failed'
+                OR (s.status = 'running' AND s.lease_expires_at < now()))
+           AND coalesce(s.lease_expires_at, s.finished_at, p.finished_at, a.created_at)
+               < now() - %(pipeline_resume_due_seconds)s * interval '1 second'
+           AND NOT EXISTS (SELECT 1 FROM procrastinate_jobs j
+                            WHERE j.task_name = 'pipeline.' || s.stage
+                              AND j.args ->> 'anfrage_id' = a.id::text
+                              AND j.status IN ('todo', 'doing'))""",
 }
 
 
@@ -173,7 +196,11 @@ def liveness_violations(
     declared = sweeps()
     resume = declared["analysis_resume"]
     unsaved = declared["unsaved_runs"]
+    stages = declared["pipeline_resume"]
     params = {
+        "pipeline_resume_due_seconds": stages.grace_seconds
+        + _period_seconds(stages.cron)
+        + slack_seconds,
         "stall_due": stall + recovery + slack_seconds,
         "resume_due": resume.grace_seconds + _period_seconds(resume.cron) + slack_seconds,
         "save_due": unsaved.grace_seconds + _period_seconds(unsaved.cron) + slack_seconds,

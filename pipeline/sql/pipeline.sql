@@ -1,3 +1,14 @@
+-- replay_lock_runs --
+-- Lock an inquiry's ledger rows in the fixed stage order before a replay decides and
+-- writes (pipeline/replay.py says why this order cannot deadlock). Rows are locked in
+-- the order they are sorted; a row a closing transaction holds is waited for and then
+-- returned as committed.
+SELECT stage, status, lease_expires_at, coalesce(lease_expires_at > now(), false)
+  FROM pipeline_runs
+ WHERE tenant_id = %(tenant_id)s AND anfrage_id = %(anfrage_id)s
+ ORDER BY array_position(%(stages)s::text[], stage::text)
+   FOR UPDATE;
+
 -- replay_reset --
 -- Reopen successful stages for an audited replay: compare-and-set on 'success', so of two
 -- concurrent replays only the first reopens a row (the second finds it reopened already).
@@ -10,6 +21,34 @@ UPDATE pipeline_runs
    AND stage = ANY(%(stages)s)
    AND status = 'success'
 RETURNING stage;
+
+-- replay_clear_resumes --
+-- A replay gives the replayed stages a fresh resume budget and lifts a give-up.
+UPDATE pipeline_runs
+   SET resumes = 0, gave_up_at = NULL
+ WHERE tenant_id = %(tenant_id)s
+   AND anfrage_id = %(anfrage_id)s
+   AND stage = ANY(%(stages)s)
+   AND (resumes <> 0 OR gave_up_at IS NOT NULL);
+
+-- anfrage_reopen --
+-- A replay puts the inquiry back among those in flight (the resume sweep reads only
+-- those). The guard writes nothing when it already is.
+UPDATE anfragen SET completed_at = NULL WHERE id = %(anfrage_id)s AND completed_at IS NOT NULL;
+
+-- calculate_close --
+-- Calculate's closing write: the quote, and completed_at in the same UPDATE, set only
+-- when every earlier stage is still 'success' (a replay without --cascade may have
+-- reopened one meanwhile).
+UPDATE anfragen a
+   SET quote_total = %(total)s,
+       currency = %(currency)s,
+       completed_at = CASE WHEN NOT EXISTS (
+                          SELECT 1 FROM pipeline_runs r
+                           WHERE r.tenant_id = a.tenant_id AND r.anfrage_id = a.id
+                             AND r.stage = ANY(%(earlier)s) AND r.status <> 'success')
+                      THEN now() END
+ WHERE a.id = %(anfrage_id)s;
 
 -- replayable_runs --
 -- Runs of one stage that need a replay: failed, or abandoned while running (lease
@@ -48,3 +87,120 @@ SELECT DISTINCT u.entry ->> 'sha256'
         SELECT 1 FROM pipeline_runs r
          WHERE r.tenant_id = a.tenant_id AND r.anfrage_id = a.id
            AND r.stage = 'intake' AND r.status = 'success');
+
+-- resume_without_jit --
+-- For the resume sweep's transaction: once open inquiries number in the thousands, the
+-- candidates' plan costs enough for PostgreSQL to JIT-compile it, and compiling takes
+-- longer than the query (measured: 240 ms instead of 140 ms at 10,000 open inquiries,
+-- 3.7 s instead of 1.7 s at 100,000).
+SET LOCAL jit = off;
+
+-- resume_candidates --
+-- Open inquiries whose pipeline stopped: the first stage that is not 'success' has no
+-- ledger row, a 'failed' one, or a 'running' one whose lease expired; the sweep has not
+-- given up on it; it has been idle for the grace period (since it failed, its lease ran
+-- out, or the stage before it succeeded); and no job of its stage key is waiting or
+-- running. Also open inquiries whose stages all succeeded (stage NULL: a replay without
+-- --cascade ran an earlier stage again), to be closed. Only open inquiries are read
+-- (partial index anfragen_open_idx), oldest first. FOR NO KEY UPDATE rather than FOR
+-- UPDATE: inserts that reference the inquiry (a claim, positions) take KEY SHARE and are
+-- not blocked by the sweep. The stage job's queueing lock comes from its one builder as
+-- a template (%(lock_template)s) whose markers are filled in per row. 'todo' and 'doing'
+-- are probed apart: procrastinate's unique index on queueing_lock covers 'todo', and the
+-- 'doing' jobs are few (one per busy worker thread); one probe for both would read every
+-- waiting job, a backlog's worth, for each inquiry.
+SELECT a.id, a.tenant_id, s.stage, s.run_id, coalesce(s.resumes, 0), coalesce(s.error, '')
+  FROM anfragen a
+  JOIN tenants t ON t.id = a.tenant_id
+  LEFT JOIN LATERAL (
+        SELECT o.stage, o.ord, r.id AS run_id, r.status, r.resumes, r.error, r.gave_up_at,
+               r.lease_expires_at, r.finished_at
+          FROM unnest(%(stages)s::text[]) WITH ORDINALITY AS o(stage, ord)
+          LEFT JOIN pipeline_runs r
+                 ON r.tenant_id = a.tenant_id AND r.anfrage_id = a.id AND r.stage = o.stage
+         WHERE r.status IS DISTINCT FROM 'success'
+         ORDER BY o.ord
+         LIMIT 1) s ON true
+ WHERE a.completed_at IS NULL
+   AND (%(anfrage_id)s::bigint IS NULL OR a.id = %(anfrage_id)s::bigint)
+   AND (s.stage IS NULL
+        OR (s.gave_up_at IS NULL
+            AND (s.status IS NULL
+                 OR s.status = 'failed'
+                 OR (s.status = 'running' AND s.lease_expires_at < now()))
+            AND coalesce(s.lease_expires_at,
+                         s.finished_at,
+                         (SELECT p.finished_at
+                            FROM pipeline_runs p
+                           WHERE p.tenant_id = a.tenant_id AND p.anfrage_id = a.id
+                             AND p.stage = (%(stages)s::text[])[s.ord - 1]),
+                         a.created_at) < now() - %(grace_seconds)s * interval '1 second'
+            AND NOT EXISTS (
+                SELECT 1
+                  FROM procrastinate_jobs j
+                 WHERE j.queueing_lock = replace(replace(replace(%(lock_template)s,
+                           '@stage@', s.stage), '@tenant@', t.slug), '@anfrage@', a.id::text)
+                   AND j.status = 'todo')
+            AND NOT EXISTS (
+                SELECT 1
+                  FROM procrastinate_jobs j
+                 WHERE j.queueing_lock = replace(replace(replace(%(lock_template)s,
+                           '@stage@', s.stage), '@tenant@', t.slug), '@anfrage@', a.id::text)
+                   AND j.status = 'doing')))
+ ORDER BY a.id
+ LIMIT %(limit)s
+   FOR NO KEY UPDATE OF a SKIP LOCKED;
+
+-- resume_lock_run --
+-- Lock the stopped stage's ledger row without waiting and re-check it: a row someone
+-- holds (a replay, a claim) is being worked on, and the sweep holds the inquiry's row, so
+-- waiting here could deadlock with a replay (which locks ledger rows first).
+SELECT resumes, error
+  FROM pipeline_runs
+ WHERE id = %(run_id)s
+   AND gave_up_at IS NULL
+   AND (status = 'failed' OR (status = 'running' AND lease_expires_at < now()))
+   FOR UPDATE SKIP LOCKED;
+
+-- resume_record --
+-- Count one resume on the stage's ledger row, once its job was created. A stage whose job
+-- was lost before any claim gets a 'failed' row saying so (the claim takes failed rows;
+-- attempts 0, so its first claim is token 1); an existing row keeps status and error.
+INSERT INTO pipeline_runs AS r (tenant_id, anfrage_id, stage, status, attempts, input_hash,
+                                finished_at, error, resumes)
+VALUES (%(tenant_id)s, %(anfrage_id)s, %(stage)s, 'failed', 0, '', now(), %(error)s, 1)
+ON CONFLICT (tenant_id, anfrage_id, stage) DO UPDATE
+   SET resumes = r.resumes + 1
+ WHERE r.status <> 'success'
+RETURNING r.resumes;
+
+-- resume_give_up --
+-- Stop resuming a stage: 'failed' with the reason, visible, and never picked by the sweep
+-- again (gave_up_at) until a replay clears it; a stage whose job was lost before any
+-- claim gets such a row. The caller holds an existing row's lock (resume_lock_run). It
+-- fences off a worker that still holds a lapsed lease: its complete needs 'running'.
+INSERT INTO pipeline_runs AS r (tenant_id, anfrage_id, stage, status, attempts, input_hash,
+                                finished_at, error, gave_up_at)
+VALUES (%(tenant_id)s, %(anfrage_id)s, %(stage)s, 'failed', 0, '', now(), %(error)s, now())
+ON CONFLICT (tenant_id, anfrage_id, stage) DO UPDATE
+   SET status = 'failed',
+       gave_up_at = now(),
+       lease_expires_at = NULL,
+       finished_at = coalesce(r.finished_at, now()),
+       error = EXCLUDED.error
+ WHERE r.gave_up_at IS NULL AND r.status <> 'success'
+RETURNING r.id;
+
+-- anfrage_close --
+-- Close an open inquiry whose stages all succeeded; re-checked in the statement.
+UPDATE anfragen a
+   SET completed_at = now()
+ WHERE a.id = %(anfrage_id)s
+   AND a.completed_at IS NULL
+   AND (SELECT count(*)
+          FROM pipeline_runs r
+         WHERE r.tenant_id = a.tenant_id
+           AND r.anfrage_id = a.id
+           AND r.stage = ANY(%(stages)s)
+           AND r.status = 'success') = cardinality(%(stages)s::text[])
+RETURNING a.id;

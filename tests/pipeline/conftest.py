@@ -3,6 +3,7 @@ worker subprocesses that share the storage root."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from pipeline.models import Anfrage, Stage
 from pipeline.services import Upload, anfrage_submit, pipeline_stage_run
+from tests.conftest import run_concurrently
 from tests.factories import TenantFactory, UserFactory
 from tests.pipeline.extractors import ScriptedExtractor
 
@@ -60,6 +62,15 @@ def submit(tenant, files: dict[str, str | bytes] | None = None, *, title: str = 
         for name, data in files.items()
     ]
     return anfrage_submit(tenant=tenant, uploads=uploads, title=title, actor="test")
+
+
+def in_background(func: Callable[[], object]) -> tuple[threading.Thread, list]:
+    """Start ``func()`` in a thread with its own connection (another worker, an operator).
+    After joining the thread, the list holds its result or the exception it raised."""
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.extend(run_concurrently(lambda i: func(), 1)))
+    thread.start()
+    return thread, outcome
 
 
 def run_stages(anfrage_id: int, stages=tuple(Stage)) -> list[str]:

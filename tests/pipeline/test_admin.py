@@ -1,6 +1,13 @@
 """The pipeline's admin: every page renders with rows present, filters and searches work,
 system rows are read-only, the replay actions call the replay service and say what
-happened, and each run links its procrastinate jobs."""
+happened, each run links its procrastinate jobs, and a stage the resume sweep gave up on
+is shown as such.
+
+Fault model: the admin writes only through the replay service, so its faults (a replay
+racing a stage, two replays at once) are those of ``test_replay.py``; here an operator
+acting on stale rows is refused with the reason (test_replay_actions), and a given-up
+stage is visible and replayable (test_a_stage_the_resume_sweep_gave_up_on_is_shown_and_replayable).
+"""
 
 from __future__ import annotations
 
@@ -187,3 +194,36 @@ def test_replay_actions(admin_client, finished):
         f"{finished.id} has not succeeded (failed); replay feasibility first",
     ]
     assert len(jobs()) == 1
+
+
+def test_a_stage_the_resume_sweep_gave_up_on_is_shown_and_replayable(admin_client, tenant):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, stages=(Stage.INTAKE,))
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM procrastinate_jobs")
+    PipelineRun.objects.create(
+        tenant=tenant,
+        anfrage=anfrage,
+        stage="extract",
+        status="failed",
+        resumes=3,
+        gave_up_at=timezone.now(),
+        error="gave up after 3 resumes; replay it with manage.py replay_stage",
+    )
+    runs = reverse("admin:pipeline_pipelinerun_changelist")
+    listed = admin_client.get(runs, {"resume": "gave_up"})
+    assert result_count(listed) == 1 and b"failed (gave up)" in listed.content
+    assert result_count(admin_client.get(runs, {"resume": "resumed"})) == 1
+    board = admin_client.get(reverse("admin:pipeline_anfrage_changelist"))
+    assert b"extract failed (gave up)" in board.content
+    detail = admin_client.get(reverse("admin:pipeline_anfrage_change", args=[anfrage.id]))
+    assert b"failed (gave up)" in detail.content
+
+    run = PipelineRun.objects.get(anfrage=anfrage, stage="extract")
+    response = admin_client.post(
+        runs, {"action": "replay_stage", "_selected_action": [run.id]}, follow=True
+    )
+    assert messages_of(response) == ["1 stage(s) queued for replay (one job each)."]
+    run.refresh_from_db()
+    assert (run.resumes, run.gave_up_at, run.display_status) == (0, None, "failed")
+    assert result_count(admin_client.get(runs, {"resume": "gave_up"})) == 0

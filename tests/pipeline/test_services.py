@@ -1,4 +1,38 @@
-"""The stage protocol in one process: submit, the four stages, retries, files, replays."""
+"""The stage protocol in one process: submit, the four stages, retries, files, leases.
+
+Fault model — at each step, what can die, stall or race; what must hold; the test:
+
+submit
+  - bad input: refused, nothing written (test_bad_input_writes_nothing)
+claim
+  - the same stage run ten times at once: the work is done once
+    (test_the_same_stage_run_ten_times_at_once_does_the_work_once)
+  - the same stage enqueued ten times at once: one job
+    (test_the_same_stage_enqueued_ten_times_at_once_is_one_job)
+  - another worker holds a live lease: ``RetryLater``, never a skip; once the lease has
+    lapsed the retry takes over (test_busy_stage_retries_later_and_an_expired_lease_is_taken_over)
+compute
+  - the stage raises: the run is ``failed``, the retry takes over
+    (test_a_stage_error_marks_the_run_failed_and_the_retry_takes_over); intake's retry
+    stores each file once (test_intake_retry_after_a_failure_stores_each_file_once);
+    extract's failure keeps the old positions
+    (test_extract_failure_keeps_the_old_positions_until_new_ones_commit)
+  - an error no retry fixes: the job fails at once
+    (test_a_missing_inquiry_is_not_retried,
+    test_a_vanished_catalog_item_fails_calculate_without_retries,
+    test_a_broken_catalog_is_recorded_on_the_run_and_not_retried)
+  - the compute outlasts the lease while its worker lives: the lease is renewed, a second
+    claimer is busy (test_a_stage_computing_past_its_lease_is_not_taken_over)
+  - the worker stalls past its lease and is taken over: it commits nothing, and its
+    renewal never extends the successor's lease
+    (test_a_worker_whose_lease_was_taken_over_commits_nothing,
+    test_a_stalled_stage_taken_over_never_extends_its_successors_lease)
+close
+  - readers during a retry see the old positions until the new ones commit
+    (test_readers_see_the_old_positions_while_a_retry_extracts)
+  - a replay racing the closing transaction: see ``test_replay.py``
+  - the job is lost after a failure: see ``test_resume.py``
+"""
 
 from __future__ import annotations
 
@@ -6,21 +40,18 @@ import datetime
 import threading
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from pipeline import services, storage
 from pipeline.exceptions import (
-    AnfrageNotFound,
     BinaryFile,
     EmptyFile,
     FileTooLarge,
     InvalidTitle,
     NoFiles,
-    ReplayRefused,
     TooManyFiles,
     UnknownFormat,
-    UnknownStage,
     UnparseableFile,
 )
 from pipeline.models import (
@@ -32,28 +63,23 @@ from pipeline.models import (
     Position,
     Stage,
 )
+from pipeline.replay import pipeline_stage_replay
 from pipeline.services import (
     LEDGER,
     StageOutcome,
     Upload,
     anfrage_submit,
     pipeline_stage_enqueue,
-    pipeline_stage_replay,
     pipeline_stage_run,
 )
 from queueing.exceptions import DoNotRetry, RetryLater
-from tests.conftest import jobs, run_concurrently
-from tests.pipeline.conftest import ITEMS_CSV, ITEMS_TXT, run_stages, submit
+from queueing.ledger import Ledger
+from tests.conftest import jobs, run_concurrently, wait_for
+from tests.pipeline.conftest import ITEMS_CSV, ITEMS_TXT, in_background, run_stages, submit
 
 
 def runs(anfrage) -> dict[str, tuple[str, int]]:
     return {r.stage: (r.status, r.attempts) for r in PipelineRun.objects.filter(anfrage=anfrage)}
-
-
-def drop_jobs() -> None:
-    """Forget the jobs the inline stage runs enqueued (no worker consumed them)."""
-    with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM procrastinate_jobs")
 
 
 def positions(anfrage) -> list[tuple[int, int, str]]:
@@ -297,6 +323,11 @@ def test_busy_stage_retries_later_and_an_expired_lease_is_taken_over(tenant):
 # --- concurrency (committed data, real concurrent connections)
 
 
+def extract_in_background(anfrage) -> tuple[threading.Thread, list]:
+    """Run extract as another worker would, in a thread with its own connection."""
+    return in_background(lambda: pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT))
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_same_stage_run_ten_times_at_once_does_the_work_once(clean_queue, tenant):
     anfrage = submit(tenant)
@@ -336,15 +367,7 @@ def test_readers_see_the_old_positions_while_a_retry_extracts(
     )
     scripted_extractor.block = True
     scripted_extractor.keep = 2
-    outcome: list = []
-    thread = threading.Thread(
-        target=lambda: outcome.append(
-            run_concurrently(
-                lambda i: pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT), 1
-            )[0]
-        )
-    )
-    thread.start()
+    thread, outcome = extract_in_background(anfrage)
     assert scripted_extractor.entered.wait(timeout=20)
     assert positions(anfrage) == before
     assert runs(anfrage)["extract"] == ("running", 2)
@@ -366,15 +389,7 @@ def test_a_worker_whose_lease_was_taken_over_commits_nothing(
     )
     scripted_extractor.block = True
     scripted_extractor.keep = 1
-    outcome: list = []
-    thread = threading.Thread(
-        target=lambda: outcome.append(
-            run_concurrently(
-                lambda i: pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT), 1
-            )[0]
-        )
-    )
-    thread.start()
+    thread, outcome = extract_in_background(anfrage)
     assert scripted_extractor.entered.wait(timeout=20)
     # The slow worker's lease expires and a successor claims the stage (token 3).
     PipelineRun.objects.filter(anfrage=anfrage, stage="extract").update(
@@ -389,142 +404,77 @@ def test_a_worker_whose_lease_was_taken_over_commits_nothing(
     assert runs(anfrage)["extract"] == ("running", 3)
 
 
-# --- replays
+# --- lease renewal: a live worker keeps its stage however long it computes
 
 
-def test_replay_refusals(tenant, other_tenant):
-    anfrage = submit(tenant)
-    with pytest.raises(ReplayRefused, match=r"intake of inquiry .* has not succeeded"):
-        pipeline_stage_replay(
-            tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", actor="test"
+def lease_is_live(anfrage, stage: Stage) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT lease_expires_at > now() FROM pipeline_runs "
+            "WHERE anfrage_id = %s AND stage = %s",
+            [anfrage.id, stage.value],
         )
-    run_stages(anfrage.id)
-    with pytest.raises(ReplayRefused, match="pass --force"):
-        pipeline_stage_replay(
-            tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", actor="test"
-        )
-    with pytest.raises(UnknownStage, match="intake, extract, feasibility, calculate"):
-        pipeline_stage_replay(
-            tenant_id=tenant.id, anfrage_id=anfrage.id, stage="bake", actor="test"
-        )
-    with pytest.raises(AnfrageNotFound):
-        pipeline_stage_replay(
-            tenant_id=other_tenant.id,
-            anfrage_id=anfrage.id,
-            stage="extract",
-            force=True,
-            actor="test",
-        )
-    PipelineRun.objects.filter(anfrage=anfrage, stage="calculate").update(
-        status="running", lease_expires_at=timezone.now() + datetime.timedelta(minutes=5)
-    )
-    with pytest.raises(ReplayRefused, match=r"calculate of inquiry .* is running"):
-        pipeline_stage_replay(
-            tenant_id=tenant.id,
-            anfrage_id=anfrage.id,
-            stage="extract",
-            force=True,
-            cascade=True,
-            actor="test",
-        )
-    assert not AuditEntry.objects.filter(action="stage.replayed").exists()
-
-
-def test_dry_run_changes_nothing(tenant):
-    anfrage = submit(tenant)
-    run_stages(anfrage.id)
-    job_count = len(jobs())
-    result = pipeline_stage_replay(
-        tenant_id=tenant.id,
-        anfrage_id=anfrage.id,
-        stage="extract",
-        force=True,
-        cascade=True,
-        dry_run=True,
-        actor="test",
-    )
-    assert result.reopened == ("extract", "feasibility", "calculate") and result.dry_run
-    assert runs(anfrage) == {s.value: ("success", 1) for s in Stage}
-    assert len(jobs()) == job_count
-    assert not AuditEntry.objects.filter(action="stage.replayed").exists()
-
-
-def test_forced_replay_without_cascade_runs_only_that_stage(tenant):
-    anfrage = submit(tenant)
-    run_stages(anfrage.id)
-    drop_jobs()
-    result = pipeline_stage_replay(
-        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="feasibility", force=True, actor="ops"
-    )
-    assert result.reopened == ("feasibility",) and result.enqueued
-    run = PipelineRun.objects.get(anfrage=anfrage, stage="feasibility")
-    assert run.status == "failed" and "replay requested by ops" in run.error
-    assert run_stages(anfrage.id) == ["skipped", "skipped", "completed", "skipped"]
-    assert runs(anfrage)["feasibility"] == ("success", 2)
-    [entry] = AuditEntry.objects.filter(action="stage.replayed")
-    assert entry.actor == "ops"
-    assert entry.payload == {
-        "stage": "feasibility",
-        "force": True,
-        "cascade": False,
-        "reopened": ["feasibility"],
-        "job_id": result.job_id,
-        "enqueued": True,
-    }
-
-
-def test_cascade_replay_reruns_the_later_stages(tenant):
-    anfrage = submit(tenant)
-    run_stages(anfrage.id)
-    result = pipeline_stage_replay(
-        tenant_id=tenant.id,
-        anfrage_id=anfrage.id,
-        stage="extract",
-        force=True,
-        cascade=True,
-        actor="ops",
-    )
-    assert result.reopened == ("extract", "feasibility", "calculate")
-    assert run_stages(anfrage.id) == ["skipped", "completed", "completed", "completed"]
-    assert runs(anfrage) == {
-        "intake": ("success", 1),
-        "extract": ("success", 2),
-        "feasibility": ("success", 2),
-        "calculate": ("success", 2),
-    }
-    anfrage.refresh_from_db()
-    assert anfrage.quote_total is not None
-
-
-def test_replay_of_a_failed_stage_needs_no_force(tenant):
-    anfrage = submit(tenant)
-    run_stages(anfrage.id, [Stage.INTAKE])
-    claim = LEDGER.claim(tenant=tenant.id, anfrage=anfrage.id, stage="extract")
-    LEDGER.fail(claim, error="boom")
-    result = pipeline_stage_replay(
-        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", actor="ops"
-    )
-    assert result.reopened == () and result.job_id is not None
+        return cursor.fetchone()[0]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_same_replay_twice_at_once_enqueues_once(clean_queue, tenant):
+def test_a_stage_computing_past_its_lease_is_not_taken_over(
+    clean_queue, tenant, scripted_extractor, settings
+):
+    settings.PIPELINE_LEASE_SECONDS = 1.5
     anfrage = submit(tenant)
-    run_stages(anfrage.id)
-    drop_jobs()
-    results = run_concurrently(
-        lambda i: pipeline_stage_replay(
-            tenant_id=tenant.id,
-            anfrage_id=anfrage.id,
-            stage="extract",
-            force=True,
-            cascade=True,
-            actor=f"ops-{i}",
-        ),
-        2,
+    run_stages(anfrage.id, [Stage.INTAKE])
+    scripted_extractor.block = True
+    thread, outcome = extract_in_background(anfrage)
+    assert scripted_extractor.entered.wait(timeout=20)
+    # The compute has outlasted its lease; the live worker's renewal extends it again.
+    PipelineRun.objects.filter(anfrage=anfrage, stage="extract").update(
+        lease_expires_at=timezone.now() - datetime.timedelta(seconds=1)
     )
-    assert sum(r.enqueued for r in results) == 1, results
-    assert len({r.job_id for r in results}) == 1
-    assert sorted(len(r.reopened) for r in results) == [0, 3]
-    assert len(jobs(task_name="pipeline.extract")) == 1
-    assert AuditEntry.objects.filter(action="stage.replayed").count() == 2
+    wait_for(lambda: lease_is_live(anfrage, Stage.EXTRACT), timeout=10, message="a renewal")
+    [second] = run_concurrently(
+        lambda i: pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT), 1
+    )
+    assert isinstance(second, RetryLater), second
+    scripted_extractor.release.set()
+    thread.join(timeout=20)
+    assert outcome == [StageOutcome.COMPLETED]
+    assert runs(anfrage)["extract"] == ("success", 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stalled_stage_taken_over_never_extends_its_successors_lease(
+    clean_queue, tenant, scripted_extractor, settings, monkeypatch
+):
+    settings.PIPELINE_LEASE_SECONDS = 1.5
+    real_renew = Ledger.renew
+    renewals: list[tuple[int, bool]] = []
+
+    def spy(self, claim, **kwargs):
+        renewed = real_renew(self, claim, **kwargs)
+        renewals.append((claim.token, renewed))
+        return renewed
+
+    monkeypatch.setattr(Ledger, "renew", spy)
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, [Stage.INTAKE])
+    scripted_extractor.block = True
+    thread, outcome = extract_in_background(anfrage)
+    assert scripted_extractor.entered.wait(timeout=20)
+    # The worker stalls past its lease and a successor takes over (token 2).
+    with transaction.atomic():
+        PipelineRun.objects.filter(anfrage=anfrage, stage="extract").update(
+            lease_expires_at=timezone.now() - datetime.timedelta(seconds=1)
+        )
+        successor = LEDGER.claim(
+            tenant=tenant.id, anfrage=anfrage.id, stage="extract", lease_seconds=300
+        )
+    assert successor.token == 2
+    successor_lease = PipelineRun.objects.get(pk=successor.entry_id).lease_expires_at
+    wait_for(lambda: (1, False) in renewals, timeout=10, message="the stale worker's renewal")
+    assert PipelineRun.objects.get(pk=successor.entry_id).lease_expires_at == successor_lease
+    scripted_extractor.release.set()
+    thread.join(timeout=20)
+    assert outcome == [StageOutcome.LEASE_LOST]
+    assert runs(anfrage)["extract"] == ("running", 2)
+    assert not Position.objects.filter(anfrage=anfrage).exists()

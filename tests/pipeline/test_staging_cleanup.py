@@ -11,7 +11,8 @@ from django.db import connections, transaction
 
 from pipeline import storage
 from pipeline.models import Stage
-from pipeline.services import STAGING_LOCK, pipeline_stage_replay
+from pipeline.replay import pipeline_stage_replay
+from pipeline.services import STAGING_LOCK
 from queueing import locks
 from queueing.sweeps import run_sweep
 from tests.pipeline.conftest import ITEMS_CSV, ITEMS_TXT, run_stages, submit

@@ -1,4 +1,18 @@
-"""The pipeline on real worker subprocesses: throughput, deduplication, SIGKILL recovery."""
+"""The pipeline on real worker subprocesses: throughput, deduplication, SIGKILL recovery,
+and a stage whose job failed for good resumed by the pipeline_resume sweep.
+
+Fault model — what can die, stall or race; what must hold; the test:
+
+- twenty inquiries on two workers at once: every stage succeeds once
+  (test_twenty_inquiries_run_through_all_four_stages)
+- the same stage enqueued ten times at once: one job, run once
+  (test_the_same_stage_enqueued_ten_times_at_once_runs_once)
+- a worker SIGKILLed inside extract: the stalled sweep and a new worker recover it without
+  duplicate positions (test_a_worker_killed_inside_extract_leaves_no_duplicates_and_recovers)
+- a stage's job fails for good (an error no retry fixes): once the cause is fixed and the
+  grace has passed, the resume sweep re-enqueues it and a worker completes the pipeline
+  (test_a_stage_whose_job_failed_for_good_is_resumed_by_the_sweep)
+"""
 
 from __future__ import annotations
 
@@ -10,7 +24,7 @@ from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 
-from pipeline.models import Anfrage, PipelineRun, Position, Stage
+from pipeline.models import Anfrage, Catalog, PipelineRun, Position, Stage
 from pipeline.services import pipeline_stage_enqueue
 from queueing.sweeps import run_sweep
 from tests.conftest import jobs, run_concurrently, wait_for
@@ -123,3 +137,35 @@ def test_a_worker_killed_inside_extract_leaves_no_duplicates_and_recovers(
         .values_list("position_index", flat=True)
     ) == [1, 2, 3]
     assert [j["status"] for j in jobs(task_name="pipeline.extract")] == ["succeeded"]
+
+
+def test_a_stage_whose_job_failed_for_good_is_resumed_by_the_sweep(clean_queue, pipeline_worker):
+    tenant = TenantFactory(slug="acme")
+    broken = Catalog.objects.create(tenant=tenant, name="empty", materials={})
+    anfrage = submit(tenant)
+    worker = pipeline_worker()
+    wait_for(
+        lambda: [j["status"] for j in jobs(task_name="pipeline.feasibility")] == ["failed"],
+        timeout=30,
+        message=f"feasibility to fail for good; {worker.log()[-2000:]}",
+    )
+    run = PipelineRun.objects.get(anfrage=anfrage, stage="feasibility")
+    assert run.status == "failed" and run.error.startswith("InvalidCatalog: ")
+
+    broken.delete()  # the operator fixes the cause: the default catalog applies again
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE pipeline_runs SET finished_at = finished_at - interval '1 hour'"
+            " WHERE anfrage_id = %s",
+            [anfrage.id],
+        )
+    # The worker runs the sweep on its own tick too; either run resumes it, once.
+    run_sweep("pipeline_resume")
+    wait_for(
+        lambda: successes() == 4, timeout=30, message=f"the resumed run; {worker.log()[-2000:]}"
+    )
+    assert_one_success_per_stage([anfrage])
+    run = PipelineRun.objects.get(anfrage=anfrage, stage="feasibility")
+    assert (run.attempts, run.resumes) == (2, 1)
+    assert Anfrage.objects.get(pk=anfrage.id).completed_at is not None
+    assert run_sweep("pipeline_resume").selected == 0

@@ -1,11 +1,39 @@
+"""The stage ledger (``queueing/ledger.py``): claim, complete, fail, lease renewal.
+
+Fault model — at each step, what can die, stall or race; what must hold; the test:
+
+claim
+  - N workers claim at once: one is *claimed*, the rest *busy*
+    (test_sixteen_concurrent_claimers_one_claims_the_rest_are_busy)
+  - the stage already succeeded: *done*, the row never changes
+    (test_after_success_every_claim_is_done_and_the_row_never_changes)
+compute
+  - the holder dies, its lease runs out: a successor claims with token + 1, the old holder
+    is fenced off (test_expired_lease_is_reclaimed_and_the_old_holder_is_fenced_off)
+  - the holder lives longer than its lease: the renewal keeps it; a second claimer is
+    *busy* (test_renewal_keeps_a_live_holders_lease_past_its_length)
+  - the holder stalled and was taken over while its renewal thread runs: the stale
+    renewal extends nothing and records the loss
+    (test_a_renewal_after_a_takeover_does_not_extend_the_successors_lease,
+    test_renew_is_compare_and_set_on_the_token)
+renewal
+  - the database is briefly unreachable: logged, renewed at the next tick
+    (test_a_failed_renewal_is_tried_again)
+  - the block ends: the thread stops and closes its connection
+    (test_the_renewal_thread_closes_its_connection)
+fail
+  - the work raised: ``failed`` with the error, claimable again
+    (test_failed_row_stays_claimable_and_keeps_the_error)
+"""
+
 from __future__ import annotations
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection, transaction
 
 from queueing.exceptions import LeaseLost
 from queueing.ledger import Ledger, Outcome
-from tests.conftest import run_concurrently
+from tests.conftest import run_concurrently, wait_for
 from tests.queueing.models import Step
 
 LEDGER = Ledger(model=Step, key_fields=("unit", "stage"), lease_seconds=60)
@@ -90,3 +118,90 @@ def test_closing_an_unclaimed_result_is_refused():
     assert first.claimed and done.outcome is Outcome.DONE
     with pytest.raises(LeaseLost):
         LEDGER.complete(done)
+
+
+# --- lease renewal: time moves by back-dating the lease, never by sleeping
+
+
+def lease_is_live(entry_id: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT lease_expires_at > now() FROM test_steps WHERE id = %s", [entry_id])
+        return cursor.fetchone()[0]
+
+
+def test_renewal_keeps_a_live_holders_lease_past_its_length():
+    claim = LEDGER.claim(unit="r1", stage="extract")
+    with LEDGER.renewing(claim, every=0.05) as renewal:
+        # The holder has computed for longer than its lease.
+        expire_lease("r1", "extract")
+        wait_for(lambda: lease_is_live(claim.entry_id), timeout=10, message="a renewal")
+        [second] = run_concurrently(lambda i: LEDGER.claim(unit="r1", stage="extract"), 1)
+        assert second.outcome is Outcome.BUSY
+    assert renewal.renewals >= 1 and not renewal.lost.is_set()
+    LEDGER.complete(claim)
+    row = Step.objects.get(pk=claim.entry_id)
+    assert (row.status, row.attempts) == ("success", 1)
+
+
+def test_a_renewal_after_a_takeover_does_not_extend_the_successors_lease():
+    old = LEDGER.claim(unit="r2", stage="extract")
+    with LEDGER.renewing(old, every=0.05) as renewal:
+        # The old holder stalled past its lease and a successor took over; a renewal
+        # racing this transaction waits for it and then finds the token stale.
+        with transaction.atomic():
+            expire_lease("r2", "extract")
+            new = LEDGER.claim(unit="r2", stage="extract", lease_seconds=120)
+        assert new.outcome is Outcome.CLAIMED and new.token == old.token + 1
+        successor_lease = Step.objects.get(pk=new.entry_id).lease_expires_at
+        wait_for(renewal.lost.is_set, timeout=10, message="the stale renewal")
+    assert Step.objects.get(pk=new.entry_id).lease_expires_at == successor_lease
+    with pytest.raises(LeaseLost):
+        LEDGER.complete(old)
+    LEDGER.complete(new)
+
+
+def test_renew_is_compare_and_set_on_the_token():
+    old = LEDGER.claim(unit="r3", stage="extract")
+    assert LEDGER.renew(old)
+    expire_lease("r3", "extract")
+    new = LEDGER.claim(unit="r3", stage="extract")
+    successor_lease = Step.objects.get(pk=new.entry_id).lease_expires_at
+    assert not LEDGER.renew(old)
+    assert Step.objects.get(pk=new.entry_id).lease_expires_at == successor_lease
+    assert LEDGER.renew(new, lease_seconds=600)
+    assert Step.objects.get(pk=new.entry_id).lease_expires_at > successor_lease
+    LEDGER.complete(new)
+    assert not LEDGER.renew(new), "a closed row's lease is not renewed"
+
+
+def test_a_failed_renewal_is_tried_again(monkeypatch):
+    real_renew = Ledger.renew
+    calls = []
+
+    def flaky_renew(self, claim, **kwargs):
+        calls.append(claim.entry_id)
+        if len(calls) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return real_renew(self, claim, **kwargs)
+
+    monkeypatch.setattr(Ledger, "renew", flaky_renew)
+    claim = LEDGER.claim(unit="r4", stage="extract")
+    with LEDGER.renewing(claim, every=0.05) as renewal:
+        wait_for(lambda: renewal.renewals >= 1, timeout=10, message="a renewal after the error")
+    assert len(calls) >= 2 and not renewal.lost.is_set()
+    LEDGER.complete(claim)
+
+
+def backends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return cursor.fetchone()[0]
+
+
+def test_the_renewal_thread_closes_its_connection():
+    claim = LEDGER.claim(unit="r5", stage="extract")
+    before = backends()
+    with LEDGER.renewing(claim, every=0.05) as renewal:
+        wait_for(lambda: renewal.renewals >= 1, timeout=10, message="a renewal")
+        assert backends() == before + 1
+    wait_for(lambda: backends() == before, timeout=10, message="the renewal's connection closed")

@@ -48,7 +48,7 @@ class Command(BaseCommand):
                     anfrage.id,
                     anfrage.tenant.slug,
                     _short(anfrage.title, 30),
-                    *(s.status for s in stages),
+                    *(s.display for s in stages),
                     anfrage.quote_total,
                 )
             )
@@ -61,8 +61,9 @@ class Command(BaseCommand):
         stage_rows = [
             (
                 s.stage,
-                s.status,
+                s.display,
                 s.attempts,
+                s.resumes,
                 s.started_at and f"{s.started_at:%Y-%m-%d %H:%M:%S}",
                 s.finished_at and f"{s.finished_at:%Y-%m-%d %H:%M:%S}",
                 _short(s.error),
@@ -71,7 +72,8 @@ class Command(BaseCommand):
         ]
         self.stdout.write(
             format_table(
-                ("stage", "status", "attempts", "started", "finished", "error"), stage_rows
+                ("stage", "status", "attempts", "resumes", "started", "finished", "error"),
+                stage_rows,
             )
         )
         self.stdout.write("")
@@ -114,6 +116,13 @@ class Command(BaseCommand):
                     ("line", "warning", "text"),
                     [(w.line_no, w.message, _short(w.line, 50)) for w in detail.warnings],
                 )
+            )
+        given_up = [s.stage for s in detail.stages if s.gave_up]
+        if given_up:
+            self.stdout.write(
+                f"the resume sweep gave up on {', '.join(given_up)}: replay it with "
+                f"'manage.py replay_stage --tenant {anfrage.tenant.slug} --anfrage {anfrage.id} "
+                f"--stage {given_up[0]}'"
             )
         total = anfrage.quote_total
         self.stdout.write("")

@@ -13,8 +13,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from pipeline.exceptions import PipelineError
 from pipeline.models import Stage
+from pipeline.replay import pipeline_stage_replay
 from pipeline.selectors import parse_stage, tenant_by_slug
-from pipeline.services import pipeline_stage_replay
 from queueing.display import format_table
 
 

@@ -1,0 +1,349 @@
+"""Replays (``pipeline/replay.py``): refusals, dry runs, forced and cascading replays,
+the same replay twice at once, and replays racing a stage that runs meanwhile.
+
+Fault model — at each step, what can die, stall or race; what must hold; the test:
+
+decide (under the ledger rows' locks)
+  - an earlier stage has not succeeded, a target runs under a live lease, a success
+    without --force, another tenant: refused, nothing written (test_replay_refusals)
+  - a dry run: nothing written (test_dry_run_changes_nothing)
+reopen
+  - the same replay twice at once: reopened once, one job, both audited
+    (test_the_same_replay_twice_at_once_enqueues_once)
+  - a later stage's closing transaction (lease lapsed, worker alive) commits while a
+    cascading replay reopens: the replay waits for it and reopens it too
+    (test_a_cascading_replay_reopens_a_stage_whose_closing_transaction_commits_meanwhile)
+  - the replayed stage is reopened while a later stage computes: the later stage's
+    result is superseded (test_extract_reopened_meanwhile_supersedes_feasibility), or
+    retried on the new input once the replay finished
+    (test_extract_replayed_and_finished_meanwhile_makes_feasibility_retry)
+run again
+  - without --cascade only that stage runs
+    (test_forced_replay_without_cascade_runs_only_that_stage); with it the later ones
+    too (test_cascade_replay_reruns_the_later_stages,
+    test_after_the_race_the_chain_finishes_on_the_new_output)
+  - a failed stage needs no --force (test_replay_of_a_failed_stage_needs_no_force); a
+    stage the resume sweep gave up on gets a fresh budget: see ``test_resume.py``
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import threading
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from pipeline import services
+from pipeline.exceptions import AnfrageNotFound, ReplayRefused, StageInputStale, UnknownStage
+from pipeline.models import AuditEntry, PipelineRun, Position, Stage
+from pipeline.replay import pipeline_stage_replay
+from pipeline.services import LEDGER, StageOutcome, pipeline_stage_run
+from tests.conftest import jobs, run_concurrently, wait_for
+from tests.pipeline.conftest import in_background, run_stages, submit
+
+
+def runs(anfrage) -> dict[str, tuple[str, int]]:
+    return {r.stage: (r.status, r.attempts) for r in PipelineRun.objects.filter(anfrage=anfrage)}
+
+
+def drop_jobs() -> None:
+    """Forget the jobs the inline stage runs enqueued (no worker consumed them)."""
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM procrastinate_jobs")
+
+
+def test_replay_refusals(tenant, other_tenant):
+    anfrage = submit(tenant)
+    with pytest.raises(ReplayRefused, match=r"intake of inquiry .* has not succeeded"):
+        pipeline_stage_replay(
+            tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", actor="test"
+        )
+    run_stages(anfrage.id)
+    with pytest.raises(ReplayRefused, match="pass --force"):
+        pipeline_stage_replay(
+            tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", actor="test"
+        )
+    with pytest.raises(UnknownStage, match="intake, extract, feasibility, calculate"):
+        pipeline_stage_replay(
+            tenant_id=tenant.id, anfrage_id=anfrage.id, stage="bake", actor="test"
+        )
+    with pytest.raises(AnfrageNotFound):
+        pipeline_stage_replay(
+            tenant_id=other_tenant.id,
+            anfrage_id=anfrage.id,
+            stage="extract",
+            force=True,
+            actor="test",
+        )
+    PipelineRun.objects.filter(anfrage=anfrage, stage="calculate").update(
+        status="running", lease_expires_at=timezone.now() + datetime.timedelta(minutes=5)
+    )
+    with pytest.raises(ReplayRefused, match=r"calculate of inquiry .* is running"):
+        pipeline_stage_replay(
+            tenant_id=tenant.id,
+            anfrage_id=anfrage.id,
+            stage="extract",
+            force=True,
+            cascade=True,
+            actor="test",
+        )
+    assert not AuditEntry.objects.filter(action="stage.replayed").exists()
+
+
+def test_dry_run_changes_nothing(tenant):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id)
+    job_count = len(jobs())
+    result = pipeline_stage_replay(
+        tenant_id=tenant.id,
+        anfrage_id=anfrage.id,
+        stage="extract",
+        force=True,
+        cascade=True,
+        dry_run=True,
+        actor="test",
+    )
+    assert result.reopened == ("extract", "feasibility", "calculate") and result.dry_run
+    assert runs(anfrage) == {s.value: ("success", 1) for s in Stage}
+    assert len(jobs()) == job_count
+    assert not AuditEntry.objects.filter(action="stage.replayed").exists()
+
+
+def test_forced_replay_without_cascade_runs_only_that_stage(tenant):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id)
+    drop_jobs()
+    result = pipeline_stage_replay(
+        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="feasibility", force=True, actor="ops"
+    )
+    assert result.reopened == ("feasibility",) and result.enqueued
+    run = PipelineRun.objects.get(anfrage=anfrage, stage="feasibility")
+    assert run.status == "failed" and "replay requested by ops" in run.error
+    assert run_stages(anfrage.id) == ["skipped", "skipped", "completed", "skipped"]
+    assert runs(anfrage)["feasibility"] == ("success", 2)
+    [entry] = AuditEntry.objects.filter(action="stage.replayed")
+    assert entry.actor == "ops"
+    assert entry.payload == {
+        "stage": "feasibility",
+        "force": True,
+        "cascade": False,
+        "reopened": ["feasibility"],
+        "job_id": result.job_id,
+        "enqueued": True,
+    }
+
+
+def test_cascade_replay_reruns_the_later_stages(tenant):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id)
+    result = pipeline_stage_replay(
+        tenant_id=tenant.id,
+        anfrage_id=anfrage.id,
+        stage="extract",
+        force=True,
+        cascade=True,
+        actor="ops",
+    )
+    assert result.reopened == ("extract", "feasibility", "calculate")
+    assert run_stages(anfrage.id) == ["skipped", "completed", "completed", "completed"]
+    assert runs(anfrage) == {
+        "intake": ("success", 1),
+        "extract": ("success", 2),
+        "feasibility": ("success", 2),
+        "calculate": ("success", 2),
+    }
+    anfrage.refresh_from_db()
+    assert anfrage.quote_total is not None
+
+
+def test_replay_of_a_failed_stage_needs_no_force(tenant):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, [Stage.INTAKE])
+    claim = LEDGER.claim(tenant=tenant.id, anfrage=anfrage.id, stage="extract")
+    LEDGER.fail(claim, error="boom")
+    result = pipeline_stage_replay(
+        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", actor="ops"
+    )
+    assert result.reopened == () and result.job_id is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_same_replay_twice_at_once_enqueues_once(clean_queue, tenant):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id)
+    drop_jobs()
+    results = run_concurrently(
+        lambda i: pipeline_stage_replay(
+            tenant_id=tenant.id,
+            anfrage_id=anfrage.id,
+            stage="extract",
+            force=True,
+            cascade=True,
+            actor=f"ops-{i}",
+        ),
+        2,
+    )
+    assert sum(r.enqueued for r in results) == 1, results
+    assert len({r.job_id for r in results}) == 1
+    assert sorted(len(r.reopened) for r in results) == [0, 3]
+    assert len(jobs(task_name="pipeline.extract")) == 1
+    assert AuditEntry.objects.filter(action="stage.replayed").count() == 2
+
+
+# --- a replay racing a stage that runs meanwhile
+
+
+def status(anfrage, stage: Stage) -> str:
+    return PipelineRun.objects.get(anfrage=anfrage, stage=stage.value).status
+
+
+@pytest.fixture
+def during_feasibility(monkeypatch):
+    """Run ``hook`` while feasibility computes (after its claim, before it commits)."""
+
+    def install(hook):
+        work = services._STAGES[Stage.FEASIBILITY]
+
+        def compute(anfrage, inputs):
+            result = work.compute(anfrage, inputs)
+            hook(anfrage)
+            return result
+
+        monkeypatch.setitem(
+            services._STAGES, Stage.FEASIBILITY, dataclasses.replace(work, compute=compute)
+        )
+
+    return install
+
+
+@pytest.mark.django_db(transaction=True)
+def test_extract_replayed_and_finished_meanwhile_makes_feasibility_retry(
+    tenant, during_feasibility
+):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, (Stage.INTAKE, Stage.EXTRACT))
+
+    def replay_extract(anfrage):
+        # Without --cascade: the replay is not refused by the running later stage.
+        pipeline_stage_replay(
+            tenant_id=tenant.id, anfrage_id=anfrage.id, stage=Stage.EXTRACT, force=True, actor="ops"
+        )
+        assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT) == "completed"
+
+    during_feasibility(replay_extract)
+    with pytest.raises(StageInputStale):
+        pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.FEASIBILITY)
+    # Nothing of the stale computation landed: the new positions carry no verdicts yet.
+    assert status(anfrage, Stage.FEASIBILITY) == "failed"
+    assert not Position.objects.filter(anfrage=anfrage, feasible__isnull=False).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_extract_reopened_meanwhile_supersedes_feasibility(tenant, during_feasibility):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, (Stage.INTAKE, Stage.EXTRACT))
+
+    def reopen_extract(anfrage):
+        pipeline_stage_replay(
+            tenant_id=tenant.id, anfrage_id=anfrage.id, stage=Stage.EXTRACT, force=True, actor="ops"
+        )
+
+    during_feasibility(reopen_extract)
+    outcome = pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.FEASIBILITY)
+    assert outcome is StageOutcome.SUPERSEDED
+    assert status(anfrage, Stage.FEASIBILITY) == "failed"
+    assert not Position.objects.filter(anfrage=anfrage, feasible__isnull=False).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_after_the_race_the_chain_finishes_on_the_new_output(tenant):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id)
+    pipeline_stage_replay(
+        tenant_id=tenant.id,
+        anfrage_id=anfrage.id,
+        stage=Stage.EXTRACT,
+        force=True,
+        cascade=True,
+        actor="ops",
+    )
+    assert {s: status(anfrage, s) for s in Stage} == {
+        Stage.INTAKE: "success",
+        Stage.EXTRACT: "failed",
+        Stage.FEASIBILITY: "failed",
+        Stage.CALCULATE: "failed",
+    }
+    run_stages(anfrage.id, (Stage.EXTRACT, Stage.FEASIBILITY, Stage.CALCULATE))
+    assert {status(anfrage, s) for s in Stage} == {"success"}
+    assert not Position.objects.filter(anfrage=anfrage, feasible__isnull=True).exists()
+
+
+def wait_until_blocked_on_a_lock() -> None:
+    """Wait until another backend of this database waits for a row lock (the replay)."""
+
+    def blocked() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            )
+            return cursor.fetchone()[0] > 0
+
+    wait_for(blocked, timeout=20, message="the replay to wait for the closing transaction")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cascading_replay_reopens_a_stage_whose_closing_transaction_commits_meanwhile(
+    clean_queue, tenant, monkeypatch
+):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, (Stage.INTAKE, Stage.EXTRACT))
+    at_close, release = threading.Event(), threading.Event()
+    work = services._STAGES[Stage.FEASIBILITY]
+
+    def write(anfrage, result):
+        # Inside feasibility's closing transaction: extract's row is share-locked, the
+        # verdicts are written, success is not committed yet.
+        work.write(anfrage, result)
+        at_close.set()
+        assert release.wait(timeout=30), "the test never released the closing transaction"
+
+    monkeypatch.setitem(services._STAGES, Stage.FEASIBILITY, dataclasses.replace(work, write=write))
+    stage, stage_outcome = in_background(
+        lambda: pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.FEASIBILITY)
+    )
+    assert at_close.wait(timeout=20)
+    # Its lease ran out while its worker lived on, so the replay is not refused.
+    PipelineRun.objects.filter(anfrage=anfrage, stage="feasibility").update(
+        lease_expires_at=timezone.now() - datetime.timedelta(seconds=1)
+    )
+    replay, replay_outcome = in_background(
+        lambda: pipeline_stage_replay(
+            tenant_id=tenant.id,
+            anfrage_id=anfrage.id,
+            stage="extract",
+            force=True,
+            cascade=True,
+            actor="ops",
+        )
+    )
+    wait_until_blocked_on_a_lock()
+    release.set()
+    stage.join(timeout=30)
+    replay.join(timeout=30)
+
+    assert stage_outcome == [StageOutcome.COMPLETED]
+    [result] = replay_outcome
+    assert not isinstance(result, BaseException), result
+    # The feasibility result, computed from the replayed positions, did not survive.
+    assert result.reopened == ("extract", "feasibility")
+    assert runs(anfrage) == {
+        "intake": ("success", 1),
+        "extract": ("failed", 1),
+        "feasibility": ("failed", 1),
+    }
+    assert run_stages(anfrage.id) == ["skipped", "completed", "completed", "completed"]
+    assert {status for status, _ in runs(anfrage).values()} == {"success"}
