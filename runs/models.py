@@ -269,7 +269,7 @@ class CreditEntry(models.Model):
         AnalysisJob, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
     kind = models.CharField(max_length=8, choices=CreditKind)
-    amount = models.IntegerField()
+    amount = models.BigIntegerField()
     note = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
