@@ -65,7 +65,11 @@ class Anfrage(models.Model):
         ordering = ["-id"]
         verbose_name = "inquiry"
         verbose_name_plural = "inquiries"
-        indexes = [models.Index(fields=["tenant", "-id"], name="anfragen_tenant_id_idx")]
+        indexes = [
+            models.Index(fields=["tenant", "-id"], name="anfragen_tenant_id_idx"),
+            # The hourly bound per tenant reads its last hour of inquiries.
+            models.Index(fields=["tenant", "created_at"], name="anfragen_tenant_created_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.title}".strip()
