@@ -3,7 +3,8 @@
 Submit stages an upload's bytes before its inquiry commits; intake copies them to the
 inquiry's storage key. A staged blob is deleted once it is older than
 ``STAGING_RETENTION_SECONDS`` (by modification time; a re-upload refreshes it) and no
-inquiry whose intake has not succeeded names it. The delete happens under the blob's
+inquiry whose intake has not succeeded names it (an intake failed for the whole grace
+period, e.g. on an unreadable upload, no longer counts). The delete happens under the blob's
 advisory lock after a re-check, and submit stages under the same lock, so a blob an
 inquiry is committing with is never lost. A replayed intake falls back to the stored copy.
 
@@ -24,9 +25,9 @@ from queueing import locks
 from queueing.sweeps import SweepContext, SweepResult, declare_sweep
 
 
-def _in_use(hashes: list[str]) -> set[str]:
+def _in_use(hashes: list[str], grace_seconds: int) -> set[str]:
     with connection.cursor() as cursor:
-        cursor.execute(QUERIES["staged_blobs_in_use"], {"hashes": hashes})
+        cursor.execute(QUERIES["staged_blobs_in_use"], {"hashes": hashes, "grace": grace_seconds})
         return {row[0] for row in cursor.fetchall()}
 
 
@@ -41,7 +42,7 @@ def clean_staged_uploads(ctx: SweepContext) -> SweepResult:
     """Delete staged upload bytes no inquiry needs any more."""
     cutoff = time.time() - ctx.grace_seconds
     candidates = storage.staged_blobs(older_than=cutoff, limit=ctx.batch_size)
-    in_use = _in_use(candidates) if candidates else set()
+    in_use = _in_use(candidates, ctx.grace_seconds) if candidates else set()
     unused = [h for h in candidates if h not in in_use]
     leftovers = storage.incoming_leftovers(older_than=cutoff)[: ctx.batch_size]
     notes = {"incoming_leftovers": len(leftovers)} if leftovers else {}
@@ -54,6 +55,6 @@ def clean_staged_uploads(ctx: SweepContext) -> SweepResult:
         with transaction.atomic():
             locks.xact_lock(STAGING_LOCK, sha256)
             # Re-check under the lock: a submit may have committed a new reference.
-            if not _in_use([sha256]) and storage.delete_staged(sha256):
+            if not _in_use([sha256], ctx.grace_seconds) and storage.delete_staged(sha256):
                 deleted += 1
     return SweepResult(selected=len(unused), changed=deleted, notes=notes)
