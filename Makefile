@@ -15,7 +15,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-install: $(STAMP)
+## A random SECRET_KEY for this checkout (the settings read .env; the environment wins).
+## With DEBUG off the built-in development key is refused (system check site.E001).
+.env:
+	@echo "SECRET_KEY=$$($(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(50))')" > .env
+	@echo "wrote .env: a random SECRET_KEY for this checkout"
+
+install: $(STAMP) .env
 
 ## The whole suite, slow fault-injection tests included (they run real workers);
 ## the browser tests need Chromium and run in `make e2e`.

@@ -2,20 +2,35 @@
 
 Tokens are only created by ``manage.py create_api_token`` (the plaintext is shown once,
 only its hash is stored), so the admin cannot add one; it can rename or revoke one.
+Revoking needs the change permission on tokens; posted without it, an action is a 403
+(as in ``queueing.admin``, which this package may not import).
 """
 
 from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count
 
 from accounts.models import ApiToken, Tenant, User
 from accounts.services import api_token_revoke
 
 
+class RefusedActions:
+    """An action the user may not run, posted anyway, is a 403 (Django would ignore it
+    silently and answer the list)."""
+
+    def changelist_view(self, request, extra_context=None):
+        action = request.POST.get("action") if request.method == "POST" else None
+        declared = {name for _, name, _ in self._get_base_actions()}
+        if action in declared and action not in self.get_actions(request):
+            raise PermissionDenied
+        return super().changelist_view(request, extra_context)
+
+
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(RefusedActions, admin.ModelAdmin):
     list_display = ["slug", "name", "users", "created_at"]
     search_fields = ["slug", "name"]
     date_hierarchy = "created_at"
@@ -34,7 +49,7 @@ class TenantAdmin(admin.ModelAdmin):
 
 
 @admin.register(User)
-class PgstageUserAdmin(UserAdmin):
+class PgstageUserAdmin(RefusedActions, UserAdmin):
     list_display = ["username", "email", "tenant", "is_staff", "is_active", "last_login"]
     list_filter = ["tenant", "is_staff", "is_superuser", "is_active"]
     list_select_related = ["tenant"]
@@ -45,7 +60,7 @@ class PgstageUserAdmin(UserAdmin):
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(RefusedActions, admin.ModelAdmin):
     list_display = ["prefix", "user", "name", "created_at", "last_used_at", "revoked_at"]
     list_filter = ["revoked_at", "user__tenant"]
     list_select_related = ["user"]
@@ -58,7 +73,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def has_add_permission(self, request, obj=None) -> bool:
         return False
 
-    @admin.action(description="Revoke the selected tokens")
+    @admin.action(description="Revoke the selected tokens", permissions=["change"])
     def revoke(self, request, queryset):
         revoked = sum(api_token_revoke(token_id=pk) for pk in queryset.values_list("pk", flat=True))
         already = queryset.count() - revoked

@@ -46,3 +46,24 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user})"
+
+
+class AuthFailure(models.Model):
+    """Failed authentications (wrong passwords, wrong or revoked tokens) of one client
+    address in its current window. Kept in PostgreSQL, so every web process counts the
+    same failures and a restart forgets none (``accounts.throttle``)."""
+
+    scope = models.CharField(max_length=16)
+    address = models.CharField(max_length=64)
+    window_start = models.DateTimeField()
+    failures = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        db_table = "auth_failures"
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "address"], name="auth_failures_address_uq")
+        ]
+        indexes = [models.Index(fields=["window_start"], name="auth_failures_window_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.address}: {self.failures}"

@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import ApiToken, Tenant, User
+from accounts.validation import valid_tenant_slug, valid_token_name, valid_username
 
 TOKEN_PREFIX = "pgs_"
 
@@ -18,13 +19,17 @@ def hash_token(token: str) -> str:
 
 
 def tenant_get_or_create(*, slug: str) -> Tenant:
-    """Idempotent: concurrent callers end with the same row (unique slug, get_or_create)."""
+    """Idempotent: concurrent callers end with the same row (unique slug, get_or_create).
+    A slug that is not one (``InvalidText``, a ``ValueError``) creates nothing."""
+    valid_tenant_slug(slug)
     tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": slug})
     return tenant
 
 
 def user_get_or_create(*, tenant: Tenant, username: str) -> User:
-    """Idempotent per username; refuses to move an existing user to another tenant."""
+    """Idempotent per username; refuses to move an existing user to another tenant, and a
+    name Django's own forms would refuse (``InvalidText``, a ``ValueError``)."""
+    valid_username(username, field="user")
     user, created = User.objects.get_or_create(username=username, defaults={"tenant": tenant})
     if not created and user.tenant_id != tenant.id:
         raise ValueError(f"user {username!r} belongs to another tenant ({user.tenant})")
@@ -34,6 +39,7 @@ def user_get_or_create(*, tenant: Tenant, username: str) -> User:
 @transaction.atomic
 def api_token_create(*, user: User, name: str = "default") -> str:
     """Create a token and return its plaintext (stored only as a SHA-256 hash)."""
+    valid_token_name(name)
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     ApiToken.objects.create(user=user, name=name, prefix=token[:12], token_hash=hash_token(token))
     return token

@@ -9,3 +9,6 @@ class SiteConfig(AppConfig):
     name = "config"
     label = "site"
     verbose_name = "pgstage"
+
+    def ready(self) -> None:
+        from config import checks  # noqa: F401  (registers the deployment checks)

@@ -28,7 +28,7 @@ from pipeline.models import Anfrage
 from pipeline.selectors import StageStatus
 from runs import admission as runs_admission
 from runs import selectors as runs_selectors
-from runs.api import MAX_DOC_CHARS, SOURCE_KEY_PATTERN
+from runs.api import MAX_DOC_CHARS, MAX_SOURCE_TEXT_CHARS, SOURCE_KEY_PATTERN
 from runs.exceptions import InsufficientCredits, RunsError
 from runs.models import (
     ACTIVE_STATUSES,
@@ -61,7 +61,7 @@ class AnalysisForm(forms.Form):
     source_title = forms.CharField(max_length=500, required=False, label="Source title")
     source_doi = forms.CharField(max_length=300, required=False, label="DOI")
     source_text = forms.CharField(
-        max_length=500_000,
+        max_length=MAX_SOURCE_TEXT_CHARS,
         required=False,
         label="Source text",
         widget=forms.Textarea(attrs={"rows": 3}),

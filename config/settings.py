@@ -9,9 +9,13 @@ import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
+#: For development only: with DEBUG off, the system check site.E001 refuses to start
+#: with it (set SECRET_KEY; `make install` writes a random one to .env for local use).
+DEVELOPMENT_SECRET_KEY = "pgstage-insecure-development-key-change-me-in-production"
+
 env = environ.Env(
     DEBUG=(bool, False),
-    SECRET_KEY=(str, "pgstage-insecure-development-key-change-me-in-production"),
+    SECRET_KEY=(str, DEVELOPMENT_SECRET_KEY),
     ALLOWED_HOSTS=(list, ["localhost", "127.0.0.1", "testserver"]),
     SWEEP_GRACE_SECONDS=(int, 120),
     DOC_HTML_TRIM_HOURS=(int, 24),
@@ -38,6 +42,19 @@ env = environ.Env(
     METRICS_TOKEN=(str, ""),
     CORE_AVAILABLE=(bool, True),
     CORE_DAILY_BUDGET=(int, 1000),
+    MAX_QUEUED_ANALYSES_PER_USER=(int, 50),
+    MAX_INQUIRIES_PER_TENANT_PER_HOUR=(int, 60),
+    AUTH_FAILURE_LIMIT=(int, 10),
+    AUTH_FAILURE_WINDOW_SECONDS=(int, 900),
+    TRUSTED_PROXY_HOPS=(int, 0),
+    SECURE_SSL_REDIRECT=(bool, False),
+    SECURE_HSTS_SECONDS=(int, 0),
+    SECURE_HSTS_INCLUDE_SUBDOMAINS=(bool, False),
+    SECURE_HSTS_PRELOAD=(bool, False),
+    SESSION_COOKIE_SECURE=(bool, False),
+    CSRF_COOKIE_SECURE=(bool, False),
+    TRUST_X_FORWARDED_PROTO=(bool, False),
+    CSRF_TRUSTED_ORIGINS=(list, []),
 )
 env_file = BASE_DIR / ".env"
 if env_file.exists():
@@ -65,6 +82,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Outermost: every error answer under /api/ leaves in the API's error shape.
+    "config.api.api_error_middleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -129,6 +148,30 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
+# Deployment safety (docs/security.md): every switch comes from the environment, off by
+# default so plain-HTTP development works; `manage.py check --deploy` passes with them on.
+SECURE_SSL_REDIRECT = env("SECURE_SSL_REDIRECT")
+SECURE_HSTS_SECONDS = env("SECURE_HSTS_SECONDS")
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env("SECURE_HSTS_INCLUDE_SUBDOMAINS")
+SECURE_HSTS_PRELOAD = env("SECURE_HSTS_PRELOAD")
+SESSION_COOKIE_SECURE = env("SESSION_COOKIE_SECURE")
+CSRF_COOKIE_SECURE = env("CSRF_COOKIE_SECURE")
+CSRF_TRUSTED_ORIGINS = env("CSRF_TRUSTED_ORIGINS")
+if env("TRUST_X_FORWARDED_PROTO"):
+    # Behind a TLS-terminating proxy that sets (and never passes through) this header.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# Request bodies: JSON bodies (and form fields) up to 16 MiB, which every analysis payload
+# the schema admits fits (tests/security/test_limits.py). The inquiry upload installs its
+# own streaming handler (pipeline.uploads), which refuses too many or too large files.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024
+
+# Failed logins and wrong API tokens per client address (accounts.throttle); behind N
+# reverse proxies set TRUSTED_PROXY_HOPS=N so the address comes from X-Forwarded-For.
+AUTH_FAILURE_LIMIT = env("AUTH_FAILURE_LIMIT")
+AUTH_FAILURE_WINDOW_SECONDS = env("AUTH_FAILURE_WINDOW_SECONDS")
+TRUSTED_PROXY_HOPS = env("TRUSTED_PROXY_HOPS")
+
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
 
@@ -149,6 +192,10 @@ PIPELINE_MAX_RESUMES = env("PIPELINE_MAX_RESUMES")
 METRICS_TOKEN = env("METRICS_TOKEN")
 CORE_AVAILABLE = env("CORE_AVAILABLE")
 CORE_DAILY_BUDGET = env("CORE_DAILY_BUDGET")
+# Resource bounds (429 beyond them): a user's analyses waiting or running, a tenant's
+# inquiries per rolling hour; the core's daily budget above is kept per tenant.
+MAX_QUEUED_ANALYSES_PER_USER = env("MAX_QUEUED_ANALYSES_PER_USER")
+MAX_INQUIRIES_PER_TENANT_PER_HOUR = env("MAX_INQUIRIES_PER_TENANT_PER_HOUR")
 
 # queueing: stalled-work recovery treats a worker as dead after this many seconds
 # without a heartbeat (workers beat every WORKER_HEARTBEAT_SECONDS, draining ones too),

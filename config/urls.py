@@ -7,6 +7,8 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
+from accounts.forms import ThrottledAdminAuthenticationForm
+from accounts.views import login_view, throttle_status
 from config.api import api, register_routers
 from config.dashboard import analysis_submit_view, dashboard_view
 from config.metrics import metrics_view
@@ -14,18 +16,18 @@ from config.metrics import metrics_view
 register_routers()
 admin.site.site_header = admin.site.site_title = "pgstage admin"
 admin.site.index_title = "Operations"
+# Failed logins count against the client's address on both login pages.
+admin.site.login_form = ThrottledAdminAuthenticationForm
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="dashboard"), name="home"),
+    # Before the admin's own URLs, which would answer this path with a plain 200.
+    path("admin/login/", throttle_status(admin.site.login)),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
     path("dashboard/", dashboard_view, name="dashboard"),
     path("dashboard/analyses", analysis_submit_view, name="analysis-submit"),
-    path(
-        "accounts/login/",
-        auth_views.LoginView.as_view(redirect_authenticated_user=True),
-        name="login",
-    ),
+    path("accounts/login/", login_view, name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="login"), name="logout"),
     path("metrics", metrics_view, name="metrics"),
 ]

@@ -1,9 +1,10 @@
 """Admin for inquiries, stage runs, positions, files, warnings, catalogs and the audit log.
 
 Pipeline rows are written by the stages only, so they are read-only here; the replay
-actions call the same service as ``manage.py replay_stage``. A stage the resume sweep gave
-up on shows as ``failed (gave up)`` (filter runs by *resume sweep*); replaying it gives it
-a fresh resume budget. Catalogs are the tenants'
+actions call the same service as ``manage.py replay_stage`` and need the change
+permission on stage runs. A stage the resume sweep gave up on shows as ``failed (gave
+up)`` (filter runs by *resume sweep*); replaying it gives it a fresh resume budget.
+Catalogs are the tenants'
 configuration and stay editable. Inquiries and runs link procrastinate's jobs of their
 stage keys (``stage:tenant:anfrage``).
 """
@@ -167,12 +168,12 @@ def _replay(modeladmin, request, queryset, *, force: bool, cascade: bool) -> Non
         )
 
 
-@admin.action(description="Replay stage (failed or abandoned runs)")
+@admin.action(description="Replay stage (failed or abandoned runs)", permissions=["operate"])
 def replay_stage(modeladmin, request, queryset) -> None:
     _replay(modeladmin, request, queryset, force=False, cascade=False)
 
 
-@admin.action(description="Force replay stage and the stages after it")
+@admin.action(description="Force replay stage and the stages after it", permissions=["operate"])
 def force_replay_cascade(modeladmin, request, queryset) -> None:
     _replay(modeladmin, request, queryset, force=True, cascade=True)
 

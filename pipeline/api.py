@@ -2,26 +2,48 @@
 
 Every call is scoped to the caller's tenant; another tenant's inquiry is a 404. Pipeline
 errors become ``{"error": code, "detail": ...}`` with their status, here in one place.
+
+The upload is read by :class:`pipeline.uploads.StagingUploadHandler`, installed on that
+one operation before anything reads its body: the tenant's hourly bound is checked
+before the body is read at all, and the files stream to disk, hashed, refused as soon as
+they break a limit.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from decimal import Decimal
+from functools import wraps
 
-from django.http import HttpRequest
-from ninja import File, Form, Query, Router, Schema, Status
-from ninja.files import UploadedFile
+from django.http import HttpRequest, HttpResponse
+from ninja import Path, Query, Router, Schema, Status
+from ninja.decorators import decorate_view
 
 from accounts.api import ClientError
-from pipeline.exceptions import FileTooLarge, PipelineError
+from accounts.pagination import PageQuery, page_response, paginate, sub_list_url
+from pipeline.exceptions import (
+    PipelineError,
+    TooManyInquiries,
+    UnexpectedField,
+    UnsupportedMediaType,
+)
+from pipeline.limits import MAX_FILE_BYTES, MAX_FILES, MAX_TITLE
+from pipeline.models import Anfrage, ExtractionWarning, Position
 from pipeline.selectors import anfrage_detail, anfrage_get, anfrage_overview
-from pipeline.services import MAX_FILE_BYTES, Upload, anfrage_submit
+from pipeline.services import anfrage_submit_allowed, anfrage_submit_staged
+from pipeline.uploads import StagingUploadHandler, StreamedUpload
 
 router = Router(tags=["pipeline"])
+
+#: Largest id PostgreSQL's bigint holds: anything above is a client error, not a 500.
+MAX_ID = 2**63 - 1
+#: Positions and warnings on an inquiry's own page; the rest through their lists.
+DETAIL_ITEMS = 100
+UPLOAD_FIELDS = {"title", "csrfmiddlewaretoken"}
+MULTIPART = "multipart/form-data"
 
 
 @contextmanager
@@ -29,7 +51,10 @@ def _client_errors() -> Iterator[None]:
     try:
         yield
     except PipelineError as exc:
-        raise ClientError(exc.detail, code=exc.code, status=exc.status) from exc
+        headers = {}
+        if isinstance(exc, TooManyInquiries):
+            headers["Retry-After"] = str(exc.retry_after)
+        raise ClientError(exc.detail, code=exc.code, status=exc.status, headers=headers) from exc
 
 
 class AnfrageCreated(Schema):
@@ -86,7 +111,9 @@ class AnfrageOut(Schema):
     stages: list[StageOut]
     files: list[FileOut]
     positions: list[PositionOut]
+    positions_next: str | None
     warnings: list[WarningOut]
+    warnings_next: str | None
     quote_total: Decimal | None
     currency: str
 
@@ -105,30 +132,72 @@ def _actor(request: HttpRequest) -> str:
     return f"user:{request.auth.username}"
 
 
+def _stream_uploads(run: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Install the streaming upload handler before authentication or anything else can
+    read the body (a session's CSRF check reads the form)."""
+
+    @wraps(run)
+    def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        request.upload_handlers = [StagingUploadHandler(request)]
+        return run(request, *args, **kwargs)
+
+    return wrapper
+
+
+UPLOAD_BODY = {
+    "required": True,
+    "content": {
+        MULTIPART: {
+            "schema": {
+                "type": "object",
+                "required": ["files"],
+                "properties": {
+                    "title": {"type": "string", "maxLength": MAX_TITLE},
+                    "files": {
+                        "type": "array",
+                        "minItems": 1,
+                        "maxItems": MAX_FILES,
+                        "items": {"type": "string", "format": "binary"},
+                        "description": f"at most {MAX_FILES} files of {MAX_FILE_BYTES:,} bytes",
+                    },
+                },
+            }
+        }
+    },
+}
+
+
 @router.post(
     "/anfragen",
     response={201: AnfrageCreated},
     summary="Submit an inquiry (multipart: one or more 'files', optional 'title')",
+    openapi_extra={"requestBody": UPLOAD_BODY},
 )
-def anfrage_create(
-    request: HttpRequest,
-    title: Form[str] = "",
-    files: File[list[UploadedFile]] = None,
-):
+@decorate_view(_stream_uploads)
+def anfrage_create(request: HttpRequest):
     """Files: plain text (``12 pcs steel beam HEA 200, 6 m`` per line), CSV
-    (``position;qty;unit;item;material;length_mm``) or Markdown lists, at most 5 MiB each.
-    Returns at once; the pipeline runs in the background (poll ``GET /anfragen/{id}``)."""
+    (``position;qty;unit;item;material;length_mm``) or Markdown lists, at most 5 MiB each,
+    at most 20. Returns at once; the pipeline runs in the background (poll
+    ``GET /anfragen/{id}``): a file that turns out unreadable fails its inquiry's intake
+    or extract stage with the reason. 429 once the tenant reached its inquiries per hour."""
     with _client_errors():
-        uploads = []
-        for upload in files or ():
-            # Checked before reading: an oversized file is never read into memory.
-            if upload.size > MAX_FILE_BYTES:
-                raise FileTooLarge(
-                    f"file {upload.name!r} has {upload.size} bytes; at most {MAX_FILE_BYTES}"
-                )
-            uploads.append(Upload(filename=upload.name or "", data=upload.read()))
-        anfrage = anfrage_submit(
-            tenant=request.auth.tenant, uploads=uploads, title=title, actor=_actor(request)
+        anfrage_submit_allowed(tenant=request.auth.tenant)
+        if (request.content_type or "").lower() != MULTIPART:
+            raise UnsupportedMediaType(
+                f"send the inquiry as {MULTIPART} (got {request.content_type or 'nothing'})"
+            )
+        unexpected = sorted((set(request.POST) - UPLOAD_FIELDS) | (set(request.FILES) - {"files"}))
+        if unexpected:
+            raise UnexpectedField(
+                f"unexpected field(s) {', '.join(map(repr, unexpected))}; send 'files' and "
+                "optionally 'title'"
+            )
+        files = [f.staged for f in request.FILES.getlist("files") if isinstance(f, StreamedUpload)]
+        anfrage = anfrage_submit_staged(
+            tenant=request.auth.tenant,
+            files=files,
+            title=request.POST.get("title", ""),
+            actor=_actor(request),
         )
     return Status(201, {"id": anfrage.id})
 
@@ -138,8 +207,16 @@ def anfrage_create(
     response=list[AnfrageSummaryOut],
     summary="The tenant's inquiries, newest first, with their stage statuses",
 )
-def anfrage_list(request: HttpRequest, limit: int = Query(50, ge=1, le=200)):
-    """Only the caller's tenant's inquiries; ``complete`` once all four stages succeeded."""
+def anfrage_list(request: HttpRequest, response: HttpResponse, query: Query[PageQuery]):
+    """Only the caller's tenant's inquiries; ``complete`` once all four stages succeeded.
+    The ``Link`` header names the next page."""
+    anfragen = page_response(
+        request,
+        response,
+        Anfrage.objects.filter(tenant_id=request.auth.tenant_id),
+        order=("-id",),
+        query=query,
+    )
     return [
         {
             "id": anfrage.id,
@@ -150,17 +227,66 @@ def anfrage_list(request: HttpRequest, limit: int = Query(50, ge=1, le=200)):
             "quote_total": anfrage.quote_total,
             "currency": anfrage.currency,
         }
-        for anfrage, stages in anfrage_overview(tenant_id=request.auth.tenant_id, limit=limit)
+        for anfrage, stages in anfrage_overview(anfragen=anfragen)
     ]
 
 
-@router.get("/anfragen/{anfrage_id}", response=AnfrageOut, summary="An inquiry's pipeline")
-def anfrage_read(request: HttpRequest, anfrage_id: int):
-    """Each stage's status, attempts and error; the positions with feasibility and prices;
-    the quote total once ``calculate`` succeeded."""
+def _position_out(p: Position) -> dict:
+    return {
+        "index": p.position_index,
+        "label": p.label,
+        "source_file_id": p.source_file_id,
+        "source_line": p.source_line,
+        "quantity": p.quantity,
+        "unit": p.unit,
+        "item": p.item,
+        "material": p.material,
+        "catalog_item": p.catalog_item,
+        "catalog_material": p.catalog_material,
+        "length_mm": p.length_mm,
+        "feasible": p.feasible,
+        "reason": p.reason,
+        "unit_price": p.unit_price,
+        "total": p.total,
+    }
+
+
+def _warning_out(w: ExtractionWarning) -> dict:
+    return {
+        "source_file_id": w.source_file_id,
+        "line_no": w.line_no,
+        "line": w.line,
+        "message": w.message,
+    }
+
+
+POSITION_ORDER = ("position_index",)
+WARNING_ORDER = ("id",)
+
+
+def _positions(anfrage: Anfrage):
+    return Position.objects.filter(tenant_id=anfrage.tenant_id, anfrage_id=anfrage.id)
+
+
+def _warnings(anfrage: Anfrage):
+    return ExtractionWarning.objects.filter(tenant_id=anfrage.tenant_id, anfrage_id=anfrage.id)
+
+
+def _tenant_anfrage(request: HttpRequest, anfrage_id: int) -> Anfrage:
     with _client_errors():
-        anfrage = anfrage_get(tenant_id=request.auth.tenant_id, anfrage_id=anfrage_id)
-    detail = anfrage_detail(anfrage=anfrage)
+        return anfrage_get(tenant_id=request.auth.tenant_id, anfrage_id=anfrage_id)
+
+
+@router.get("/anfragen/{anfrage_id}", response=AnfrageOut, summary="An inquiry's pipeline")
+def anfrage_read(request: HttpRequest, anfrage_id: int = Path(..., ge=1, le=MAX_ID)):
+    """Each stage's status, attempts and error; the first 100 positions with feasibility
+    and prices and the first 100 warnings (``positions_next`` and ``warnings_next`` name
+    the lists with the rest, null when there is none); the quote total once
+    ``calculate`` succeeded."""
+    anfrage = _tenant_anfrage(request, anfrage_id)
+    detail = anfrage_detail(anfrage=anfrage, rows=False)
+    positions = paginate(_positions(anfrage), order=POSITION_ORDER, cursor=None, limit=DETAIL_ITEMS)
+    warnings = paginate(_warnings(anfrage), order=WARNING_ORDER, cursor=None, limit=DETAIL_ITEMS)
     return {
         "id": anfrage.id,
         "title": anfrage.title,
@@ -177,35 +303,44 @@ def anfrage_read(request: HttpRequest, anfrage_id: int):
             }
             for f in detail.files
         ],
-        "positions": [
-            {
-                "index": p.position_index,
-                "label": p.label,
-                "source_file_id": p.source_file_id,
-                "source_line": p.source_line,
-                "quantity": p.quantity,
-                "unit": p.unit,
-                "item": p.item,
-                "material": p.material,
-                "catalog_item": p.catalog_item,
-                "catalog_material": p.catalog_material,
-                "length_mm": p.length_mm,
-                "feasible": p.feasible,
-                "reason": p.reason,
-                "unit_price": p.unit_price,
-                "total": p.total,
-            }
-            for p in detail.positions
-        ],
-        "warnings": [
-            {
-                "source_file_id": w.source_file_id,
-                "line_no": w.line_no,
-                "line": w.line,
-                "message": w.message,
-            }
-            for w in detail.warnings
-        ],
+        "positions": [_position_out(p) for p in positions.items],
+        "positions_next": sub_list_url(request, "positions", positions),
+        "warnings": [_warning_out(w) for w in warnings.items],
+        "warnings_next": sub_list_url(request, "warnings", warnings),
         "quote_total": anfrage.quote_total,
         "currency": anfrage.currency,
     }
+
+
+@router.get(
+    "/anfragen/{anfrage_id}/positions",
+    response=list[PositionOut],
+    summary="An inquiry's positions, in order",
+)
+def anfrage_positions(
+    request: HttpRequest,
+    response: HttpResponse,
+    query: Query[PageQuery],
+    anfrage_id: int = Path(..., ge=1, le=MAX_ID),
+):
+    """The positions by index; the ``Link`` header names the next page."""
+    positions = _positions(_tenant_anfrage(request, anfrage_id))
+    items = page_response(request, response, positions, order=POSITION_ORDER, query=query)
+    return [_position_out(p) for p in items]
+
+
+@router.get(
+    "/anfragen/{anfrage_id}/warnings",
+    response=list[WarningOut],
+    summary="The lines of an inquiry's files that could not be read",
+)
+def anfrage_warnings(
+    request: HttpRequest,
+    response: HttpResponse,
+    query: Query[PageQuery],
+    anfrage_id: int = Path(..., ge=1, le=MAX_ID),
+):
+    """In file order; the ``Link`` header names the next page."""
+    warnings = _warnings(_tenant_anfrage(request, anfrage_id))
+    items = page_response(request, response, warnings, order=WARNING_ORDER, query=query)
+    return [_warning_out(w) for w in items]

@@ -26,6 +26,8 @@ class InvalidUpload(PipelineError):
     """An uploaded file cannot be turned into an inquiry."""
 
     code = "invalid_upload"
+    #: The same bytes are refused again: a stage that meets one fails at once.
+    retryable = False
 
 
 class NoFiles(InvalidUpload):
@@ -53,6 +55,33 @@ class FileTooLarge(InvalidUpload):
     code = "file_too_large"
 
 
+class RequestTooLarge(InvalidUpload):
+    """The request is larger than an inquiry's files can be."""
+
+    status = 413
+    code = "payload_too_large"
+
+
+class UnexpectedField(InvalidUpload):
+    """The upload holds a field other than 'files' and 'title'."""
+
+    code = "unexpected_field"
+
+
+class UnsupportedMediaType(InvalidUpload):
+    """An inquiry is sent as multipart/form-data."""
+
+    status = 415
+    code = "unsupported_media_type"
+
+
+class TooManyPositions(InvalidUpload):
+    """The inquiry's files hold more positions than one inquiry may."""
+
+    status = 422
+    code = "too_many_positions"
+
+
 class BinaryFile(InvalidUpload):
     """A file is binary; send plain text, CSV or Markdown."""
 
@@ -75,9 +104,21 @@ class UnparseableFile(InvalidUpload):
 
 
 class InvalidTitle(InvalidUpload):
-    """The title is too long."""
+    """The title is too long or holds a character that cannot be stored."""
 
+    status = 422
     code = "invalid_title"
+
+
+class TooManyInquiries(PipelineError):
+    """The tenant submitted as many inquiries as it may in an hour."""
+
+    status = 429
+    code = "too_many_inquiries"
+
+    def __init__(self, detail=None, *, retry_after: int = 1):
+        super().__init__(detail)
+        self.retry_after = retry_after
 
 
 class AnfrageNotFound(PipelineError):

@@ -77,6 +77,8 @@ class Anfrage(models.Model):
             models.Index(
                 fields=["id"], name="anfragen_open_idx", condition=models.Q(completed_at=None)
             ),
+            # The hourly bound per tenant reads its last hour of inquiries.
+            models.Index(fields=["tenant", "created_at"], name="anfragen_tenant_created_idx"),
         ]
 
     def __str__(self) -> str:

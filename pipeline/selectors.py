@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -118,24 +119,33 @@ def stage_statuses(runs: list[PipelineRun]) -> tuple[StageStatus, ...]:
     return tuple(statuses)
 
 
-def anfrage_detail(*, anfrage: Anfrage) -> AnfrageDetail:
+def anfrage_detail(*, anfrage: Anfrage, rows: bool = True) -> AnfrageDetail:
+    """Stages, files and (unless ``rows`` is False: the API pages them) every position
+    and warning of the inquiry."""
     return AnfrageDetail(
         anfrage=anfrage,
         stages=stage_statuses(list(anfrage.runs.all())),
         files=tuple(anfrage.files.order_by("id")),
-        positions=tuple(anfrage.positions.order_by("position_index")),
-        warnings=tuple(anfrage.warnings.order_by("id")),
+        positions=tuple(anfrage.positions.order_by("position_index")) if rows else (),
+        warnings=tuple(anfrage.warnings.order_by("id")) if rows else (),
     )
 
 
 def anfrage_overview(
-    *, tenant_id: int | None = None, limit: int = 50
+    *,
+    tenant_id: int | None = None,
+    limit: int = 50,
+    anfragen: Sequence[Anfrage] | None = None,
 ) -> list[tuple[Anfrage, tuple[StageStatus, ...]]]:
-    """The newest inquiries (optionally of one tenant) with their stage statuses."""
-    anfragen = Anfrage.objects.select_related("tenant").order_by("-id")
-    if tenant_id is not None:
-        anfragen = anfragen.filter(tenant_id=tenant_id)
-    rows = list(anfragen[:limit])
+    """The newest inquiries (optionally of one tenant), or the given ``anfragen`` (a
+    page), with their stage statuses."""
+    if anfragen is not None:
+        rows = list(anfragen)
+    else:
+        query = Anfrage.objects.select_related("tenant").order_by("-id")
+        if tenant_id is not None:
+            query = query.filter(tenant_id=tenant_id)
+        rows = list(query[:limit])
     runs: dict[int, list[PipelineRun]] = {}
     for run in PipelineRun.objects.filter(anfrage__in=rows):
         runs.setdefault(run.anfrage_id, []).append(run)

@@ -20,17 +20,21 @@ import enum
 import hashlib
 import json
 import logging
+import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import partial
 from pathlib import PurePath
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from accounts.models import Tenant
+from accounts.validation import InvalidText, storable_text
 from pipeline import storage
 from pipeline.catalog import check_position, price_position
 from pipeline.exceptions import (
@@ -42,9 +46,20 @@ from pipeline.exceptions import (
     StageInputStale,
     StageSuperseded,
     TooManyFiles,
+    TooManyInquiries,
+    TooManyPositions,
     UnparseableFile,
 )
-from pipeline.extract import SourceFile, decode, get_extractor, inspect_upload
+from pipeline.extract import (
+    Extraction,
+    ParsedPosition,
+    SourceFile,
+    decode,
+    format_by_name,
+    get_extractor,
+    inspect_upload,
+)
+from pipeline.limits import MAX_FILE_BYTES, MAX_FILES, MAX_POSITIONS, MAX_TITLE, MAX_WARNINGS
 from pipeline.models import (
     Anfrage,
     AnfrageFile,
@@ -54,9 +69,11 @@ from pipeline.models import (
     PipelineRun,
     Position,
     Stage,
+    Unit,
 )
 from pipeline.queries import QUERIES
 from pipeline.selectors import catalog_for, parse_stage
+from pipeline.storage import StagedFile
 from queueing import locks
 from queueing.enqueue import Enqueued, Policy, enqueue
 from queueing.exceptions import DoNotRetry, LeaseLost, RetryLater
@@ -72,10 +89,17 @@ LEDGER = Ledger(model=PipelineRun, key_fields=("tenant", "anfrage", "stage"))
 TASK_NAMES = {stage: f"pipeline.{stage.value}" for stage in Stage}
 #: Serialises staging a blob (submit) with deleting it (the staging cleanup sweep).
 STAGING_LOCK = locks.namespace("pipeline_staging")
-
-MAX_FILES = 20
-MAX_FILE_BYTES = 5 * 1024 * 1024
-MAX_TITLE = 200
+#: Serialises a tenant's submits, so its hourly bound holds under concurrency.
+SUBMIT_LOCK = locks.namespace("pipeline_submit")
+SUBMIT_WINDOW = datetime.timedelta(hours=1)
+#: Bounds of the position and warning columns an extractor's output goes into.
+MAX_STORED_QUANTITY = Decimal(10) ** 12
+MAX_STORED_INT = 2**31 - 1
+MAX_LINE_CHARS = 1000
+MAX_ERROR_CHARS = 2000
+#: What PostgreSQL text cannot hold (NUL, lone surrogates): replaced in names and in an
+#: extractor's output, which must fit its columns whatever a plugged extractor returns.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 WORKER_ACTOR = "worker"
 
 
@@ -134,27 +158,58 @@ def audit_entry_create(
 
 
 def _clean_filename(name: str) -> str:
-    return PurePath((name or "").replace("\\", "/")).name.strip()[:255] or "upload.txt"
+    """The file's own name (no directories), storable, at most 255 characters."""
+    name = PurePath((name or "").replace("\\", "/")).name
+    return _UNSTORABLE.sub("\ufffd", name).strip()[:255] or "upload.txt"
+
+
+def _checked_count(count: int) -> None:
+    if not count:
+        raise NoFiles()
+    if count > MAX_FILES:
+        raise TooManyFiles(f"{count} files; at most {MAX_FILES} per inquiry")
+
+
+def _checked_title(title: str) -> str:
+    try:
+        return storable_text((title or "").strip(), field="title", max_length=MAX_TITLE)
+    except InvalidText as exc:
+        raise InvalidTitle(str(exc)) from None
+
+
+def anfrage_submit_allowed(*, tenant: Tenant) -> None:
+    """Raise :class:`TooManyInquiries` while the tenant is at its hourly bound
+    (``MAX_INQUIRIES_PER_TENANT_PER_HOUR``; 0 turns it off). A read without a lock, so a
+    request can be refused before its upload is read; :func:`anfrage_submit` checks
+    again under the tenant's lock."""
+    limit = int(settings.MAX_INQUIRIES_PER_TENANT_PER_HOUR)
+    if limit <= 0:
+        return
+    now = timezone.now()
+    recent = list(
+        Anfrage.objects.filter(tenant=tenant, created_at__gt=now - SUBMIT_WINDOW)
+        .order_by("created_at")
+        .values_list("created_at", flat=True)[:limit]
+    )
+    if len(recent) >= limit:
+        wait = recent[0] + SUBMIT_WINDOW - now
+        raise TooManyInquiries(
+            f"the tenant submitted {limit} inquiries in the last hour, its limit; try again later",
+            retry_after=max(1, math.ceil(wait.total_seconds())),
+        )
 
 
 def anfrage_submit(
     *, tenant: Tenant, uploads: Sequence[Upload], title: str = "", actor: str
 ) -> Anfrage:
-    """Create an inquiry and enqueue its intake; returns the new row.
+    """Create an inquiry from bytes in memory (commands, tests) and enqueue its intake.
 
     Every file is checked first (not empty, not binary, a known format, at least one
-    readable line): bad input raises an ``InvalidUpload`` and writes nothing. Then, in one
-    transaction, the bytes are staged content-addressed under each blob's advisory lock
-    (idempotent; before the row is visible, so intake always finds them) and the row, its
-    audit entry and the intake job commit.
+    readable line): bad input raises an ``InvalidUpload`` and writes nothing. Then, as
+    :func:`anfrage_submit_staged`, under the tenant's hourly bound.
     """
-    if not uploads:
-        raise NoFiles()
-    if len(uploads) > MAX_FILES:
-        raise TooManyFiles(f"{len(uploads)} files; at most {MAX_FILES} per inquiry")
-    title = (title or "").strip()
-    if len(title) > MAX_TITLE:
-        raise InvalidTitle(f"the title has {len(title)} characters; at most {MAX_TITLE}")
+    _checked_count(len(uploads))
+    title = _checked_title(title)
     extractor = get_extractor()
     manifest = []
     for upload in uploads:
@@ -166,11 +221,7 @@ def anfrage_submit(
         source = inspect_upload(filename, upload.data)
         extraction = extractor.extract(source)
         if not extraction.positions:
-            problems = "; ".join(f"line {w.line_no}: {w.message}" for w in extraction.warnings[:3])
-            raise UnparseableFile(
-                f"file {filename!r}: no line reads as a requested item"
-                + (f" ({problems})" if problems else "")
-            )
+            raise _unparseable(filename, extraction)
         manifest.append(
             {
                 "filename": filename,
@@ -179,13 +230,82 @@ def anfrage_submit(
                 "format": source.format.value,
             }
         )
+    blobs = {m["sha256"]: u.data for m, u in zip(manifest, uploads, strict=True)}
+    return _anfrage_create(
+        tenant=tenant,
+        manifest=manifest,
+        title=title,
+        actor=actor,
+        stage={sha256: partial(storage.stage_upload, data) for sha256, data in blobs.items()},
+    )
+
+
+def anfrage_submit_staged(
+    *, tenant: Tenant, files: Sequence[StagedFile], title: str = "", actor: str
+) -> Anfrage:
+    """Create an inquiry from uploads already on disk (``pipeline.uploads`` streamed,
+    hashed and checked them: count, size, extension, no NUL byte, not empty) and enqueue
+    its intake. The request's work stays proportional to its size: decoding and parsing
+    are intake's and extract's, which refuse an unreadable file for good.
+
+    Bad input raises an ``InvalidUpload`` and writes nothing; the rest as
+    :func:`anfrage_submit`.
+    """
+    _checked_count(len(files))
+    title = _checked_title(title)
+    manifest = []
+    for file in files:
+        filename = _clean_filename(file.filename)
+        if file.size > MAX_FILE_BYTES:
+            raise FileTooLarge(f"file {filename!r} has {file.size} bytes; at most {MAX_FILE_BYTES}")
+        by_name = format_by_name(filename)
+        manifest.append(
+            {
+                "filename": filename,
+                "sha256": file.sha256,
+                "size": file.size,
+                "format": by_name.value if by_name else None,
+            }
+        )
+    return _anfrage_create(
+        tenant=tenant,
+        manifest=manifest,
+        title=title,
+        actor=actor,
+        stage={f.sha256: partial(storage.stage_file, f.path, f.sha256) for f in files},
+    )
+
+
+def _unparseable(filename: str, extraction: Extraction) -> UnparseableFile:
+    problems = "; ".join(f"line {w.line_no}: {w.message}" for w in extraction.warnings[:3])
+    return UnparseableFile(
+        f"file {filename!r}: no line reads as a requested item"
+        + (f" ({problems})" if problems else "")
+    )
+
+
+def _anfrage_create(
+    *,
+    tenant: Tenant,
+    manifest: list[dict[str, Any]],
+    title: str,
+    actor: str,
+    stage: dict[str, Callable[[], object]],
+) -> Anfrage:
+    """One transaction: under the tenant's lock its hourly bound is checked (so two
+    concurrent submits cannot both take its last slot); the bytes are staged
+    content-addressed under each blob's advisory lock (idempotent; before the row is
+    visible, so intake always finds them); the row, its audit entry and the intake job
+    commit together."""
     with transaction.atomic():
-        # Stage the bytes under each blob's lock: the staging cleanup takes the same lock
-        # before it deletes a blob nobody references, so it can never delete one that this
-        # inquiry (committing below) needs. Sorted, so two submits lock in one order.
-        for sha256, data in sorted({storage.sha256_hex(u.data): u.data for u in uploads}.items()):
+        locks.xact_lock(SUBMIT_LOCK, tenant.id)
+        anfrage_submit_allowed(tenant=tenant)
+        # The staging cleanup takes the blob's lock before it deletes a blob nobody
+        # references, so it can never delete one that this inquiry (committing below)
+        # needs. Sorted, so two submits lock in one order.
+        for sha256, write in sorted(stage.items()):
             locks.xact_lock(STAGING_LOCK, sha256)
-            storage.stage_upload(data)
+            write()
         anfrage = Anfrage.objects.create(
             tenant=tenant, title=title or manifest[0]["filename"], uploads=manifest
         )
@@ -224,13 +344,19 @@ def _intake_prepare(anfrage: Anfrage) -> tuple[list[dict], str]:
 
 
 def _intake_compute(anfrage: Anfrage, manifest: list[dict]) -> list[dict]:
+    # Decoding decides what the upload request only screened (binary, encoding, format
+    # of a file without an extension): an unreadable file fails intake for good.
     stored = []
     for entry in manifest:
         key = storage.storage_key(
             tenant_slug=anfrage.tenant.slug, anfrage_id=anfrage.id, sha256=entry["sha256"]
         )
-        size = storage.store_staged(sha256=entry["sha256"], key=key)
-        stored.append({**entry, "storage_key": key, "size": size})
+        data = storage.read_staged(sha256=entry["sha256"], key=key)
+        source = inspect_upload(entry["filename"], data)
+        storage.store(key=key, data=data)
+        stored.append(
+            {**entry, "storage_key": key, "size": len(data), "format": source.format.value}
+        )
     return stored
 
 
@@ -285,28 +411,89 @@ def _extract_compute(anfrage: Anfrage, files: list[AnfrageFile]) -> tuple[list, 
             text=decode(file.filename, data),
         )
         extraction = extractor.extract(source)
+        if not extraction.positions:
+            raise _unparseable(file.filename, extraction)
         for parsed in extraction.positions:
-            positions.append(
-                Position(
-                    position_index=len(positions) + 1,
-                    source_file_id=parsed.file_id,
-                    source_line=parsed.line_no,
-                    label=parsed.label,
-                    raw=parsed.raw,
-                    quantity=parsed.quantity,
-                    unit=parsed.unit,
-                    item=parsed.item,
-                    material=parsed.material,
-                    length_mm=parsed.length_mm,
+            row, notes = _position_row(parsed, index=len(positions) + 1)
+            if row is not None:
+                positions.append(row)
+            if notes:
+                warnings.append(
+                    _warning_row(parsed.file_id, parsed.line_no, parsed.raw, "; ".join(notes))
                 )
-            )
+            if len(positions) > MAX_POSITIONS:
+                raise TooManyPositions(
+                    f"the inquiry's files hold more than {MAX_POSITIONS:,} positions; "
+                    "split it into several inquiries"
+                )
         warnings.extend(
-            ExtractionWarning(
-                source_file_id=w.file_id, line_no=w.line_no, line=w.line, message=w.message[:300]
-            )
-            for w in extraction.warnings
+            _warning_row(w.file_id, w.line_no, w.line, w.message) for w in extraction.warnings
+        )
+    if len(warnings) > MAX_WARNINGS:
+        dropped = len(warnings) - (MAX_WARNINGS - 1)
+        warnings = warnings[: MAX_WARNINGS - 1]
+        warnings.append(
+            _warning_row(None, 0, "", f"and {dropped:,} more line(s) that could not be read")
         )
     return positions, warnings
+
+
+def _column(model: type, name: str) -> int:
+    return model._meta.get_field(name).max_length
+
+
+def _fit(value: object, *, model: type, field: str, cut: list[str]) -> str:
+    """``value`` as storable text that fits ``model.field``; a cut is noted in ``cut``."""
+    text = _UNSTORABLE.sub("\ufffd", str(value if value is not None else ""))
+    limit = _column(model, field)
+    if len(text) > limit:
+        cut.append(f"{field} cut to {limit} characters")
+        text = text[:limit]
+    return text
+
+
+def _position_row(parsed: ParsedPosition, *, index: int) -> tuple[Position | None, list[str]]:
+    """The position as a row that fits its columns, and what had to give.
+
+    Whatever a (plugged) extractor returns: over-long text is cut, and a quantity, unit or
+    length the columns cannot hold refuses the position; either becomes a warning the
+    tenant sees, instead of failing the stage on the database's error."""
+    cut: list[str] = []
+    quantity = parsed.quantity
+    if not isinstance(quantity, Decimal) or not quantity.is_finite():
+        return None, [f"position refused: quantity {quantity!r} is not a number"]
+    if not 0 < quantity < MAX_STORED_QUANTITY:
+        return None, [f"position refused: quantity {quantity} is out of range"]
+    if parsed.unit not in Unit.values:
+        return None, [f"position refused: unknown unit {parsed.unit!r}"]
+    length = parsed.length_mm
+    if length is not None and not (isinstance(length, int) and 0 < length <= MAX_STORED_INT):
+        return None, [f"position refused: length {length!r} mm is out of range"]
+    item = _fit(parsed.item, model=Position, field="item", cut=cut).strip()
+    if not item:
+        return None, ["position refused: it names no item"]
+    row = Position(
+        position_index=index,
+        source_file_id=parsed.file_id,
+        source_line=max(0, min(int(parsed.line_no), MAX_STORED_INT)),
+        label=_fit(parsed.label, model=Position, field="label", cut=cut),
+        raw=_UNSTORABLE.sub("\ufffd", str(parsed.raw))[:MAX_LINE_CHARS],
+        quantity=quantity.quantize(Decimal("0.001")),
+        unit=parsed.unit,
+        item=item,
+        material=_fit(parsed.material, model=Position, field="material", cut=cut),
+        length_mm=length,
+    )
+    return row, [f"position {index}: {'; '.join(cut)}"] if cut else []
+
+
+def _warning_row(file_id: int | None, line_no: int, line: str, message: str) -> ExtractionWarning:
+    return ExtractionWarning(
+        source_file_id=file_id,
+        line_no=max(0, min(int(line_no), MAX_STORED_INT)),
+        line=_UNSTORABLE.sub("\ufffd", str(line))[:MAX_LINE_CHARS],
+        message=_fit(message, model=ExtractionWarning, field="message", cut=[]),
+    )
 
 
 def _extract_write(anfrage: Anfrage, result: tuple[list, list]) -> None:
@@ -426,9 +613,21 @@ _STAGES: dict[Stage, _StageWork] = {
 }
 
 
+def _failure_text(exc: BaseException) -> str:
+    """What the run's ``error`` shows the tenant: the pipeline's own refusals as they are;
+    a database error only as such (its text names tables, columns and values, which stay
+    in the log)."""
+    if isinstance(exc, PipelineError):
+        return f"{type(exc).__name__}: {exc.detail}"
+    if isinstance(exc, DatabaseError):
+        logger.error("stage failed on a database error", exc_info=exc)
+        return "the results could not be written (a database error; the log has the details)"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _record_failure(claim: Claim, exc: BaseException) -> None:
     try:
-        LEDGER.fail(claim, error=f"{type(exc).__name__}: {exc}")
+        LEDGER.fail(claim, error=_failure_text(exc)[:MAX_ERROR_CHARS])
     except LeaseLost:
         logger.warning("run %s: lease lost before the failure could be recorded", claim.entry_id)
 

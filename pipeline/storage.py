@@ -1,10 +1,12 @@
 """Content-addressed file storage under ``settings.STORAGE_ROOT``.
 
-Two areas, both written with write-to-temp-then-rename, so a reader never sees half a file
-and writing the same bytes again is a no-op:
+Two areas, both written with write-to-temp-then-rename (or link), so a reader never sees
+half a file and writing the same bytes again is a no-op:
 
 * ``staging/<sha[:2]>/<sha>``: the bytes of an upload, written at submit time *before* the
   inquiry's row commits (so the intake job can always find them). Keyed by content only.
+  An upload through the API arrives in ``incoming/`` first (streamed, hashed as it
+  arrives) and is linked into staging; its temporary file goes with its request.
 * ``files/<storage_key>``: the stored file, copied there by intake and verified against
   its SHA-256. The storage key names tenant, inquiry and content
   (``<tenant>/<anfrage>/<sha256>``), so a retried intake writes the same path again.
@@ -15,11 +17,22 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
 
 from pipeline.exceptions import StorageCorrupt
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagedFile:
+    """A complete upload on disk (synced): its name as sent, its bytes' SHA-256 and size."""
+
+    filename: str
+    path: Path
+    sha256: str
+    size: int
 
 
 def sha256_hex(data: bytes) -> str:
@@ -33,6 +46,12 @@ def storage_key(*, tenant_slug: str, anfrage_id: int, sha256: str) -> str:
 
 def _root() -> Path:
     return Path(settings.STORAGE_ROOT)
+
+
+def incoming_dir() -> Path:
+    """Where uploads stream to while their request is read (same filesystem as staging,
+    so staging one is a link, not a copy)."""
+    return _root() / "incoming"
 
 
 def staging_path(sha256: str) -> Path:
@@ -70,6 +89,29 @@ def stage_upload(data: bytes) -> str:
     return digest
 
 
+def stage_file(path: Path, sha256: str) -> None:
+    """Keep a complete, synced upload file (whose bytes hash to ``sha256``) for intake:
+    linked into staging (copied across filesystems). Idempotent like :func:`stage_upload`."""
+    target = staging_path(sha256)
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target)
+        except FileExistsError:
+            pass
+        except OSError:
+            _write_once(target, path.read_bytes())
+    os.utime(target)
+
+
+def incoming_leftovers(*, older_than: float) -> list[Path]:
+    """Upload files a request left behind when its process died mid-read."""
+    root = incoming_dir()
+    if not root.exists():
+        return []
+    return [path for path in root.iterdir() if path.stat().st_mtime < older_than]
+
+
 def staged_blobs(*, older_than: float, limit: int) -> list[str]:
     """SHA-256s of staged blobs last touched before ``older_than`` (a Unix time), oldest
     first, at most ``limit``."""
@@ -104,16 +146,19 @@ def read_verified(path: Path, sha256: str) -> bytes:
     return data
 
 
-def store_staged(*, sha256: str, key: str) -> int:
-    """Copy a staged upload to its storage key (verified); returns its size. Idempotent:
-    a retry rewrites the same bytes to the same path. A replayed intake whose staged blob
-    was cleaned up meanwhile finds the stored copy instead."""
+def read_staged(*, sha256: str, key: str) -> bytes:
+    """A staged upload's bytes (verified); a replayed intake whose staged blob was cleaned
+    up meanwhile finds the stored copy instead."""
     target = stored_path(key)
     if not staging_path(sha256).exists() and target.exists():
-        return len(read_verified(target, sha256))
-    data = read_verified(staging_path(sha256), sha256)
-    _write_once(target, data)
-    return len(data)
+        return read_verified(target, sha256)
+    return read_verified(staging_path(sha256), sha256)
+
+
+def store(*, key: str, data: bytes) -> None:
+    """Write an upload's verified bytes to its storage key. Idempotent: a retry rewrites
+    the same bytes to the same path."""
+    _write_once(stored_path(key), data)
 
 
 def read_stored(*, key: str, sha256: str) -> bytes:

@@ -10,9 +10,13 @@ no inquiry needs them.
 Submit stages an upload's bytes before its inquiry commits; intake copies them to the
 inquiry's storage key. A staged blob is deleted once it is older than
 ``STAGING_RETENTION_SECONDS`` (by modification time; a re-upload refreshes it) and no
-inquiry whose intake has not succeeded names it. The delete happens under the blob's
+inquiry whose intake has not succeeded names it (an intake failed for the whole grace
+period, e.g. on an unreadable upload, no longer counts). The delete happens under the blob's
 advisory lock after a re-check, and submit stages under the same lock, so a blob an
 inquiry is committing with is never lost. A replayed intake falls back to the stored copy.
+
+Upload files in ``incoming/`` belong to requests being read; one older than the grace
+period was left by a process that died mid-request, and goes too.
 """
 
 from __future__ import annotations
@@ -54,9 +58,9 @@ def resume_pipelines(ctx: SweepContext) -> SweepResult:
         )
 
 
-def _in_use(hashes: list[str]) -> set[str]:
+def _in_use(hashes: list[str], grace_seconds: int) -> set[str]:
     with connection.cursor() as cursor:
-        cursor.execute(QUERIES["staged_blobs_in_use"], {"hashes": hashes})
+        cursor.execute(QUERIES["staged_blobs_in_use"], {"hashes": hashes, "grace": grace_seconds})
         return {row[0] for row in cursor.fetchall()}
 
 
@@ -69,18 +73,21 @@ def _in_use(hashes: list[str]) -> set[str]:
 )
 def clean_staged_uploads(ctx: SweepContext) -> SweepResult:
     """Delete staged upload bytes no inquiry needs any more."""
-    candidates = storage.staged_blobs(
-        older_than=time.time() - ctx.grace_seconds, limit=ctx.batch_size
-    )
-    in_use = _in_use(candidates) if candidates else set()
+    cutoff = time.time() - ctx.grace_seconds
+    candidates = storage.staged_blobs(older_than=cutoff, limit=ctx.batch_size)
+    in_use = _in_use(candidates, ctx.grace_seconds) if candidates else set()
     unused = [h for h in candidates if h not in in_use]
+    leftovers = storage.incoming_leftovers(older_than=cutoff)[: ctx.batch_size]
+    notes = {"incoming_leftovers": len(leftovers)} if leftovers else {}
     if ctx.dry_run:
-        return SweepResult(selected=len(unused))
+        return SweepResult(selected=len(unused), notes=notes)
+    for path in leftovers:
+        path.unlink(missing_ok=True)
     deleted = 0
     for sha256 in unused:
         with transaction.atomic():
             locks.xact_lock(STAGING_LOCK, sha256)
             # Re-check under the lock: a submit may have committed a new reference.
-            if not _in_use([sha256]) and storage.delete_staged(sha256):
+            if not _in_use([sha256], ctx.grace_seconds) and storage.delete_staged(sha256):
                 deleted += 1
-    return SweepResult(selected=len(unused), changed=deleted)
+    return SweepResult(selected=len(unused), changed=deleted, notes=notes)

@@ -5,7 +5,13 @@ re-registers it with one more page, ``/admin/procrastinate/procrastinatejob/swee
 (linked from the admin index and the job list), that lists every declared sweep and runs
 one now in this process (like ``manage.py sweep NAME``, reporting its counts), previews
 it (dry run) or queues its singleton job for a worker. Like the whole admin it is
-staff-only; it also needs the view permission on procrastinate's jobs.
+staff-only; seeing it needs the view permission on procrastinate's jobs, pressing its
+buttons its own permission, ``queueing.run_sweeps``.
+
+Every write action needs a permission (:class:`ActionPermissionsMixin`): the domains'
+actions the change permission of their model, procrastinate's retry, cancel and abort
+the change permission on its jobs. A staff user without it does not see the action, and
+posting it anyway is a 403 that writes nothing.
 
 queueing knows no domain: each domain links its job-bearing rows with :func:`jobs_link`,
 passing the singleton keys it enqueued them with, and makes its system-owned tables
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
+from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -42,7 +49,31 @@ LIVE_STATUSES = ("todo", "doing")
 RUN, DRY_RUN, ENQUEUE = "run", "dry_run", "enqueue"
 
 
-class ReadOnlyModelAdmin(admin.ModelAdmin):
+#: The permission of the Sweeps page's buttons (declared by ``queueing.models``).
+RUN_SWEEPS = "queueing.run_sweeps"
+
+
+class ActionPermissionsMixin:
+    """Admin actions guarded by permissions, refused with 403 when posted without one.
+
+    Django leaves an action a user may not run out of the menu but silently ignores it
+    when posted anyway; here that is a 403 and nothing runs. ``operate`` is the model's
+    change permission, for actions declared ``@admin.action(permissions=["operate"])``
+    on admins whose change form is read-only."""
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.{get_permission_codename('change', opts)}")
+
+    def changelist_view(self, request: HttpRequest, extra_context=None):
+        action = request.POST.get("action") if request.method == "POST" else None
+        declared = {name for _, name, _ in self._get_base_actions()}
+        if action in declared and action not in self.get_actions(request):
+            raise PermissionDenied
+        return super().changelist_view(request, extra_context)
+
+
+class ReadOnlyModelAdmin(ActionPermissionsMixin, admin.ModelAdmin):
     """For tables the system owns (written by services under locks and compare-and-set):
     staff look, filter and run the admin's actions, which call services; nobody adds,
     edits or deletes rows here."""
@@ -86,16 +117,22 @@ def _describe(name: str, result: SweepResult, *, dry_run: bool) -> str:
     )
 
 
-class JobAdmin(ProcrastinateJobAdmin):
-    """procrastinate's job admin, plus the Sweeps page; its retry and cancel go through
-    the framework (``queueing.jobs``): a running job is never retried under its live
-    worker, a retry that a live job's key blocks points at that job, and a cancel settles
-    the job's domain row. procrastinate's *abort* is left out: a sync task cannot be
-    interrupted, so it would only mark the job."""
+class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
+    """procrastinate's job admin, plus the Sweeps page. Its retry and cancel go through
+    the framework (``queueing.jobs``) and need the change permission on jobs: a running
+    job is never retried under its live worker, a retry that a live job's key blocks
+    points at that job, a cancel settles the job's domain row and is refused where nothing
+    else would do the job's work. procrastinate's *abort* is left out: a sync task cannot
+    be interrupted, so it would only mark the job."""
 
     change_list_template = "admin/queueing/job_change_list.html"
 
-    @admin.action(description="Retry job (failed or stalled)")
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        # procrastinate's admin answers False to every change permission (its change form
+        # is read-only); its actions need the permission itself.
+        return request.user.has_perm("procrastinate.change_procrastinatejob")
+
+    @admin.action(description="Retry job (failed or stalled)", permissions=["operate"])
     def retry(self, request: HttpRequest, queryset) -> None:
         results = [job_retry(job_id=pk) for pk in queryset.values_list("pk", flat=True)]
         done = [r for r in results if r.outcome in (RetryOutcome.RETRIED, RetryOutcome.RECOVERED)]
@@ -110,7 +147,7 @@ class JobAdmin(ProcrastinateJobAdmin):
                 request, f"Job #{r.job_id} was not retried ({r.outcome}): {r.detail}.", level
             )
 
-    @admin.action(description="Cancel job (waiting jobs only)")
+    @admin.action(description="Cancel job (waiting jobs only)", permissions=["operate"])
     def cancel(self, request: HttpRequest, queryset) -> None:
         actor = f"admin:{request.user.get_username()}"
         ids = list(queryset.values_list("pk", flat=True))
@@ -139,7 +176,10 @@ class JobAdmin(ProcrastinateJobAdmin):
     def sweeps_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
+        may_run = request.user.has_perm(RUN_SWEEPS)
         if request.method == "POST":
+            if not may_run:
+                raise PermissionDenied
             self._sweep_action(request)
             return HttpResponseRedirect(request.path)
         context = {
@@ -147,6 +187,7 @@ class JobAdmin(ProcrastinateJobAdmin):
             "title": "Sweeps",
             "opts": self.opts,
             "rows": self._rows(),
+            "may_run": may_run,
             "actions": {RUN: "Run now", DRY_RUN: "Dry run", ENQUEUE: "Queue for a worker"},
         }
         return TemplateResponse(request, "admin/queueing/sweeps.html", context)

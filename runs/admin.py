@@ -2,6 +2,9 @@
 locks and compare-and-set), so the admin is read-only; its actions call the services:
 cancel, requeue, refund, promote. Jobs and runs link procrastinate's jobs of their keys.
 
+Each action needs the change permission on analysis jobs; the two that give credit back
+(cancel, refund) also the add permission on the credit ledger.
+
 Listings never load ``doc_html`` (it can weigh megabytes): they show its size.
 """
 
@@ -108,7 +111,14 @@ class AnalysisJobAdmin(ReadOnlyModelAdmin):
     def jobs(self, obj: AnalysisJob) -> str:
         return jobs_link(PROCESS_JOB_KEY.build(job=obj.pk))
 
-    @admin.action(description="Cancel selected queued jobs (refunds their credit)")
+    def has_refund_permission(self, request) -> bool:
+        return self.has_operate_permission(request) and request.user.has_perm(
+            "runs.add_creditentry"
+        )
+
+    @admin.action(
+        description="Cancel selected queued jobs (refunds their credit)", permissions=["refund"]
+    )
     def cancel_queued(self, request, queryset):
         # Only queued jobs can be cancelled; the others are counted, not locked.
         ids = list(queryset.values_list("pk", flat=True))
@@ -122,7 +132,10 @@ class AnalysisJobAdmin(ReadOnlyModelAdmin):
             messages.SUCCESS if cancelled else messages.WARNING,
         )
 
-    @admin.action(description="Requeue selected pending or running jobs (their process_job)")
+    @admin.action(
+        description="Requeue selected pending or running jobs (their process_job)",
+        permissions=["operate"],
+    )
     def requeue(self, request, queryset):
         outcomes = Counter(
             operations.analysis_job_requeue(job_id=pk)
@@ -145,7 +158,9 @@ class AnalysisJobAdmin(ReadOnlyModelAdmin):
             request, f"Requeue: {text}.", messages.SUCCESS if enqueued else messages.WARNING
         )
 
-    @admin.action(description="Refund selected finished jobs (once per job)")
+    @admin.action(
+        description="Refund selected finished jobs (once per job)", permissions=["refund"]
+    )
     def refund(self, request, queryset):
         note = f"refunded by admin:{request.user.get_username()}"
         outcomes = Counter(
@@ -167,7 +182,9 @@ class AnalysisJobAdmin(ReadOnlyModelAdmin):
             request, f"Refund: {text}.", messages.SUCCESS if refunded else messages.WARNING
         )
 
-    @admin.action(description="Promote the queues of the selected jobs' users")
+    @admin.action(
+        description="Promote the queues of the selected jobs' users", permissions=["operate"]
+    )
     def promote_queue(self, request, queryset):
         users = set(queryset.values_list("user_id", flat=True))
         promoted = [j for u in users if (j := admission.analysis_queue_promote(user_id=u))]
@@ -256,7 +273,9 @@ class CoreRunAdmin(ReadOnlyModelAdmin):
 
 @admin.register(CoreDailyUsage)
 class CoreDailyUsageAdmin(ReadOnlyModelAdmin):
-    list_display = ("day", "used")
+    list_display = ("day", "tenant", "used")
+    list_filter = ("tenant",)
+    list_select_related = ("tenant",)
     date_hierarchy = "day"
 
 

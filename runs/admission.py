@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -26,8 +27,11 @@ from runs.exceptions import (
     InsufficientCredits,
     NoCitations,
     ParentNotComplete,
+    QueueFull,
+    TooManyCitations,
 )
 from runs.models import (
+    ACTIVE_STATUSES,
     AnalysisJob,
     CreditEntry,
     CreditKind,
@@ -83,16 +87,24 @@ def analysis_job_admit(
     """Run every synchronous check, then admit the job ``pending`` (slot free) or
     ``queued``; delta re-checks are always ``pending``.
 
-    One transaction under the user's queue lock: the balance check, the held core run,
-    the job row, the charge and (when ``pending``) its ``process_job`` commit together,
-    so a refused admission charges nothing and leaves no row, and two concurrent admits
-    of one user can neither both take the slot nor overdraw the balance.
+    One transaction under the user's queue lock: the bound on open jobs, the balance
+    check, the held core run (which takes a unit of the tenant's daily budget), the job
+    row, the charge and (when ``pending``) its ``process_job`` commit together, so a
+    refused admission charges nothing and leaves no row, and two concurrent admits of one
+    user can neither both take the slot, nor pass the bound, nor overdraw the balance.
     """
-    if not judging.extract_citations(doc_html):
+    citations = judging.extract_citations(doc_html)
+    if not citations:
         raise NoCitations()
+    if len(citations) > judging.MAX_CITATIONS:
+        raise TooManyCitations(
+            f"the document holds {len(citations)} citations; at most {judging.MAX_CITATIONS} "
+            "per analysis"
+        )
     core = get_core()
     with transaction.atomic():
         locks.xact_lock(ANALYSIS_QUEUE_LOCK, user.pk)
+        _check_open_jobs(user)
         parent = None
         if delta_of_job_id is not None:
             parent = analysis_job_for_user(user=user, job_id=delta_of_job_id)
@@ -140,6 +152,23 @@ def analysis_job_admit(
         )
         position = queue_position(job)
     return Admission(id=admitted.id, run_id=run_id, status=admitted.status, queue_position=position)
+
+
+def _check_open_jobs(user: User) -> None:
+    """Under the user's queue lock: refuse a job beyond ``MAX_QUEUED_ANALYSES_PER_USER``
+    waiting or running ones (0 turns the bound off). One indexed probe of the limit-th
+    open job, however long the queue."""
+    limit = int(settings.MAX_QUEUED_ANALYSES_PER_USER)
+    if limit <= 0:
+        return
+    open_jobs = AnalysisJob.objects.filter(
+        user_id=user.pk, status__in=(JobStatus.QUEUED, *ACTIVE_STATUSES), deleted_at__isnull=True
+    )
+    if open_jobs.order_by()[limit - 1 : limit].exists():
+        raise QueueFull(
+            f"{limit} of your analyses are waiting or running, the most one user may have; "
+            "admit more once some have finished"
+        )
 
 
 def promote_next(user_id: int) -> int | None:

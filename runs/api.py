@@ -3,6 +3,11 @@
 Thin views: validate the payload (pydantic, 422), call one service or selector, shape
 the answer. Domain refusals (``runs.exceptions``) become 4xx JSON bodies in one place,
 :func:`_client_error`; every call is scoped to the caller's user and tenant.
+
+The payload's limits and the body limit agree: every payload within the limits below
+fits ``DATA_UPLOAD_MAX_MEMORY_SIZE`` as UTF-8 JSON, and with every character outside
+ASCII escaped as ``\\u`` plus four hex digits too, unless it lies beyond the Basic
+Multilingual Plane (``tests/security/test_limits.py`` builds the largest).
 """
 
 from __future__ import annotations
@@ -13,10 +18,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 from ninja import Field, Path, Query, Router, Schema, Status
-from pydantic import ConfigDict, field_validator
+from pydantic import field_validator
 
-from accounts.api import ClientError, ErrorOut, NotFound
+from accounts.api import ClientError, ErrorOut, NotFound, StrictSchema
+from accounts.pagination import PageQuery, page_response, paginate, sub_list_url
 from runs import admission, durability, selectors
 from runs.exceptions import (
     BudgetExhausted,
@@ -28,16 +36,26 @@ from runs.exceptions import (
     NoCitations,
     NothingToSave,
     ParentNotComplete,
+    QueueFull,
     RunsError,
+    TooManyCitations,
 )
-from runs.models import AnalysisJob, AnalysisRun, JobStatus
+from runs.models import AnalysisJob, AnalysisRun, JobCitation, JobStatus
 
 router = Router(tags=["runs"])
 
 #: Largest id PostgreSQL's bigint holds: anything above is a client error, not a 500.
 MAX_ID = 2**63 - 1
-MAX_DOC_CHARS = 5_000_000
-SOURCE_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
+MAX_TITLE_CHARS = 200
+MAX_DOC_CHARS = 1_000_000
+MAX_SOURCES = 50
+MAX_SOURCE_KEY_CHARS = 64
+MAX_SOURCE_TITLE_CHARS = 500
+MAX_DOI_CHARS = 300
+MAX_SOURCE_TEXT_CHARS = 20_000
+SOURCE_KEY_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9_.:-]{{0,{MAX_SOURCE_KEY_CHARS - 1}}}$"
+#: Verdicts on a job's own page; the rest through its verdicts list.
+DETAIL_ITEMS = 100
 
 _STATUS: dict[type[RunsError], int] = {
     InsufficientCredits: 402,
@@ -46,6 +64,8 @@ _STATUS: dict[type[RunsError], int] = {
     JobNotFinished: 409,
     NothingToSave: 409,
     BudgetExhausted: 429,
+    QueueFull: 429,
+    TooManyCitations: 422,
     CoreRefused: 422,
     CoreUnavailable: 503,
 }
@@ -55,7 +75,15 @@ def _client_error(exc: RunsError) -> ClientError:
     if isinstance(exc, JobNotFound):
         return NotFound()
     status = next((_STATUS[c] for c in type(exc).__mro__ if c in _STATUS), 400)
-    return ClientError(str(exc), code=exc.code, status=status)
+    headers = {}
+    if isinstance(exc, BudgetExhausted):
+        # The budget is a UTC day's: it refills at the next UTC midnight.
+        now = timezone.now().astimezone(datetime.UTC)
+        midnight = (now + datetime.timedelta(days=1)).replace(
+            hour=0, minute=0, second=0, microsecond=0
+        )
+        headers["Retry-After"] = str(int((midnight - now).total_seconds()) + 1)
+    return ClientError(str(exc), code=exc.code, status=status, headers=headers)
 
 
 @contextmanager
@@ -66,21 +94,19 @@ def _refusals() -> Iterator[None]:
         raise _client_error(exc) from exc
 
 
-class _Strict(Schema):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
-
-
-class SourceIn(_Strict):
+class SourceIn(StrictSchema):
     key: str = Field(pattern=SOURCE_KEY_PATTERN, description="How the document cites it.")
-    title: str = Field("", max_length=500)
-    doi: str | None = Field(None, max_length=300)
-    text: str = Field("", max_length=500_000, description="The passage to check against.")
+    title: str = Field("", max_length=MAX_SOURCE_TITLE_CHARS)
+    doi: str | None = Field(None, max_length=MAX_DOI_CHARS)
+    text: str = Field(
+        "", max_length=MAX_SOURCE_TEXT_CHARS, description="The passage to check against."
+    )
 
 
-class AnalysisJobIn(_Strict):
-    title: str = Field(min_length=1, max_length=200)
+class AnalysisJobIn(StrictSchema):
+    title: str = Field(min_length=1, max_length=MAX_TITLE_CHARS)
     doc_html: str = Field(min_length=1, max_length=MAX_DOC_CHARS)
-    sources: list[SourceIn] = Field(max_length=500)
+    sources: list[SourceIn] = Field(max_length=MAX_SOURCES)
     delta_of_job_id: int | None = Field(None, ge=1, le=MAX_ID)
 
     @field_validator("sources")
@@ -121,9 +147,10 @@ class AnalysisJobOut(Schema):
     finished_at: datetime.datetime | None
     summary: dict[str, Any] | None = None
     verdicts: list[VerdictOut] | None = None
+    verdicts_next: str | None = None
 
 
-class RunSaveIn(_Strict):
+class RunSaveIn(StrictSchema):
     job_id: int = Field(ge=1, le=MAX_ID)
 
 
@@ -137,8 +164,8 @@ class RunOut(Schema):
     updated_at: datetime.datetime
 
 
-def _job_out(job: AnalysisJob, *, position: int, verdicts: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {
+def _job_out(job: AnalysisJob, *, position: int) -> dict[str, Any]:
+    return {
         "id": job.pk,
         "run_id": job.run_id,
         "status": job.status,
@@ -150,19 +177,21 @@ def _job_out(job: AnalysisJob, *, position: int, verdicts: bool) -> dict[str, An
         "started_at": job.started_at,
         "finished_at": job.finished_at,
     }
-    if verdicts and job.status == JobStatus.COMPLETE:
-        out["summary"] = (job.results or {}).get("summary")
-        out["verdicts"] = [
-            {
-                "marker": c.marker,
-                "source_key": c.source_key,
-                "claim": c.claim,
-                "verdict": c.verdict,
-                "score": c.score,
-            }
-            for c in selectors.job_citations(job_id=job.pk)
-        ]
-    return out
+
+
+def _verdict_out(c: JobCitation) -> dict[str, Any]:
+    return {
+        "marker": c.marker,
+        "source_key": c.source_key,
+        "claim": c.claim,
+        "verdict": c.verdict,
+        "score": c.score,
+    }
+
+
+#: Newest first; the id breaks ties of equal timestamps.
+NEWEST_FIRST = ("-created_at", "-id")
+VERDICT_ORDER = ("id",)
 
 
 def _run_out(run: AnalysisRun) -> dict[str, Any]:
@@ -179,8 +208,10 @@ def _run_out(run: AnalysisRun) -> dict[str, Any]:
 
 @router.post("/analysis-jobs", response={201: AdmissionOut, 503: ErrorOut})
 def admit_analysis_job(request, payload: AnalysisJobIn):
-    """Admit an analysis: every check runs now (credits, sources, DOIs, budget); the job
-    then waits its turn (`queued`, with its position) or starts (`pending`)."""
+    """Admit an analysis: every check runs now (credits, sources, DOIs, the tenant's daily
+    budget, the user's bound on open analyses); the job then waits its turn (`queued`,
+    with its position) or starts (`pending`). 429 with `queue_full` or `budget_exhausted`
+    when a bound is reached."""
     with _refusals():
         admitted = admission.analysis_job_admit(
             user=request.auth,
@@ -201,19 +232,52 @@ def admit_analysis_job(request, payload: AnalysisJobIn):
 
 
 @router.get("/analysis-jobs", response=list[AnalysisJobOut])
-def list_analysis_jobs(request, limit: int = Query(50, ge=1, le=200)):
-    """The caller's newest jobs with their queue positions."""
-    jobs = selectors.analysis_jobs_for_user(user=request.auth, limit=limit)
+def list_analysis_jobs(request: HttpRequest, response: HttpResponse, query: Query[PageQuery]):
+    """The caller's jobs, newest first, with their queue positions; the ``Link`` header
+    names the next page."""
+    jobs = page_response(
+        request,
+        response,
+        selectors.analysis_jobs_of_user(user=request.auth),
+        order=NEWEST_FIRST,
+        query=query,
+    )
     positions = selectors.queue_positions(jobs)
-    return [_job_out(job, position=positions[job.pk], verdicts=False) for job in jobs]
+    return [_job_out(job, position=positions[job.pk]) for job in jobs]
 
 
 @router.get("/analysis-jobs/{job_id}", response=AnalysisJobOut)
-def get_analysis_job(request, job_id: int = Path(..., ge=1, le=MAX_ID)):
-    """Status, queue position and, once complete, the verdicts."""
+def get_analysis_job(request: HttpRequest, job_id: int = Path(..., ge=1, le=MAX_ID)):
+    """Status, queue position and, once complete, the summary and the first 100 verdicts
+    (``verdicts_next`` names the list with the rest, null when there is none)."""
     with _refusals():
         job = selectors.analysis_job_for_user(user=request.auth, job_id=job_id)
-    return _job_out(job, position=selectors.queue_position(job), verdicts=True)
+    out = _job_out(job, position=selectors.queue_position(job))
+    if job.status == JobStatus.COMPLETE:
+        citations = selectors.job_citations(job_id=job.pk)
+        page = paginate(citations, order=VERDICT_ORDER, cursor=None, limit=DETAIL_ITEMS)
+        out["summary"] = (job.results or {}).get("summary")
+        out["verdicts"] = [_verdict_out(c) for c in page.items]
+        out["verdicts_next"] = sub_list_url(request, "verdicts", page)
+    return out
+
+
+@router.get("/analysis-jobs/{job_id}/verdicts", response=list[VerdictOut])
+def list_verdicts(
+    request: HttpRequest,
+    response: HttpResponse,
+    query: Query[PageQuery],
+    job_id: int = Path(..., ge=1, le=MAX_ID),
+):
+    """A job's verdicts in document order (empty until it is complete); the ``Link``
+    header names the next page."""
+    with _refusals():
+        job = selectors.analysis_job_for_user(user=request.auth, job_id=job_id)
+    if job.status != JobStatus.COMPLETE:
+        return []
+    citations = selectors.job_citations(job_id=job.pk)
+    items = page_response(request, response, citations, order=VERDICT_ORDER, query=query)
+    return [_verdict_out(c) for c in items]
 
 
 @router.post("/analysis-runs", response={200: RunOut, 201: RunOut})
@@ -225,8 +289,9 @@ def save_analysis_run(request, payload: RunSaveIn):
 
 
 @router.get("/analysis-runs", response=list[RunOut])
-def list_analysis_runs(request, limit: int = Query(50, ge=1, le=200)):
-    """The caller's runs, newest first (the side panel)."""
-    return [
-        _run_out(run) for run in selectors.analysis_runs_for_user(user=request.auth, limit=limit)
-    ]
+def list_analysis_runs(request: HttpRequest, response: HttpResponse, query: Query[PageQuery]):
+    """The caller's runs, newest first (the side panel); the ``Link`` header names the
+    next page."""
+    runs = selectors.analysis_runs_of_user(user=request.auth)
+    items = page_response(request, response, runs, order=NEWEST_FIRST, query=query)
+    return [_run_out(run) for run in items]

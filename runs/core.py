@@ -10,8 +10,8 @@ the user at click time, while the run refuses to judge until it is released. Sta
 the state machine in ``core_runs`` on Django's connection (so a create commits or rolls
 back with the admission). A remote core is a class with the same four methods, selected
 with the setting ``RUNS_CORE_CLIENT``. ``CORE_AVAILABLE = False`` makes the local core
-unreachable (an outage, for tests and drills); ``CORE_DAILY_BUDGET`` caps creates per UTC
-day.
+unreachable (an outage, for tests and drills); ``CORE_DAILY_BUDGET`` caps creates per
+tenant and UTC day.
 """
 
 from __future__ import annotations
@@ -105,7 +105,10 @@ class LocalCore:
             with connection.cursor() as cursor:
                 cursor.execute(
                     queries["core_budget_take"],
-                    {"budget": int(getattr(settings, "CORE_DAILY_BUDGET", 0))},
+                    {
+                        "user_id": user_id,
+                        "budget": int(getattr(settings, "CORE_DAILY_BUDGET", 0)),
+                    },
                 )
                 if cursor.fetchone() is None:
                     raise BudgetExhausted()

@@ -27,16 +27,28 @@ logger = logging.getLogger(__name__)
 
 #: Credits one analysis costs (charged at admission, refunded at most once).
 ANALYSIS_PRICE = 1
+#: Amounts and balances are 64-bit (``credit_ledger.amount`` is a bigint): no grant may
+#: take a balance past what one can hold.
+MAX_CREDITS = 2**63 - 1
+NOTE_MAX = CreditEntry._meta.get_field("note").max_length
 
 
 def credit_grant(*, user_id: int, amount: int, note: str = "") -> int:
     """Add ``amount`` credits (a new ledger entry each call: grants are not idempotent)
-    and return the new balance."""
-    if amount <= 0:
-        raise InvalidAmount(f"a credit grant must be a positive whole number, got {amount}")
+    and return the new balance. Refused (:class:`InvalidAmount`, nothing written) unless
+    1 ≤ amount and the new balance fits 64 bits."""
+    if not 0 < amount <= MAX_CREDITS:
+        raise InvalidAmount(
+            f"a credit grant must be a whole number from 1 to {MAX_CREDITS}, got {amount}"
+        )
     with transaction.atomic():
+        balance = credit_balance(user_id=user_id)
+        if balance + amount > MAX_CREDITS:
+            raise InvalidAmount(
+                f"the balance is {balance}; adding {amount} would pass {MAX_CREDITS}"
+            )
         CreditEntry.objects.create(
-            user_id=user_id, kind=CreditKind.GRANT, amount=amount, note=note[:200]
+            user_id=user_id, kind=CreditKind.GRANT, amount=amount, note=note[:NOTE_MAX]
         )
         return credit_balance(user_id=user_id)
 

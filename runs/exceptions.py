@@ -35,6 +35,18 @@ class NoCitations(RunsError):
     code = "no_citations"
 
 
+class QueueFull(RunsError):
+    """Too many of your analyses are waiting or running; wait for some to finish."""
+
+    code = "queue_full"
+
+
+class TooManyCitations(RunsError):
+    """The document holds more citations than one analysis may judge; split it."""
+
+    code = "too_many_citations"
+
+
 class ParentNotComplete(RunsError):
     """A delta re-check needs a completed analysis to re-check."""
 
@@ -84,7 +96,8 @@ class NoSources(CoreRefused):
 
 
 class BudgetExhausted(CoreRefused):
-    """Today's provider budget is used up; analyses can be started again tomorrow (UTC)."""
+    """Your tenant's provider budget for today is used up; analyses can be started again
+    tomorrow (UTC)."""
 
     code = "budget_exhausted"
 

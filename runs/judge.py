@@ -31,6 +31,10 @@ _BLOCK_TAGS = frozenset(
 _VOID_TAGS = frozenset(
     "br hr img input meta link area base col embed source track wbr".split()  # noqa: SIM905
 )
+#: Citations one analysis may hold (admission refuses more), and the longest claim kept
+#: per citation: a document of one endless sentence must not repeat it per citation.
+MAX_CITATIONS = 1000
+MAX_CLAIM_CHARS = 1000
 _KEY = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}"
 _BRACKET = re.compile(rf"\[({_KEY}(?:\s*[,;]\s*{_KEY})*)\]")
 _SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,;:!?])")
@@ -159,7 +163,11 @@ def extract_citations(doc_html: str) -> list[Citation]:
         for key in re.split(r"\s*[,;]\s*", keys):
             if key:
                 citations.append(
-                    Citation(marker=f"c{len(citations) + 1}", source_key=key[:64], claim=claim)
+                    Citation(
+                        marker=f"c{len(citations) + 1}",
+                        source_key=key[:64],
+                        claim=claim[:MAX_CLAIM_CHARS],
+                    )
                 )
     return citations
 

@@ -65,19 +65,24 @@ class CoreRun(models.Model):
 
 
 class CoreDailyUsage(models.Model):
-    """Core runs created per UTC day, counted against ``CORE_DAILY_BUDGET`` in one
-    conditional UPSERT (so concurrent admissions can never overshoot the budget)."""
+    """Core runs created per tenant and UTC day, counted against ``CORE_DAILY_BUDGET``
+    (a budget per tenant, so one tenant cannot exhaust another's) in one conditional
+    UPSERT (so concurrent admissions can never overshoot it)."""
 
-    day = models.DateField(primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    day = models.DateField()
     used = models.PositiveIntegerField(default=0)
 
     class Meta:
         db_table = "core_daily_usage"
-        ordering = ["-day"]
+        ordering = ["-day", "tenant_id"]
         verbose_name_plural = "core daily usage"
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "day"], name="core_daily_usage_tenant_day_uq")
+        ]
 
     def __str__(self) -> str:
-        return f"{self.day}: {self.used}"
+        return f"{self.tenant_id} {self.day}: {self.used}"
 
 
 class AnalysisJob(models.Model):
@@ -282,7 +287,7 @@ class CreditEntry(models.Model):
         AnalysisJob, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
     kind = models.CharField(max_length=8, choices=CreditKind)
-    amount = models.IntegerField()
+    amount = models.BigIntegerField()
     note = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 

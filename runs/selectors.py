@@ -53,13 +53,16 @@ def analysis_job_for_user(*, user: User, job_id: int) -> AnalysisJob:
     return job
 
 
+def analysis_jobs_of_user(*, user: User) -> QuerySet[AnalysisJob]:
+    """All the user's jobs (body deferred), unordered: the API pages them."""
+    return AnalysisJob.objects.defer(*HEAVY_FIELDS).filter(
+        user_id=user.pk, tenant_id=user.tenant_id, deleted_at__isnull=True
+    )
+
+
 def analysis_jobs_for_user(*, user: User, limit: int = 50) -> list[AnalysisJob]:
     """The user's newest jobs (body deferred)."""
-    return list(
-        AnalysisJob.objects.defer(*HEAVY_FIELDS)
-        .filter(user_id=user.pk, tenant_id=user.tenant_id, deleted_at__isnull=True)
-        .order_by("-created_at", "-id")[:limit]
-    )
+    return list(analysis_jobs_of_user(user=user).order_by("-created_at", "-id")[:limit])
 
 
 def queue_position(job: AnalysisJob) -> int:
@@ -90,17 +93,21 @@ def queue_positions(jobs: Sequence[AnalysisJob]) -> dict[int, int]:
     return positions
 
 
-def job_citations(*, job_id: int) -> list[JobCitation]:
-    return list(JobCitation.objects.filter(job_id=job_id).order_by("id"))
+def job_citations(*, job_id: int) -> QuerySet[JobCitation]:
+    """The job's citations with their verdicts (unordered: callers order or page them)."""
+    return JobCitation.objects.filter(job_id=job_id)
+
+
+def analysis_runs_of_user(*, user: User) -> QuerySet[AnalysisRun]:
+    """All the user's runs (body deferred), unordered: the API pages them."""
+    return AnalysisRun.objects.defer(*HEAVY_FIELDS).filter(
+        user_id=user.pk, tenant_id=user.tenant_id
+    )
 
 
 def analysis_runs_for_user(*, user: User, limit: int = 50) -> QuerySet[AnalysisRun]:
     """The user's runs, newest first (the side panel), body deferred."""
-    return (
-        AnalysisRun.objects.defer(*HEAVY_FIELDS)
-        .filter(user_id=user.pk, tenant_id=user.tenant_id)
-        .order_by("-created_at", "-id")[:limit]
-    )
+    return analysis_runs_of_user(user=user).order_by("-created_at", "-id")[:limit]
 
 
 def queue_overview(*, user_id: int | None = None) -> list[QueueRow]:

@@ -78,7 +78,8 @@ SELECT status
 
 -- staged_blobs_in_use --
 -- Of the given blob hashes, those that an inquiry still needs: one whose intake has not
--- succeeded yet names it in its upload manifest.
+-- succeeded yet names it in its upload manifest. An intake that failed and stayed failed
+-- for the whole grace period (an unreadable upload, refused for good) needs it no more.
 SELECT DISTINCT u.entry ->> 'sha256'
   FROM anfragen a
  CROSS JOIN LATERAL jsonb_array_elements(a.uploads) AS u(entry)
@@ -86,7 +87,10 @@ SELECT DISTINCT u.entry ->> 'sha256'
    AND NOT EXISTS (
         SELECT 1 FROM pipeline_runs r
          WHERE r.tenant_id = a.tenant_id AND r.anfrage_id = a.id
-           AND r.stage = 'intake' AND r.status = 'success');
+           AND r.stage = 'intake'
+           AND (r.status = 'success'
+                OR (r.status = 'failed'
+                    AND r.finished_at < now() - make_interval(secs => %(grace)s))));
 
 -- resume_without_jit --
 -- For the resume sweep's transaction: once open inquiries number in the thousands, the

@@ -1,11 +1,15 @@
 -- core_budget_take --
--- Count one core run against today's (UTC) provider budget; no row comes back once the
--- budget is used up. One statement, so concurrent admissions never overshoot it, and it
--- rolls back with a refused admission.
-INSERT INTO core_daily_usage AS u (day, used)
-SELECT (now() AT TIME ZONE 'UTC')::date, 1
- WHERE %(budget)s > 0
-ON CONFLICT (day) DO UPDATE SET used = u.used + 1
+-- Count one core run against today's (UTC) provider budget of the user's tenant; no row
+-- comes back once that budget is used up (nor for a user without a tenant). One
+-- statement, so concurrent admissions never overshoot it, and it rolls back with a
+-- refused admission. Keyed by tenant: one tenant cannot exhaust another's budget.
+INSERT INTO core_daily_usage AS u (tenant_id, day, used)
+SELECT usr.tenant_id, (now() AT TIME ZONE 'UTC')::date, 1
+  FROM users usr
+ WHERE usr.id = %(user_id)s
+   AND usr.tenant_id IS NOT NULL
+   AND %(budget)s > 0
+ON CONFLICT (tenant_id, day) DO UPDATE SET used = u.used + 1
  WHERE u.used < %(budget)s
 RETURNING used;
 

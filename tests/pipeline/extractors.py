@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from pipeline.extract import Extraction, LineExtractor, SourceFile
+from pipeline.extract import Extraction, LineExtractor, ParsedPosition, SourceFile
 
 
 class GatedExtractor(LineExtractor):
@@ -58,3 +59,17 @@ class ScriptedExtractor(LineExtractor):
                 positions=extraction.positions[: self.keep], warnings=extraction.warnings
             )
         return extraction
+
+
+class WildExtractor(LineExtractor):
+    """For in-process tests: at extract time, returns ``returns`` (whatever a careless
+    plug-in might) instead of what the file holds; at submit time it reads as usual."""
+
+    returns: tuple[ParsedPosition, ...] = ()
+
+    def extract(self, source: SourceFile) -> Extraction:
+        extraction = super().extract(source)
+        if source.file_id is None:
+            return extraction
+        positions = tuple(replace(p, file_id=source.file_id) for p in self.returns)
+        return Extraction(positions=positions, warnings=extraction.warnings)

@@ -8,6 +8,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from pipeline.models import Anfrage, AuditEntry, PipelineRun
+from queueing.exceptions import DoNotRetry
 from tests.conftest import jobs
 from tests.factories import UserFactory, auth_header
 from tests.pipeline.conftest import ITEMS_CSV, ITEMS_TXT, run_stages, submit
@@ -87,11 +88,16 @@ def test_partly_parsing_files_are_accepted_with_warnings(client, user):
     assert [(w["line_no"], w["line"]) for w in body["warnings"]] == [(2, "nonsense")]
 
 
+def stored_files(root) -> list:
+    return [path for path in root.rglob("*") if path.is_file()]
+
+
 @pytest.mark.parametrize(
     ("files", "fields", "status", "code", "detail"),
     [
         ([], {}, 400, "no_files", "at least one file"),
         ([upload("empty.txt", b"")], {}, 400, "empty_file", "'empty.txt' is empty"),
+        ([upload("blank.txt", b" \n\t\n")], {}, 400, "empty_file", "'blank.txt' is empty"),
         (
             [upload("photo.txt", b"\xff\xd8\xff\xe0\x00\x10JFIF\x00")],
             {},
@@ -107,14 +113,6 @@ def test_partly_parsing_files_are_accepted_with_warnings(client, user):
             "unknown format '.pdf'",
         ),
         (
-            [upload("note.txt", "Dear sales team,\nplease quote.\n")],
-            {},
-            422,
-            "unparseable_file",
-            "no line reads as a requested item",
-        ),
-        ([upload("a.csv", "1;12;pcs;beam\n")], {}, 422, "unparseable_file", "header"),
-        (
             [upload("big.txt", b"1 pcs beam\n" * 500_000)],
             {},
             413,
@@ -124,9 +122,16 @@ def test_partly_parsing_files_are_accepted_with_warnings(client, user):
         (
             [upload("a.txt", "1 pcs beam")],
             {"title": "t" * 300},
-            400,
+            422,
             "invalid_title",
             "at most 200",
+        ),
+        (
+            [upload("a.txt", "1 pcs beam")],
+            {"title": "Hall\x003"},
+            422,
+            "invalid_title",
+            "title: contains a NUL character",
         ),
         (
             [upload("ok.txt", "1 pcs beam"), upload("bad.md", b"")],
@@ -134,6 +139,13 @@ def test_partly_parsing_files_are_accepted_with_warnings(client, user):
             400,
             "empty_file",
             "'bad.md'",
+        ),
+        (
+            [upload("a.txt", "1 pcs beam")],
+            {"colour": "red"},
+            400,
+            "unexpected_field",
+            "'colour'",
         ),
     ],
 )
@@ -148,15 +160,39 @@ def test_bad_input_is_a_4xx_naming_the_problem_and_writes_nothing(
     assert not Anfrage.objects.exists()
     assert not AuditEntry.objects.exists()
     assert jobs() == []
-    assert not storage_root.exists()
+    assert stored_files(storage_root) == []
 
 
-def test_a_json_body_instead_of_multipart_is_a_4xx(client, user):
+@pytest.mark.parametrize(
+    ("name", "data", "stage", "reason"),
+    [
+        ("note.txt", "Dear sales team,\nplease quote.\n", "extract", "no line reads as"),
+        ("a.csv", "1;12;pcs;beam\n", "extract", "header"),
+        ("items", b"\x01\x02\x03\x04 12 pcs \x05\x06\x07\x08", "intake", "is binary"),
+    ],
+)
+def test_files_the_request_cannot_judge_cheaply_fail_their_stage_for_good(
+    client, user, name, data, stage, reason
+):
+    # Parsing is the stages' work, off the request: the upload is accepted, and the
+    # stage that reads the file refuses it for good with the reason.
+    response = post(client, user, [upload(name, data)])
+    assert response.status_code == 201, response.content
+    anfrage_id = response.json()["id"]
+    with pytest.raises(DoNotRetry):
+        run_stages(anfrage_id)
+    body = client.get(f"{URL}/{anfrage_id}", headers=auth_header(user)).json()
+    failed = next(s for s in body["stages"] if s["status"] == "failed")
+    assert failed["stage"] == stage
+    assert reason in failed["error"]
+
+
+def test_a_json_body_instead_of_multipart_is_a_415(client, user):
     response = client.post(
         URL, {"title": "x"}, content_type="application/json", headers=auth_header(user)
     )
-    assert response.status_code in (400, 422)
-    assert "error" in response.json()
+    assert response.status_code == 415
+    assert response.json()["error"] == "unsupported_media_type"
     assert not Anfrage.objects.exists()
 
 

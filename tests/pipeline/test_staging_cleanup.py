@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import threading
 import time
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connections, transaction
+from django.utils import timezone
 
 from pipeline import storage
-from pipeline.models import Stage
+from pipeline.models import Anfrage, PipelineRun, Stage
 from pipeline.replay import pipeline_stage_replay
 from pipeline.services import STAGING_LOCK
 from queueing import locks
+from queueing.exceptions import DoNotRetry
 from queueing.sweeps import run_sweep
+from tests.factories import auth_header
 from tests.pipeline.conftest import ITEMS_CSV, ITEMS_TXT, run_stages, submit
 
 
@@ -113,3 +118,28 @@ def test_a_submit_racing_the_cleanup_keeps_its_bytes(tenant):
     submitter.join(timeout=10)
     assert storage.staging_path(sha).exists()
     assert run_stages(outcome["anfrage"].id, (Stage.INTAKE,)) == ["completed"]
+
+
+@pytest.mark.django_db
+def test_an_intake_failed_for_the_whole_grace_period_releases_its_blob(client, user):
+    # An upload the request accepts and intake refuses for good (binary, no extension).
+    def upload(name: str) -> str:
+        data = SimpleUploadedFile(name, b"\x01\x02\x03\x04 12 pcs \x05\x06\x07\x08" + name.encode())
+        response = client.post("/api/anfragen", {"files": [data]}, headers=auth_header(user))
+        assert response.status_code == 201, response.content
+        anfrage_id = response.json()["id"]
+        with pytest.raises(DoNotRetry):
+            run_stages(anfrage_id, (Stage.INTAKE,))
+        return anfrage_id
+
+    long_ago, recent = upload("old"), upload("new")
+    PipelineRun.objects.filter(anfrage_id=long_ago).update(
+        finished_at=timezone.now() - datetime.timedelta(days=2)
+    )
+    blobs = {pk: staged(Anfrage.objects.get(pk=pk))[0] for pk in (long_ago, recent)}
+    for sha in blobs.values():
+        age(sha)
+
+    assert run_sweep("staged_uploads").changed == 1
+    assert not storage.staging_path(blobs[long_ago]).exists()
+    assert storage.staging_path(blobs[recent]).exists()

@@ -21,6 +21,7 @@ from django.test import Client
 
 from accounts.models import User
 from accounts.services import api_token_create, tenant_get_or_create, user_get_or_create
+from accounts.validation import int_argument
 from queueing.display import format_table
 
 DATA = Path(__file__).resolve().parents[2] / "demo_data"
@@ -57,10 +58,10 @@ class Command(BaseCommand):
     help = "Run pgstage end to end on this database and print a summary (exits within a minute)."
 
     def add_arguments(self, parser):
-        parser.add_argument("--workers", type=int, default=2)
+        parser.add_argument("--workers", type=int_argument(maximum=8), default=2)
         parser.add_argument(
             "--grace",
-            type=int,
+            type=int_argument(minimum=0, maximum=3600),
             default=3,
             help="SWEEP_GRACE_SECONDS for the demo (production default: 120)",
         )

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from accounts.validation import TENANT_SLUG_MAX, int_argument, text_argument
 from pipeline.exceptions import AnfrageNotFound
 from pipeline.selectors import anfrage_detail, anfrage_get_any, anfrage_overview, tenant_by_slug
 from queueing.display import format_table
+
+MAX_LIMIT = 10_000
 
 
 def _short(text: str, width: int = 60) -> str:
@@ -18,9 +21,18 @@ class Command(BaseCommand):
     help = "Stage status per inquiry; with --anfrage, its stages, positions and quote."
 
     def add_arguments(self, parser):
-        parser.add_argument("--tenant", help="only this tenant's inquiries (slug)")
-        parser.add_argument("--anfrage", type=int, help="one inquiry in detail")
-        parser.add_argument("--limit", type=int, default=50, help="newest N inquiries (50)")
+        parser.add_argument(
+            "--tenant",
+            type=text_argument(max_length=TENANT_SLUG_MAX),
+            help="only this tenant's inquiries (slug)",
+        )
+        parser.add_argument("--anfrage", type=int_argument(), help="one inquiry in detail")
+        parser.add_argument(
+            "--limit",
+            type=int_argument(maximum=MAX_LIMIT),
+            default=50,
+            help=f"newest N inquiries (50, at most {MAX_LIMIT})",
+        )
 
     def handle(self, *args, tenant: str | None, anfrage: int | None, limit: int, **options):
         tenant_id = None

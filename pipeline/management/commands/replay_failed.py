@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from accounts.validation import TENANT_SLUG_MAX, int_argument, text_argument
 from pipeline.exceptions import PipelineError
 from pipeline.models import Stage
 from pipeline.replay import pipeline_stage_replay
@@ -16,10 +17,22 @@ class Command(BaseCommand):
     help = "Replay the failed runs of --stage (optionally of one --tenant), with a progress bar."
 
     def add_arguments(self, parser):
-        parser.add_argument("--stage", required=True, help=f"one of {', '.join(Stage.values)}")
-        parser.add_argument("--tenant", help="only this tenant (slug)")
+        parser.add_argument(
+            "--stage",
+            required=True,
+            type=text_argument(max_length=32),
+            help=f"one of {', '.join(Stage.values)}",
+        )
+        parser.add_argument(
+            "--tenant", type=text_argument(max_length=TENANT_SLUG_MAX), help="only this tenant"
+        )
         parser.add_argument("--dry-run", action="store_true", help="list them, change nothing")
-        parser.add_argument("--limit", type=int, default=10_000, help="at most N runs")
+        parser.add_argument(
+            "--limit",
+            type=int_argument(maximum=100_000),
+            default=10_000,
+            help="at most N runs (10,000; at most 100,000)",
+        )
 
     def handle(self, *args, stage: str, tenant: str | None, dry_run: bool, limit: int, **options):
         try:

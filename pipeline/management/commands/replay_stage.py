@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from accounts.validation import TENANT_SLUG_MAX, int_argument, text_argument
 from pipeline.exceptions import PipelineError
 from pipeline.models import Stage
 from pipeline.replay import pipeline_stage_replay
@@ -22,9 +23,19 @@ class Command(BaseCommand):
     help = "Replay a stage of an inquiry: --force for a successful stage, --cascade for the rest."
 
     def add_arguments(self, parser):
-        parser.add_argument("--tenant", required=True, help="tenant slug")
-        parser.add_argument("--anfrage", required=True, type=int, help="inquiry id")
-        parser.add_argument("--stage", required=True, help=f"one of {', '.join(Stage.values)}")
+        parser.add_argument(
+            "--tenant",
+            required=True,
+            type=text_argument(max_length=TENANT_SLUG_MAX),
+            help="tenant slug",
+        )
+        parser.add_argument("--anfrage", required=True, type=int_argument(), help="inquiry id")
+        parser.add_argument(
+            "--stage",
+            required=True,
+            type=text_argument(max_length=32),
+            help=f"one of {', '.join(Stage.values)}",
+        )
         parser.add_argument("--force", action="store_true", help="replay a successful stage")
         parser.add_argument(
             "--cascade", action="store_true", help="re-run the stages after it as well"

@@ -10,7 +10,9 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from accounts.validation import TENANT_SLUG_MAX, text_argument
 from pipeline.exceptions import PipelineError
+from pipeline.limits import MAX_FILE_BYTES, MAX_FILES
 from pipeline.selectors import tenant_by_slug
 from pipeline.services import Upload, anfrage_submit
 from queueing.display import format_table
@@ -20,11 +22,18 @@ class Command(BaseCommand):
     help = "Create an inquiry from FILE... (text, CSV or Markdown) and start its pipeline."
 
     def add_arguments(self, parser):
-        parser.add_argument("--tenant", required=True, help="tenant slug")
+        parser.add_argument(
+            "--tenant",
+            required=True,
+            type=text_argument(max_length=TENANT_SLUG_MAX),
+            help="tenant slug",
+        )
         parser.add_argument("--title", default="", help="title (default: the first file name)")
         parser.add_argument("files", nargs="+", metavar="FILE")
 
     def handle(self, *args, tenant: str, title: str, files: list[str], **options):
+        if len(files) > MAX_FILES:
+            raise CommandError(f"{len(files)} files; at most {MAX_FILES} per inquiry")
         tenant_row = tenant_by_slug(slug=tenant)
         if tenant_row is None:
             raise CommandError(
@@ -35,6 +44,13 @@ class Command(BaseCommand):
         for name in files:
             path = Path(name)
             try:
+                # Checked before reading: an oversized file is never read into memory.
+                size = path.stat().st_size
+                if size > MAX_FILE_BYTES:
+                    raise CommandError(
+                        f"{name} has {size} bytes; at most {MAX_FILE_BYTES} per file; "
+                        "nothing was created"
+                    )
                 uploads.append(Upload(filename=path.name, data=path.read_bytes()))
             except OSError as exc:
                 raise CommandError(f"cannot read {name}: {exc.strerror}; check the path") from exc

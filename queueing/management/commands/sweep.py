@@ -9,6 +9,10 @@ from queueing.display import format_table, progress
 from queueing.exceptions import UnknownSweep
 from queueing.sweeps import get_sweep, run_sweep, sweeps
 
+#: A batch is one SQL LIMIT: beyond this it is a typo, not a batch (and past 2**63 an
+#: error of the database's).
+MAX_BATCH_SIZE = 1_000_000
+
 
 class Command(BaseCommand):
     help = "Run one sweep (or --all) once and print what it selected and changed."
@@ -50,8 +54,8 @@ class Command(BaseCommand):
             raise CommandError(
                 "name one sweep or pass --all; declared sweeps: " + ", ".join(declared)
             )
-        if batch_size is not None and batch_size < 1:
-            raise CommandError("--batch-size must be at least 1.")
+        if batch_size is not None and not 1 <= batch_size <= MAX_BATCH_SIZE:
+            raise CommandError(f"--batch-size must be at least 1 and at most {MAX_BATCH_SIZE}.")
         names = list(declared) if run_all else [name]
         rows = []
         if len(names) > 1:

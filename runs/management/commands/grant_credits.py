@@ -6,8 +6,9 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from accounts.models import User
+from accounts.validation import USERNAME_MAX, text_argument
 from queueing.display import format_table
-from runs.credits import credit_grant
+from runs.credits import MAX_CREDITS, NOTE_MAX, credit_grant
 from runs.exceptions import InvalidAmount
 
 
@@ -15,9 +16,18 @@ class Command(BaseCommand):
     help = "Grant N analysis credits to a user and print the new balance."
 
     def add_arguments(self, parser):
-        parser.add_argument("--user", required=True, help="username")
-        parser.add_argument("--amount", required=True, type=int, help="credits to add (> 0)")
-        parser.add_argument("--note", default="", help="why (kept in the ledger)")
+        parser.add_argument(
+            "--user", required=True, type=text_argument(max_length=USERNAME_MAX), help="username"
+        )
+        parser.add_argument(
+            "--amount", required=True, type=int, help=f"credits to add (1 to {MAX_CREDITS})"
+        )
+        parser.add_argument(
+            "--note",
+            default="",
+            type=text_argument(max_length=NOTE_MAX),
+            help=f"why (kept in the ledger; at most {NOTE_MAX} characters)",
+        )
 
     def handle(self, *args, user, amount, note="", **options):
         user_id = User.objects.filter(username=user).values_list("pk", flat=True).first()
@@ -31,5 +41,5 @@ class Command(BaseCommand):
                 user_id=user_id, amount=amount, note=note or "manage.py grant_credits"
             )
         except InvalidAmount as exc:
-            raise CommandError(f"{exc}; pass --amount 1 or more") from exc
+            raise CommandError(f"{exc}; pass --amount 1 or more (at most {MAX_CREDITS})") from exc
         self.stdout.write(format_table(["user", "granted", "balance"], [[user, amount, balance]]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from accounts.models import User
+from accounts.validation import USERNAME_MAX, text_argument
 from queueing.display import format_table
 from runs.selectors import queue_overview
 
@@ -19,7 +20,9 @@ class Command(BaseCommand):
     help = "Show running, pending and queued analysis jobs per user (read-only)."
 
     def add_arguments(self, parser):
-        parser.add_argument("--user", help="only this username")
+        parser.add_argument(
+            "--user", type=text_argument(max_length=USERNAME_MAX), help="only this username"
+        )
 
     def handle(self, *args, user=None, **options):
         user_id = None

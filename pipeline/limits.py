@@ -1,0 +1,14 @@
+"""The pipeline's bounds on one inquiry, declared once (docs/security.md lists them)."""
+
+from __future__ import annotations
+
+MAX_FILES = 20
+MAX_FILE_BYTES = 5 * 1024 * 1024
+MAX_TITLE = 200
+#: The largest upload request: every file at its limit plus room for the parts' headers
+#: and the title. A longer ``Content-Length`` is refused before the body is read.
+MAX_REQUEST_BYTES = MAX_FILES * MAX_FILE_BYTES + 256 * 1024
+#: Positions one inquiry may hold; extract refuses an inquiry with more.
+MAX_POSITIONS = 10_000
+#: Unreadable lines kept as warnings per inquiry; the rest are counted in one more.
+MAX_WARNINGS = 1_000
