@@ -24,6 +24,7 @@ from accounts.models import ApiToken, Tenant, User
 from accounts.services import api_token_create
 from pipeline.models import PipelineRun
 from queueing.enqueue import enqueue
+from queueing.sweeps import request_sweep
 from runs import admission, processing
 from runs.models import AnalysisJob
 from tests.factories import TenantFactory, UserFactory
@@ -105,12 +106,6 @@ ACTIONS = [
         ("procrastinate.change_procrastinatejob",),
         "todo_job",
     ),
-    Action(
-        "procrastinate.procrastinatejob",
-        "abort",
-        ("procrastinate.change_procrastinatejob",),
-        "todo_job",
-    ),
 ]
 SWEEP_ACTIONS = ["run", "dry_run", "enqueue"]
 
@@ -147,7 +142,9 @@ def rows(storage_root):
         cursor.execute(
             "UPDATE procrastinate_jobs SET status = 'failed' WHERE id = %s", [failed_job.job_id]
         )
-    todo_job = enqueue("pipeline.extract", args={"anfrage_id": other.id}, key=None)
+    # A job an operator may cancel (a sweep's: its next tick asks again); a stage's job
+    # is refused (nothing else would do its work).
+    todo_job = request_sweep("finished_jobs")
     return {
         "done_job": done.id,
         "queued_job": queued.id,
