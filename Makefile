@@ -6,6 +6,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_WORKERS ?= 2
+HOST ?= 127.0.0.1
+PORT ?= 8000
 
 .PHONY: install test test-fast e2e lint format demo worker run migrate stop-db bench clean
 
@@ -48,8 +50,11 @@ demo: migrate
 worker: migrate
 	$(BIN)/python manage.py procrastinate worker
 
+## The production web server (gunicorn, static files by whitenoise) and a supervised
+## worker: `make run HOST=0.0.0.0 PORT=9000`.
 run: migrate
-	$(BIN)/python manage.py run_all
+	$(BIN)/python manage.py collectstatic --noinput -v 0
+	$(BIN)/python manage.py run_all --host $(HOST) --port $(PORT)
 
 bench: migrate
 	$(BIN)/python -m bench

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -25,6 +26,8 @@ env = environ.Env(
     METRICS_TOKEN=(str, ""),
     CORE_AVAILABLE=(bool, True),
     CORE_DAILY_BUDGET=(int, 1000),
+    DATABASE_CONNECT_TIMEOUT=(int, 5),
+    DATABASE_TRANSACTION_POOLING=(bool, False),
 )
 env_file = BASE_DIR / ".env"
 if env_file.exists():
@@ -53,6 +56,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "config.middleware.DatabaseUnavailableMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -96,6 +101,15 @@ DATABASES = {"default": env.db_url_config(_database_url())}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {})
+# A database that does not answer fails the request in seconds (a 503, see
+# config.middleware), instead of holding a web thread for the kernel's TCP timeout.
+DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", env("DATABASE_CONNECT_TIMEOUT"))
+if env("DATABASE_TRANSACTION_POOLING"):
+    # Behind PgBouncer in transaction mode consecutive transactions may run on different
+    # server connections: no server-side cursors (they outlive a transaction) and no
+    # prepared statements (psycopg prepares a query on its 5th run, on one server).
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    DATABASES["default"]["OPTIONS"]["prepare_threshold"] = None
 DATABASES["default"]["TEST"] = {"NAME": env.str("TEST_DATABASE_NAME", default="") or None}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -109,7 +123,13 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = DATA_DIR / "static"
+STATIC_ROOT = Path(env.str("STATIC_ROOT", default="") or DATA_DIR / "static")
+# whitenoise serves collectstatic's output from the web process itself: compressed, with
+# content-hashed names cached for a year (config.storage).
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "config.storage.StaticFilesStorage"},
+}
 
 # Domain settings (DESIGN §6).
 SWEEP_GRACE_SECONDS = env("SWEEP_GRACE_SECONDS")
@@ -136,14 +156,30 @@ PROCRASTINATE_WORKER_DEFAULTS = {
     "stalled_worker_timeout": env("STALLED_WORKER_SECONDS"),
 }
 
+# procrastinate's worker logger also records which worker runs in this process, for
+# manage.py worker_health (config.worker_state).
+WORKER_STATE_DIR = Path(env.str("WORKER_STATE_DIR", default="") or DATA_DIR / "run" / "workers")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "worker_state": {"()": "config.worker_state.WorkerStateHandler"},
+    },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
     "loggers": {
         "procrastinate": {"level": env.str("PROCRASTINATE_LOG_LEVEL", default="WARNING")},
+        "procrastinate.worker": {
+            # INFO at most: the worker's start record carries the id worker_health needs.
+            "level": min(
+                logging.INFO,
+                logging.getLevelName(env.str("PROCRASTINATE_LOG_LEVEL", default="WARNING")),
+            ),
+            "handlers": ["console", "worker_state"],
+            "propagate": False,
+        },
         "queueing": {"level": env.str("LOG_LEVEL", default="INFO")},
     },
 }

@@ -1,4 +1,5 @@
-"""URL map: admin, the JSON API (with OpenAPI docs at /api/docs), dashboard, metrics."""
+"""URL map: admin, the JSON API (with OpenAPI docs at /api/docs), dashboard, metrics,
+health (/healthz, /readyz)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from django.views.generic import RedirectView
 
 from config.api import api, register_routers
 from config.dashboard import analysis_submit_view, dashboard_view
+from config.health import healthz_view, readyz_view
 from config.metrics import metrics_view
 
 register_routers()
@@ -28,4 +30,6 @@ urlpatterns = [
     ),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="login"), name="logout"),
     path("metrics", metrics_view, name="metrics"),
+    path("healthz", healthz_view, name="healthz"),
+    path("readyz", readyz_view, name="readyz"),
 ]
