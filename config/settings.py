@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -156,30 +157,55 @@ PROCRASTINATE_WORKER_DEFAULTS = {
     "stalled_worker_timeout": env("STALLED_WORKER_SECONDS"),
 }
 
-# procrastinate's worker logger also records which worker runs in this process, for
-# manage.py worker_health (config.worker_state).
+# Logs: plain lines, or one JSON object per line with LOG_FORMAT=json (queueing.logs).
+# procrastinate's worker logger feeds the job lines (start, success, retry, failure, with
+# job id, task, key, tenant and duration) and records which worker runs in this process
+# for manage.py worker_health (config.worker_state).
+LOG_FORMAT = env.str("LOG_FORMAT", default="plain").strip().lower()
+if LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: use 'plain' or 'json'")
+
+
+def _log_level(name: str, default: str) -> str:
+    level = env.str(name, default=default).strip().upper()
+    if not isinstance(logging.getLevelName(level), int):
+        raise ImproperlyConfigured(f"{name}={level!r}: use DEBUG, INFO, WARNING or ERROR")
+    return level
+
+
+LOG_LEVEL = _log_level("LOG_LEVEL", "WARNING")
+PROCRASTINATE_LOG_LEVEL = _log_level("PROCRASTINATE_LOG_LEVEL", "WARNING")
+JOB_LOG_LEVEL = _log_level("JOB_LOG_LEVEL", "INFO")
 WORKER_STATE_DIR = Path(env.str("WORKER_STATE_DIR", default="") or DATA_DIR / "run" / "workers")
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {
+        "jobs": {
+            "()": "queueing.logs.JobEventFilter",
+            "level": PROCRASTINATE_LOG_LEVEL,
+            "job_level": JOB_LOG_LEVEL,
+        }
+    },
+    "formatters": {
+        "plain": {"()": "queueing.logs.PlainFormatter"},
+        "json": {"()": "queueing.logs.JsonFormatter"},
+    },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT},
+        "jobs": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["jobs"]},
         "worker_state": {"()": "config.worker_state.WorkerStateHandler"},
     },
-    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
-        "procrastinate": {"level": env.str("PROCRASTINATE_LOG_LEVEL", default="WARNING")},
+        "procrastinate": {"level": PROCRASTINATE_LOG_LEVEL},
         "procrastinate.worker": {
             # INFO at most: the worker's start record carries the id worker_health needs.
-            "level": min(
-                logging.INFO,
-                logging.getLevelName(env.str("PROCRASTINATE_LOG_LEVEL", default="WARNING")),
-            ),
-            "handlers": ["console", "worker_state"],
+            "level": min(logging.INFO, logging.getLevelName(PROCRASTINATE_LOG_LEVEL)),
+            "handlers": ["jobs", "worker_state"],
             "propagate": False,
         },
-        "queueing": {"level": env.str("LOG_LEVEL", default="INFO")},
+        "queueing": {"level": _log_level("LOG_LEVEL", "INFO")},
     },
 }

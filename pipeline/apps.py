@@ -6,3 +6,10 @@ from django.apps import AppConfig
 class PipelineConfig(AppConfig):
     name = "pipeline"
     verbose_name = "Inquiry pipelines"
+
+    def ready(self) -> None:
+        from pipeline.services import STAGE_KEY
+        from queueing.logs import register_key_format
+
+        # Stage keys name their tenant: job log lines show it.
+        register_key_format(STAGE_KEY)

@@ -213,13 +213,17 @@ class Command(BaseCommand):
 
     def _wait(self, done) -> None:
         deadline = time.monotonic() + TIMEOUT_SECONDS
+        # The animation is for a terminal; a log file gets no carriage returns.
+        animate = self.stderr.isatty()
         spinner = 0
         while time.monotonic() < deadline:
             if done():
-                self.stderr.write("\r" + " " * 40 + "\r")
+                if animate:
+                    self.stderr.write("\r" + " " * 40 + "\r")
                 return
             spinner += 1
-            self.stderr.write(f"\r  working {'.' * (spinner % 4):<4}")
+            if animate:
+                self.stderr.write(f"\r  working {'.' * (spinner % 4):<4}")
             time.sleep(0.5)
         raise CommandError(
             f"the demo did not finish within {TIMEOUT_SECONDS}s; see the worker logs under "
