@@ -148,6 +148,11 @@ QUEUEING_STALLED_WORKER_SECONDS = env("STALLED_WORKER_SECONDS")
 # queueing: succeeded, cancelled and aborted jobs are deleted after this long (failed
 # jobs stay for inspection).
 QUEUEING_JOB_RETENTION_SECONDS = env("JOB_RETENTION_SECONDS")
+#: The environment variable of each setting named differently, for operators' pages.
+SETTING_ENVIRONMENT_NAMES = {
+    "QUEUEING_STALLED_WORKER_SECONDS": "STALLED_WORKER_SECONDS",
+    "QUEUEING_JOB_RETENTION_SECONDS": "JOB_RETENTION_SECONDS",
+}
 
 # Extra task modules for the worker (tests add their own fixture tasks this way).
 PROCRASTINATE_IMPORT_PATHS = env.list("PGSTAGE_TASK_MODULES", default=[])
