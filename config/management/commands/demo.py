@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from django.conf import settings
@@ -53,6 +56,31 @@ def sample_analysis(n: int) -> dict:
     }
 
 
+@contextmanager
+def _quiet_console(path: Path) -> Iterator[None]:
+    """This process's informational log lines (a sweep's counts, say) go to ``path``
+    instead of between the demo's tables; warnings and errors still reach the console."""
+    root = logging.getLogger()
+    handler = logging.FileHandler(path)
+    if root.handlers:
+        handler.setFormatter(root.handlers[0].formatter)
+    consoles = [
+        (h, h.level)
+        for h in root.handlers
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+    ]
+    root.addHandler(handler)
+    for console, _ in consoles:
+        console.setLevel(max(console.level, logging.WARNING))
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+        for console, level in consoles:
+            console.setLevel(level)
+
+
 class Command(BaseCommand):
     help = "Run pgstage end to end on this database and print a summary (exits within a minute)."
 
@@ -76,6 +104,12 @@ class Command(BaseCommand):
         with connection.cursor() as cursor:
             cursor.execute("SELECT coalesce(max(id), 0) FROM procrastinate_jobs")
             (self.first_job_id,) = cursor.fetchone()
+        log_dir = settings.DATA_DIR / "demo-logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with _quiet_console(log_dir / "demo.log"):
+            self._run(workers)
+
+    def _run(self, workers: int) -> None:
         self._step("seeding tenants, users, tokens and credits")
         tokens = self._seed()
         procs = self._start_workers(workers)
