@@ -9,7 +9,7 @@ PYTEST_WORKERS ?= 2
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install test test-fast e2e lint format demo worker run migrate stop-db bench clean
+.PHONY: install test test-fast e2e screenshots lint format demo worker run migrate stop-db bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ test-fast: install
 e2e: install
 	test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(BIN)/python -m pytest -m e2e
+
+## The browser tests again, writing their screenshots into docs/images/ (the README's).
+screenshots:
+	E2E_SCREENSHOTS=$(CURDIR)/docs/images $(MAKE) e2e
 
 lint: install
 	$(BIN)/ruff check .

@@ -9,7 +9,13 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from config.api import api, register_routers
-from config.dashboard import analysis_submit_view, dashboard_view
+from config.dashboard import (
+    analysis_detail_view,
+    analysis_submit_view,
+    dashboard_view,
+    inquiry_detail_view,
+    inquiry_submit_view,
+)
 from config.health import healthz_view, readyz_view
 from config.metrics import metrics_view
 
@@ -23,6 +29,9 @@ urlpatterns = [
     path("api/", api.urls),
     path("dashboard/", dashboard_view, name="dashboard"),
     path("dashboard/analyses", analysis_submit_view, name="analysis-submit"),
+    path("dashboard/analyses/<int:job_id>", analysis_detail_view, name="analysis-detail"),
+    path("dashboard/inquiries", inquiry_submit_view, name="inquiry-submit"),
+    path("dashboard/inquiries/<int:anfrage_id>", inquiry_detail_view, name="inquiry-detail"),
     path(
         "accounts/login/",
         auth_views.LoginView.as_view(redirect_authenticated_user=True),

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
+from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -181,6 +181,38 @@ def retryable_failed_jobs(
             ended_at__gte=since
         )
     return list(jobs.order_by("id").values_list("pk", flat=True)[:limit])
+
+
+def newest_job_ids(*, user: User, run_ids: Sequence[object]) -> set[int]:
+    """The id of the newest job of each of the user's runs in ``run_ids`` (one query): the
+    only job of a run a client should save."""
+    if not run_ids:
+        return set()
+    return set(
+        AnalysisJob.objects.filter(
+            run_id__in=set(run_ids),
+            user_id=user.pk,
+            tenant_id=user.tenant_id,
+            deleted_at__isnull=True,
+        )
+        .values("run_id")
+        .annotate(newest=Max("id"))
+        .values_list("newest", flat=True)
+    )
+
+
+def saved_job_ids(*, user: User, jobs: Sequence[AnalysisJob]) -> set[int]:
+    """Ids of ``jobs`` that count as saved: their run holds them or a newer job of the
+    run (one query)."""
+    run_ids = {job.run_id for job in jobs}
+    if not run_ids:
+        return set()
+    held = dict(
+        AnalysisRun.objects.filter(pk__in=run_ids, user_id=user.pk, tenant_id=user.tenant_id)
+        .exclude(job_id__isnull=True)
+        .values_list("pk", "job_id")
+    )
+    return {job.pk for job in jobs if held.get(job.run_id, 0) >= job.pk}
 
 
 def queue_overview(*, user_id: int | None = None, live_only: bool = False) -> list[QueueRow]:
