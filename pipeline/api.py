@@ -11,13 +11,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from decimal import Decimal
+from typing import Literal
 
 from django.http import HttpRequest
-from ninja import File, Form, Query, Router, Schema, Status
+from ninja import Field, File, Form, Query, Router, Schema, Status
 from ninja.files import UploadedFile
+from pydantic import ConfigDict
 
 from accounts.api import ClientError
 from pipeline.exceptions import FileTooLarge, PipelineError
+from pipeline.models import FileFormat, Stage, Unit
 from pipeline.selectors import anfrage_detail, anfrage_get, anfrage_overview
 from pipeline.services import MAX_FILE_BYTES, Upload, anfrage_submit
 
@@ -32,13 +35,30 @@ def _client_errors() -> Iterator[None]:
         raise ClientError(exc.detail, code=exc.code, status=exc.status) from exc
 
 
+#: A stage's status: the ledger's, or ``pending`` before the stage first ran.
+StageStatusValue = Literal["pending", "running", "success", "failed"]
+EXAMPLE_STAGES = [
+    {
+        "stage": stage,
+        "status": "success",
+        "attempts": 1,
+        "error": "",
+        "started_at": "2025-01-31T08:00:00Z",
+        "finished_at": "2025-01-31T08:00:01Z",
+    }
+    for stage in ("intake", "extract", "feasibility", "calculate")
+]
+
+
 class AnfrageCreated(Schema):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"id": 7}]})
+
     id: int
 
 
 class StageOut(Schema):
-    stage: str
-    status: str
+    stage: Stage
+    status: StageStatusValue = Field(description="pending: the stage has not run yet.")
     attempts: int
     error: str
     started_at: datetime.datetime | None
@@ -48,7 +68,7 @@ class StageOut(Schema):
 class FileOut(Schema):
     id: int
     filename: str
-    format: str
+    format: FileFormat
     size: int
     sha256: str
 
@@ -59,7 +79,7 @@ class PositionOut(Schema):
     source_file_id: int | None
     source_line: int
     quantity: Decimal
-    unit: str
+    unit: Unit
     item: str
     material: str
     catalog_item: str
@@ -79,6 +99,51 @@ class WarningOut(Schema):
 
 
 class AnfrageOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 7,
+                    "title": "Steel beams for hall 3",
+                    "created_at": "2025-01-31T08:00:00Z",
+                    "complete": True,
+                    "stages": EXAMPLE_STAGES,
+                    "files": [
+                        {
+                            "id": 3,
+                            "filename": "steel-beams.txt",
+                            "format": "text",
+                            "size": 99,
+                            "sha256": "9f2c…",
+                        }
+                    ],
+                    "positions": [
+                        {
+                            "index": 1,
+                            "label": "1",
+                            "source_file_id": 3,
+                            "source_line": 1,
+                            "quantity": "12.000",
+                            "unit": "pcs",
+                            "item": "steel beam HEA 200",
+                            "material": "steel",
+                            "catalog_item": "beam",
+                            "catalog_material": "steel",
+                            "length_mm": 6000,
+                            "feasible": True,
+                            "reason": "",
+                            "unit_price": "237.00",
+                            "total": "2844.00",
+                        }
+                    ],
+                    "warnings": [],
+                    "quote_total": "2844.00",
+                    "currency": "EUR",
+                }
+            ]
+        }
+    )
+
     id: int
     title: str
     created_at: datetime.datetime
@@ -92,6 +157,22 @@ class AnfrageOut(Schema):
 
 
 class AnfrageSummaryOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 7,
+                    "title": "Steel beams for hall 3",
+                    "created_at": "2025-01-31T08:00:00Z",
+                    "complete": True,
+                    "stages": EXAMPLE_STAGES,
+                    "quote_total": "2844.00",
+                    "currency": "EUR",
+                }
+            ]
+        }
+    )
+
     id: int
     title: str
     created_at: datetime.datetime
@@ -154,7 +235,11 @@ def anfrage_list(request: HttpRequest, limit: int = Query(50, ge=1, le=200)):
     ]
 
 
-@router.get("/anfragen/{anfrage_id}", response=AnfrageOut, summary="An inquiry's pipeline")
+@router.get(
+    "/anfragen/{anfrage_id}",
+    response=AnfrageOut,
+    summary="An inquiry: stage statuses, files, positions and the quote",
+)
 def anfrage_read(request: HttpRequest, anfrage_id: int):
     """Each stage's status, attempts and error; the positions with feasibility and prices;
     the quote total once ``calculate`` succeeded."""
