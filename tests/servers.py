@@ -209,3 +209,132 @@ def start_web(env: dict[str, str], log_path: Path, **settings: str | int) -> Web
     if process.poll() is not None:
         raise AssertionError(f"gunicorn exited with {process.returncode}:\n{server.log()}")
     return server
+
+
+PGBOUNCER_PATHS = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
+
+
+def pgbouncer_binary() -> str | None:
+    """PgBouncer from Debian's package, installed here when missing (as root, as on CI;
+    like ``make e2e`` installs Chromium). None when it cannot be had."""
+    found = shutil.which("pgbouncer") or next(
+        (p for p in PGBOUNCER_PATHS if os.path.exists(p)), None
+    )
+    if found or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return found
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], env=env, check=True, timeout=600)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "pgbouncer"],
+        env=env,
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    return shutil.which("pgbouncer") or next(
+        (p for p in PGBOUNCER_PATHS if os.path.exists(p)), None
+    )
+
+
+@dataclass
+class PgBouncer:
+    """PgBouncer in transaction mode on 127.0.0.1:``port`` in front of one database;
+    ``pool_size`` server connections at most, whatever the number of clients."""
+
+    binary: str
+    server_host: str
+    server_port: int
+    dbname: str
+    user: str = "postgres"
+    pool_size: int = 3
+    port: int = field(default_factory=free_port)
+
+    def __post_init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="pgstage-pgbouncer-"))
+        (self.root / "userlist.txt").write_text(f'"{self.user}" ""\n')
+        (self.root / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"{self.dbname} = host={self.server_host} port={self.server_port} "
+            f"dbname={self.dbname}\n"
+            "[pgbouncer]\n"
+            "listen_addr = 127.0.0.1\n"
+            f"listen_port = {self.port}\n"
+            "unix_socket_dir =\n"
+            "auth_type = trust\n"
+            f"auth_file = {self.root / 'userlist.txt'}\n"
+            f"admin_users = {self.user}\n"
+            "pool_mode = transaction\n"
+            f"default_pool_size = {self.pool_size}\n"
+            "max_client_conn = 500\n"
+            "ignore_startup_parameters = extra_float_digits,options\n"
+            f"logfile = {self.root / 'pgbouncer.log'}\n"
+            f"pidfile = {self.root / 'pgbouncer.pid'}\n"
+        )
+        args = [self.binary, str(self.root / "pgbouncer.ini")]
+        if os.geteuid() == 0:
+            # PgBouncer refuses to run as root: it drops to an ordinary user.
+            import pwd
+
+            owner = next((u for u in ("postgres", "pgserver", "nobody") if _has_user(u)), "nobody")
+            entry = pwd.getpwnam(owner)
+            self.root.chmod(0o755)
+            for path in self.root.iterdir():
+                path.chmod(0o644)
+            os.chown(self.root, entry.pw_uid, entry.pw_gid)
+            args[1:1] = ["-u", owner]
+        self.process = subprocess.Popen(
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_until(
+            lambda: self.process.poll() is not None or self._answers(),
+            timeout=30,
+            message="PgBouncer to accept connections",
+        )
+        if self.process.poll() is not None:
+            raise AssertionError(f"PgBouncer exited: {self.log()}")
+
+    def _answers(self) -> bool:
+        try:
+            with psycopg.connect(self.url(), connect_timeout=2, prepare_threshold=None) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.OperationalError:
+            return False
+
+    def log(self) -> str:
+        path = self.root / "pgbouncer.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def url(self) -> str:
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/{self.dbname}"
+
+    def show(self, what: str) -> list[dict]:
+        """``SHOW <what>`` on PgBouncer's admin console, as dicts."""
+        admin = f"postgresql://{self.user}@127.0.0.1:{self.port}/pgbouncer"
+        with psycopg.connect(admin, autocommit=True, prepare_threshold=None) as conn:
+            cursor = conn.execute(f"SHOW {what}")
+            names = [c.name for c in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _has_user(name: str) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
