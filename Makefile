@@ -9,7 +9,7 @@ PYTEST_WORKERS ?= 2
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install test test-fast e2e screenshots lint format demo worker run migrate stop-db bench clean
+.PHONY: install test test-fast e2e screenshots lint format demo worker run shell migrate stop-db bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,11 @@ worker: migrate
 run: migrate
 	$(BIN)/python manage.py collectstatic --noinput -v 0
 	$(BIN)/python manage.py run_all --host $(HOST) --port $(PORT)
+
+## A shell whose python is the project's: run `python manage.py …` there.
+shell: install
+	@echo "python is $(CURDIR)/$(BIN)/python; run 'python manage.py help' (exit to leave)"
+	@PATH="$(CURDIR)/$(BIN):$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" $${SHELL:-/bin/sh}
 
 bench: migrate
 	$(BIN)/python -m bench
