@@ -222,7 +222,7 @@ def test_analysis_detail_page_shows_verdicts_and_save_state(client, alice):
     assert 'data-newest="true"' in body and 'data-saved="false"' in body
     assert "1 supported" in body
     assert '<span class="badge verdict supported">supported</span>' in body
-    assert "pgstage/dashboard.js" in body
+    assert "/static/pgstage/dashboard." in body
 
 
 def test_inquiry_detail_page_shows_stages_with_times_and_errors(client, alice, tenant):
