@@ -43,6 +43,14 @@ def database_url() -> str:
     return f"postgresql://{auth}@{info.host}:{info.port}/{info.dbname}"
 
 
+@pytest.fixture(autouse=True)
+def _static_files_from_the_apps(settings, tmp_path_factory) -> None:
+    """Pages name their static files as the app directories have them, whether or not
+    someone ran ``collectstatic`` into ``.data/static`` (``make run`` does): its manifest
+    would name content-hashed files that the test server (serving from the apps) lacks."""
+    settings.STATIC_ROOT = tmp_path_factory.getbasetemp() / "no-collected-static"
+
+
 @pytest.fixture
 def clean_queue(transactional_db) -> Iterator[None]:
     """Empty procrastinate's tables before and after the test."""
