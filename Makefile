@@ -57,7 +57,6 @@ worker: migrate
 ## The production web server (gunicorn, static files by whitenoise) and a supervised
 ## worker: `make run HOST=0.0.0.0 PORT=9000`.
 run: migrate
-	$(BIN)/python manage.py collectstatic --noinput -v 0
 	$(BIN)/python manage.py run_all --host $(HOST) --port $(PORT)
 
 ## A shell whose python is the project's: run `python manage.py …` there.

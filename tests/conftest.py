@@ -84,9 +84,11 @@ class WorkerProcess:
 
 
 @pytest.fixture
-def worker_env() -> dict[str, str]:
+def worker_env(tmp_path) -> dict[str, str]:
     env = dict(os.environ)
     env["DATABASE_URL"] = database_url()
+    # The test's workers are not this host's (manage.py worker_health would list them).
+    env["WORKER_STATE_DIR"] = str(tmp_path / "worker-state")
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("LOG_LEVEL", "INFO")
     env["PROCRASTINATE_LOG_LEVEL"] = "INFO"

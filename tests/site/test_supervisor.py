@@ -167,12 +167,6 @@ def test_run_all_serves_with_gunicorn_and_restarts_a_killed_worker(clean_queue, 
         "WEB_WORKERS": "1",
         "PYTHONUNBUFFERED": "1",
     }
-    subprocess.run(
-        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
-        cwd=ROOT,
-        env=env,
-        check=True,
-    )
     log_path = tmp_path / "run.log"
     with open(log_path, "w") as log:
         run = subprocess.Popen(

@@ -10,6 +10,7 @@ import signal
 import sys
 
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from config.supervisor import Child, Supervisor
@@ -42,6 +43,8 @@ class Command(BaseCommand):
             raise CommandError(f"--port {port} is not a TCP port (1-65535).")
         if not host.strip():
             raise CommandError("--host must name an address, e.g. 127.0.0.1 or 0.0.0.0.")
+        # gunicorn serves static files through whitenoise, from collectstatic's output.
+        call_command("collectstatic", interactive=False, verbosity=0)
         web = Child(
             name="web",
             argv=[sys.executable, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.wsgi"],
