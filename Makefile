@@ -6,8 +6,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_WORKERS ?= 2
+HOST ?= 127.0.0.1
+PORT ?= 8000
 
-.PHONY: install test test-fast e2e lint format demo worker run migrate stop-db bench clean
+.PHONY: install test test-fast e2e screenshots lint format demo worker run shell migrate stop-db bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +40,10 @@ e2e: install
 	test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium)
 	$(BIN)/python -m pytest -m e2e
 
+## The browser tests again, writing their screenshots into docs/images/ (the README's).
+screenshots:
+	E2E_SCREENSHOTS=$(CURDIR)/docs/images $(MAKE) e2e
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -54,8 +60,15 @@ demo: migrate
 worker: migrate
 	$(BIN)/python manage.py procrastinate worker
 
+## The production web server (gunicorn, static files by whitenoise) and a supervised
+## worker: `make run HOST=0.0.0.0 PORT=9000`.
 run: migrate
-	$(BIN)/python manage.py run_all
+	$(BIN)/python manage.py run_all --host $(HOST) --port $(PORT)
+
+## A shell whose python is the project's: run `python manage.py …` there.
+shell: install
+	@echo "python is $(CURDIR)/$(BIN)/python; run 'python manage.py help' (exit to leave)"
+	@PATH="$(CURDIR)/$(BIN):$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" $${SHELL:-/bin/sh}
 
 bench: migrate
 	$(BIN)/python -m bench

@@ -43,6 +43,7 @@ class ApiToken(models.Model):
 
     class Meta:
         db_table = "api_tokens"
+        verbose_name = "API token"
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user})"

@@ -1,12 +1,15 @@
 """The user's dashboard: their analyses (running and queued, with positions), their runs
-side panel, and their tenant's inquiries as a stage board; plus a form to submit an
-analysis.
+side panel, their tenant's inquiries as a stage board, forms to submit an analysis and to
+upload an inquiry; and a detail page per inquiry (stages with times and errors,
+positions, quote) and per analysis (status, verdicts, its run).
 
-Server-rendered. Every read goes through the domains' selectors, scoped to the logged-in
-user and their tenant, so nobody sees another tenant's rows. The page reloads itself every
-2 s while work is in flight, and (being the browser the design speaks of) saves each
-finished analysis through ``POST /api/analysis-runs``: the fast path the backstop sweep
-only covers for.
+Server-rendered, so every page works without JavaScript. Every read goes through the
+domains' selectors, scoped to the logged-in user and their tenant: another tenant's id is
+a 404. ``static/pgstage/dashboard.js`` then keeps the pages current by polling the JSON
+API with capped backoff (no reload), submits the forms through the API, and — being the
+browser the design speaks of — saves a finished analysis through ``POST
+/api/analysis-runs`` when it sees it terminal, only for the newest job of its run: the
+fast path the backstop sweep only covers for.
 """
 
 from __future__ import annotations
@@ -17,22 +20,25 @@ from typing import Any
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import User
 from config.metrics import record_admission_rejection
 from pipeline import selectors as pipeline_selectors
+from pipeline.exceptions import AnfrageNotFound, FileTooLarge, PipelineError
 from pipeline.models import Anfrage
 from pipeline.selectors import StageStatus
+from pipeline.services import MAX_FILE_BYTES, Upload, anfrage_submit
 from runs import admission as runs_admission
 from runs import selectors as runs_selectors
 from runs.api import MAX_DOC_CHARS, MAX_SOURCE_TEXT_CHARS, SOURCE_KEY_PATTERN
-from runs.exceptions import InsufficientCredits, RunsError
+from runs.exceptions import InsufficientCredits, JobNotFound, RunsError
 from runs.models import (
     ACTIVE_STATUSES,
     RECORDABLE_STATUSES,
+    TERMINAL_STATUSES,
     AnalysisJob,
     AnalysisRun,
     JobStatus,
@@ -97,18 +103,11 @@ class InquiryRow:
         return "failed" not in statuses and statuses != {"success"}
 
 
-def _saved_job_ids(user: User, jobs: list[AnalysisJob]) -> set[int]:
-    """Ids of ``jobs`` that count as saved: their run holds them or a later job of the run
-    (one query, keyed by run id). A superseded job is never offered for a save."""
-    run_ids = {job.run_id for job in jobs}
-    if not run_ids:
-        return set()
-    held = dict(
-        AnalysisRun.objects.filter(pk__in=run_ids, user_id=user.pk, tenant_id=user.tenant_id)
-        .exclude(job_id__isnull=True)
-        .values_list("pk", "job_id")
-    )
-    return {job.pk for job in jobs if job.run_id in held and held[job.run_id] >= job.pk}
+class InquiryForm(forms.Form):
+    """The dashboard's short form of ``POST /api/anfragen`` (the files are read from
+    ``request.FILES`` under the same field name, ``files``)."""
+
+    title = forms.CharField(max_length=200, required=False)
 
 
 def _job_sort_key(row: JobRow) -> tuple[int, int, int]:
@@ -121,7 +120,10 @@ def dashboard_context(user: User) -> dict[str, Any]:
     positions = runs_selectors.queue_positions(jobs)
     live = [j for j in jobs if j.status in LIVE_STATUSES]
     recent = [j for j in jobs if j.status not in LIVE_STATUSES][:RECENT_LIMIT]
-    saved = _saved_job_ids(user, [j for j in recent if j.status in RECORDABLE_STATUSES])
+    finished = [j for j in recent if j.status in RECORDABLE_STATUSES]
+    saved = runs_selectors.saved_job_ids(user=user, jobs=finished)
+    # Only the newest job of a run is saved by the page: an older one would be stale.
+    newest = runs_selectors.newest_job_ids(user=user, run_ids=[j.run_id for j in finished])
     live_rows = sorted(
         (JobRow(job=j, position=positions[j.pk], unsaved=False) for j in live),
         key=_job_sort_key,
@@ -131,7 +133,10 @@ def dashboard_context(user: User) -> dict[str, Any]:
             job=j,
             position=0,
             unsaved=(
-                j.status in RECORDABLE_STATUSES and j.results is not None and j.pk not in saved
+                j.status in RECORDABLE_STATUSES
+                and j.results is not None
+                and j.pk in newest
+                and j.pk not in saved
             ),
         )
         for j in recent
@@ -153,18 +158,27 @@ def dashboard_context(user: User) -> dict[str, Any]:
     }
 
 
-def _render(request: HttpRequest, form: AnalysisForm, *, status: int = 200) -> HttpResponse:
+def _render(
+    request: HttpRequest,
+    form: AnalysisForm | None = None,
+    *,
+    inquiry_form: InquiryForm | None = None,
+    status: int = 200,
+) -> HttpResponse:
     user = request.user
     if user.tenant_id is None:
         return render(request, "dashboard/no_tenant.html", status=403)
-    context = dashboard_context(user) | {"form": form}
+    context = dashboard_context(user) | {
+        "form": form or AnalysisForm(),
+        "inquiry_form": inquiry_form or InquiryForm(),
+    }
     return render(request, "dashboard/index.html", context, status=status)
 
 
 @require_GET
 @login_required(login_url=LOGIN_URL)
 def dashboard_view(request: HttpRequest) -> HttpResponse:
-    return _render(request, AnalysisForm())
+    return _render(request)
 
 
 @require_POST
@@ -174,7 +188,9 @@ def analysis_submit_view(request: HttpRequest) -> HttpResponse:
     (post/redirect/get); on bad input or a refusal re-render the form with the reason
     and a 4xx status, having written nothing."""
     form = AnalysisForm(request.POST)
-    if request.user.tenant_id is None or not form.is_valid():
+    if request.user.tenant_id is None:
+        return _render(request, form, status=403)
+    if not form.is_valid():
         record_admission_rejection("invalid_payload")
         return _render(request, form, status=400)
     try:
@@ -195,3 +211,106 @@ def analysis_submit_view(request: HttpRequest) -> HttpResponse:
     )
     messages.success(request, f"Analysis #{admission.id} admitted, {where}.")
     return redirect("dashboard")
+
+
+@require_POST
+@login_required(login_url=LOGIN_URL)
+def inquiry_submit_view(request: HttpRequest) -> HttpResponse:
+    """Submit an inquiry through the same service as ``POST /api/anfragen``; on success go
+    to its detail page, on bad input re-render the dashboard with the reason and a 4xx
+    status, having written nothing."""
+    form = InquiryForm(request.POST)
+    if request.user.tenant_id is None:
+        return _render(request, inquiry_form=form, status=403)
+    if not form.is_valid():
+        return _render(request, inquiry_form=form, status=400)
+    try:
+        uploads = []
+        for upload in request.FILES.getlist("files"):
+            if upload.size > MAX_FILE_BYTES:  # refused before it is read
+                raise FileTooLarge(
+                    f"file {upload.name!r} has {upload.size} bytes; at most {MAX_FILE_BYTES}"
+                )
+            uploads.append(Upload(filename=upload.name or "", data=upload.read()))
+        anfrage = anfrage_submit(
+            tenant=request.user.tenant,
+            uploads=uploads,
+            title=form.cleaned_data["title"],
+            actor=f"user:{request.user.username}",
+        )
+    except PipelineError as exc:
+        form.add_error(None, str(exc.detail))
+        status = exc.status if 400 <= exc.status < 500 else 400
+        return _render(request, inquiry_form=form, status=status)
+    messages.success(request, f"Inquiry #{anfrage.id} submitted; its pipeline is running.")
+    return redirect("inquiry-detail", anfrage_id=anfrage.id)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageRow:
+    status: StageStatus
+
+    @property
+    def seconds(self) -> float | None:
+        started, finished = self.status.started_at, self.status.finished_at
+        if started is None or finished is None:
+            return None
+        return (finished - started).total_seconds()
+
+
+@require_GET
+@login_required(login_url=LOGIN_URL)
+def inquiry_detail_view(request: HttpRequest, anfrage_id: int) -> HttpResponse:
+    """One inquiry of the user's tenant: stages with times, attempts and errors; files;
+    positions with feasibility and prices; the quote."""
+    if request.user.tenant_id is None:
+        return render(request, "dashboard/no_tenant.html", status=403)
+    try:
+        anfrage = pipeline_selectors.anfrage_get(
+            tenant_id=request.user.tenant_id, anfrage_id=anfrage_id
+        )
+    except AnfrageNotFound:
+        raise Http404("no such inquiry") from None
+    detail = pipeline_selectors.anfrage_detail(anfrage=anfrage)
+    row = InquiryRow(anfrage=anfrage, stages=detail.stages)
+    return render(
+        request,
+        "dashboard/inquiry.html",
+        {
+            "anfrage": anfrage,
+            "detail": detail,
+            "stages": [StageRow(status=s) for s in detail.stages],
+            "in_flight": row.in_flight,
+        },
+    )
+
+
+@require_GET
+@login_required(login_url=LOGIN_URL)
+def analysis_detail_view(request: HttpRequest, job_id: int) -> HttpResponse:
+    """One of the user's analyses: status, queue position, times, verdicts, and whether
+    its run holds it (the page saves it when it is the newest job of its run)."""
+    user = request.user
+    if user.tenant_id is None:
+        return render(request, "dashboard/no_tenant.html", status=403)
+    try:
+        job = runs_selectors.analysis_job_for_user(user=user, job_id=job_id)
+    except JobNotFound:
+        raise Http404("no such analysis") from None
+    newest = job.pk in runs_selectors.newest_job_ids(user=user, run_ids=[job.run_id])
+    saved = job.pk in runs_selectors.saved_job_ids(user=user, jobs=[job])
+    run = AnalysisRun.objects.defer("doc_html").filter(pk=job.run_id, user_id=user.pk).first()
+    return render(
+        request,
+        "dashboard/analysis.html",
+        {
+            "job": job,
+            "position": runs_selectors.queue_position(job),
+            "citations": runs_selectors.job_citations(job_id=job.pk),
+            "summary": (job.results or {}).get("summary"),
+            "run": run,
+            "newest": newest,
+            "saved": saved,
+            "in_flight": job.status not in TERMINAL_STATUSES,
+        },
+    )

@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 
 from pipeline.models import PipelineRun
 from runs.models import AnalysisJob, AnalysisRun, CreditEntry, CreditKind, SavedBy
+from runs.selectors import unsaved_counts_by_age
 
 #: procrastinate's job statuses, reported even at zero so a dashboard's series never gaps.
 JOB_STATUSES = ("todo", "doing", "succeeded", "failed", "cancelled", "aborting", "aborted")
@@ -127,6 +128,17 @@ class DatabaseCollector(Collector):
             runs.add_metric([label], saved.get(value, 0))
         runs.add_metric([LEGACY], saved.get(None, 0))
         yield runs
+
+        unsaved = GaugeMetricFamily(
+            "pgstage_unsaved_runs",
+            "Finished analyses whose result is in no run yet, by age since they ended: "
+            "under_grace is expected (the browser may still save), anything older means "
+            "the backstop sweep is not keeping up.",
+            labels=["age"],
+        )
+        for bucket, count in unsaved_counts_by_age().items():
+            unsaved.add_metric([bucket], count)
+        yield unsaved
 
         rescues = CounterMetricFamily(
             "pgstage_sweep_rescues",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -55,6 +57,8 @@ env = environ.Env(
     CSRF_COOKIE_SECURE=(bool, False),
     TRUST_X_FORWARDED_PROTO=(bool, False),
     CSRF_TRUSTED_ORIGINS=(list, []),
+    DATABASE_CONNECT_TIMEOUT=(int, 5),
+    DATABASE_TRANSACTION_POOLING=(bool, False),
 )
 env_file = BASE_DIR / ".env"
 if env_file.exists():
@@ -85,6 +89,8 @@ MIDDLEWARE = [
     # Outermost: every error answer under /api/ leaves in the API's error shape.
     "config.api.api_error_middleware",
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "config.middleware.DatabaseUnavailableMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -128,14 +134,21 @@ DATABASES = {"default": env.db_url_config(_database_url())}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {})
-# Fail fast on a server that does not answer, and notice a dead peer within a minute
-# instead of when the operating system's TCP timeout fires (hours): a worker thread
-# blocked on a vanished server would hold up the worker's drain.
-DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 10)
+# Fail fast on a server that does not answer (a web request gets a 503, see
+# config.middleware, instead of holding a thread for the kernel's TCP timeout), and notice
+# a dead peer within a minute instead of when the operating system's TCP timeout fires
+# (hours): a worker thread blocked on a vanished server would hold up the worker's drain.
+DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", env("DATABASE_CONNECT_TIMEOUT"))
 DATABASES["default"]["OPTIONS"].setdefault("keepalives", 1)
 DATABASES["default"]["OPTIONS"].setdefault("keepalives_idle", 30)
 DATABASES["default"]["OPTIONS"].setdefault("keepalives_interval", 10)
 DATABASES["default"]["OPTIONS"].setdefault("keepalives_count", 3)
+if env("DATABASE_TRANSACTION_POOLING"):
+    # Behind PgBouncer in transaction mode consecutive transactions may run on different
+    # server connections: no server-side cursors (they outlive a transaction) and no
+    # prepared statements (psycopg prepares a query on its 5th run, on one server).
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    DATABASES["default"]["OPTIONS"]["prepare_threshold"] = None
 DATABASES["default"]["TEST"] = {"NAME": env.str("TEST_DATABASE_NAME", default="") or None}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -147,6 +160,7 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+FORMAT_MODULE_PATH = ["config.formats"]
 
 # Deployment safety (docs/security.md): every switch comes from the environment, off by
 # default so plain-HTTP development works; `manage.py check --deploy` passes with them on.
@@ -173,7 +187,13 @@ AUTH_FAILURE_WINDOW_SECONDS = env("AUTH_FAILURE_WINDOW_SECONDS")
 TRUSTED_PROXY_HOPS = env("TRUSTED_PROXY_HOPS")
 
 STATIC_URL = "static/"
-STATIC_ROOT = DATA_DIR / "static"
+STATIC_ROOT = Path(env.str("STATIC_ROOT", default="") or DATA_DIR / "static")
+# whitenoise serves collectstatic's output from the web process itself: compressed, with
+# content-hashed names cached for a year (config.storage).
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "config.storage.StaticFilesStorage"},
+}
 
 # Domain settings (DESIGN §6).
 SWEEP_GRACE_SECONDS = env("SWEEP_GRACE_SECONDS")
@@ -219,6 +239,11 @@ QUEUEING_RETRY_CAP_SECONDS = env("RETRY_CAP_SECONDS")
 # queueing: succeeded, cancelled and aborted jobs are deleted after this long (failed
 # jobs stay for inspection).
 QUEUEING_JOB_RETENTION_SECONDS = env("JOB_RETENTION_SECONDS")
+#: The environment variable of each setting named differently, for operators' pages.
+SETTING_ENVIRONMENT_NAMES = {
+    "QUEUEING_STALLED_WORKER_SECONDS": "STALLED_WORKER_SECONDS",
+    "QUEUEING_JOB_RETENTION_SECONDS": "JOB_RETENTION_SECONDS",
+}
 
 # Extra task modules for the worker (tests add their own fixture tasks this way).
 PROCRASTINATE_IMPORT_PATHS = env.list("PGSTAGE_TASK_MODULES", default=[])
@@ -232,14 +257,55 @@ PROCRASTINATE_WORKER_DEFAULTS = {
 # heart-beating while it drains, rides out database outages and fences job outcomes.
 PROCRASTINATE_ON_APP_READY = "queueing.worker.install"
 
+# Logs: plain lines, or one JSON object per line with LOG_FORMAT=json (queueing.logs).
+# procrastinate's worker logger feeds the job lines (start, success, retry, failure, with
+# job id, task, key, tenant and duration) and records which worker runs in this process
+# for manage.py worker_health (config.worker_state).
+LOG_FORMAT = env.str("LOG_FORMAT", default="plain").strip().lower()
+if LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: use 'plain' or 'json'")
+
+
+def _log_level(name: str, default: str) -> str:
+    level = env.str(name, default=default).strip().upper()
+    if not isinstance(logging.getLevelName(level), int):
+        raise ImproperlyConfigured(f"{name}={level!r}: use DEBUG, INFO, WARNING or ERROR")
+    return level
+
+
+LOG_LEVEL = _log_level("LOG_LEVEL", "WARNING")
+PROCRASTINATE_LOG_LEVEL = _log_level("PROCRASTINATE_LOG_LEVEL", "WARNING")
+JOB_LOG_LEVEL = _log_level("JOB_LOG_LEVEL", "INFO")
+WORKER_STATE_DIR = Path(env.str("WORKER_STATE_DIR", default="") or DATA_DIR / "run" / "workers")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
+    "filters": {
+        "jobs": {
+            "()": "queueing.logs.JobEventFilter",
+            "level": PROCRASTINATE_LOG_LEVEL,
+            "job_level": JOB_LOG_LEVEL,
+        }
+    },
+    "formatters": {
+        "plain": {"()": "queueing.logs.PlainFormatter"},
+        "json": {"()": "queueing.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT},
+        "jobs": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["jobs"]},
+        "worker_state": {"()": "config.worker_state.WorkerStateHandler"},
+    },
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
-        "procrastinate": {"level": env.str("PROCRASTINATE_LOG_LEVEL", default="WARNING")},
-        "queueing": {"level": env.str("LOG_LEVEL", default="INFO")},
+        "procrastinate": {"level": PROCRASTINATE_LOG_LEVEL},
+        "procrastinate.worker": {
+            # INFO at most: the worker's start record carries the id worker_health needs.
+            "level": min(logging.INFO, logging.getLevelName(PROCRASTINATE_LOG_LEVEL)),
+            "handlers": ["jobs", "worker_state"],
+            "propagate": False,
+        },
+        "queueing": {"level": _log_level("LOG_LEVEL", "INFO")},
     },
 }

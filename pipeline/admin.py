@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.db.models import Prefetch
+from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from pipeline.exceptions import PipelineError
@@ -237,11 +238,25 @@ class PositionAdmin(ReadOnlyModelAdmin):
 
 @admin.register(AnfrageFile)
 class AnfrageFileAdmin(ReadOnlyModelAdmin):
-    list_display = ["id", "anfrage", "tenant", "filename", "format", "size", "sha256", "created_at"]
+    list_display = [
+        "id",
+        "anfrage",
+        "tenant",
+        "filename",
+        "format",
+        "size",
+        "short_sha256",
+        "created_at",
+    ]
     list_filter = ["format", "tenant"]
     list_select_related = ["anfrage", "tenant"]
     search_fields = ["anfrage__id__exact", "filename", "sha256", "storage_key"]
     date_hierarchy = "created_at"
+
+    @admin.display(description="sha256", ordering="sha256")
+    def short_sha256(self, obj: AnfrageFile) -> str:
+        # The whole digest is on the file's page; 12 hex digits tell files apart here.
+        return format_html('<span title="{}">{}…</span>', obj.sha256, obj.sha256[:12])
 
 
 @admin.register(ExtractionWarning)

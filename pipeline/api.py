@@ -17,10 +17,12 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from decimal import Decimal
 from functools import wraps
+from typing import Literal
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Path, Query, Router, Schema, Status
+from ninja import Field, Path, Query, Router, Schema, Status
 from ninja.decorators import decorate_view
+from pydantic import ConfigDict
 
 from accounts.api import ClientError
 from accounts.pagination import PageQuery, page_response, paginate, sub_list_url
@@ -31,7 +33,7 @@ from pipeline.exceptions import (
     UnsupportedMediaType,
 )
 from pipeline.limits import MAX_FILE_BYTES, MAX_FILES, MAX_TITLE
-from pipeline.models import Anfrage, ExtractionWarning, Position
+from pipeline.models import Anfrage, ExtractionWarning, FileFormat, Position, Stage, Unit
 from pipeline.selectors import anfrage_detail, anfrage_get, anfrage_overview
 from pipeline.services import anfrage_submit_allowed, anfrage_submit_staged
 from pipeline.uploads import StagingUploadHandler, StreamedUpload
@@ -57,13 +59,47 @@ def _client_errors() -> Iterator[None]:
         raise ClientError(exc.detail, code=exc.code, status=exc.status, headers=headers) from exc
 
 
+#: A stage's status: the ledger's, or ``pending`` before the stage first ran.
+StageStatusValue = Literal["pending", "running", "success", "failed"]
+EXAMPLE_STAGES = [
+    {
+        "stage": stage,
+        "status": "success",
+        "attempts": 1,
+        "error": "",
+        "started_at": "2025-01-31T08:00:00Z",
+        "finished_at": "2025-01-31T08:00:01Z",
+    }
+    for stage in ("intake", "extract", "feasibility", "calculate")
+]
+EXAMPLE_POSITION = {
+    "index": 1,
+    "label": "1",
+    "source_file_id": 3,
+    "source_line": 1,
+    "quantity": "12.000",
+    "unit": "pcs",
+    "item": "steel beam HEA 200",
+    "material": "steel",
+    "catalog_item": "beam",
+    "catalog_material": "steel",
+    "length_mm": 6000,
+    "feasible": True,
+    "reason": "",
+    "unit_price": "237.00",
+    "total": "2844.00",
+}
+
+
 class AnfrageCreated(Schema):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"id": 7}]})
+
     id: int
 
 
 class StageOut(Schema):
-    stage: str
-    status: str
+    stage: Stage
+    status: StageStatusValue = Field(description="pending: the stage has not run yet.")
     attempts: int
     error: str
     started_at: datetime.datetime | None
@@ -73,7 +109,7 @@ class StageOut(Schema):
 class FileOut(Schema):
     id: int
     filename: str
-    format: str
+    format: FileFormat
     size: int
     sha256: str
 
@@ -84,7 +120,7 @@ class PositionOut(Schema):
     source_file_id: int | None
     source_line: int
     quantity: Decimal
-    unit: str
+    unit: Unit
     item: str
     material: str
     catalog_item: str
@@ -104,6 +140,35 @@ class WarningOut(Schema):
 
 
 class AnfrageOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 7,
+                    "title": "Steel beams for hall 3",
+                    "created_at": "2025-01-31T08:00:00Z",
+                    "complete": True,
+                    "stages": EXAMPLE_STAGES,
+                    "files": [
+                        {
+                            "id": 3,
+                            "filename": "steel-beams.txt",
+                            "format": "text",
+                            "size": 99,
+                            "sha256": "9f2c…",
+                        }
+                    ],
+                    "positions": [EXAMPLE_POSITION],
+                    "positions_next": None,
+                    "warnings": [],
+                    "warnings_next": None,
+                    "quote_total": "2844.00",
+                    "currency": "EUR",
+                }
+            ]
+        }
+    )
+
     id: int
     title: str
     created_at: datetime.datetime
@@ -119,6 +184,22 @@ class AnfrageOut(Schema):
 
 
 class AnfrageSummaryOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 7,
+                    "title": "Steel beams for hall 3",
+                    "created_at": "2025-01-31T08:00:00Z",
+                    "complete": True,
+                    "stages": EXAMPLE_STAGES,
+                    "quote_total": "2844.00",
+                    "currency": "EUR",
+                }
+            ]
+        }
+    )
+
     id: int
     title: str
     created_at: datetime.datetime
@@ -277,7 +358,11 @@ def _tenant_anfrage(request: HttpRequest, anfrage_id: int) -> Anfrage:
         return anfrage_get(tenant_id=request.auth.tenant_id, anfrage_id=anfrage_id)
 
 
-@router.get("/anfragen/{anfrage_id}", response=AnfrageOut, summary="An inquiry's pipeline")
+@router.get(
+    "/anfragen/{anfrage_id}",
+    response=AnfrageOut,
+    summary="An inquiry: stage statuses, files, positions and the quote",
+)
 def anfrage_read(request: HttpRequest, anfrage_id: int = Path(..., ge=1, le=MAX_ID)):
     """Each stage's status, attempts and error; the first 100 positions with feasibility
     and prices and the first 100 warnings (``positions_next`` and ``warnings_next`` name

@@ -142,6 +142,7 @@ class AnfrageFile(models.Model):
     class Meta:
         db_table = "anfrage_files"
         ordering = ["id"]
+        verbose_name = "inquiry file"
         constraints = [
             models.UniqueConstraint(
                 fields=["sha256", "storage_key"], name="anfrage_files_sha256_storage_key_uq"

@@ -30,14 +30,23 @@ def format_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 
 def progress(items: Sequence[T], *, label: str, stream: TextIO | None = None) -> Iterator[T]:
-    """Yield ``items`` while drawing ``label [#####     ] 3/10`` on ``stream`` (stderr)."""
+    """Yield ``items`` while drawing ``label [#####     ] 3/10`` on ``stream`` (stderr).
+
+    Only a terminal gets the redrawn bar; a file or pipe (a log) gets plain lines, one
+    per tenth of the way, so it holds no carriage returns.
+    """
     stream = stream or sys.stderr
     total = len(items)
     width = 30
+    terminal = stream.isatty() if hasattr(stream, "isatty") else False
+    step = max(total // 10, 1)
     for index, item in enumerate(items, start=1):
         yield item
-        filled = int(width * index / total) if total else width
-        stream.write(f"\r{label} [{'#' * filled}{' ' * (width - filled)}] {index}/{total}")
-        stream.flush()
-    if total:
+        if terminal:
+            filled = int(width * index / total) if total else width
+            stream.write(f"\r{label} [{'#' * filled}{' ' * (width - filled)}] {index}/{total}")
+            stream.flush()
+        elif index % step == 0 or index == total:
+            stream.write(f"{label}: {index}/{total}\n")
+    if total and terminal:
         stream.write("\n")

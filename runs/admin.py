@@ -1,6 +1,7 @@
 """Admin for the analyses' tables. Every row is system-owned (written by services under
 locks and compare-and-set), so the admin is read-only; its actions call the services:
-cancel, requeue, refund, promote. Jobs and runs link procrastinate's jobs of their keys.
+cancel, requeue, refund, promote, retry (audited). Jobs and runs link procrastinate's jobs
+of their keys. The "run" filter finds finished jobs with no run yet, by age.
 
 Each action needs the change permission on analysis jobs; the two that give credit back
 (cancel, refund) also the add permission on the credit ledger.
@@ -20,7 +21,9 @@ from django.utils.html import format_html
 
 from queueing.admin import ReadOnlyModelAdmin, jobs_link
 from runs import admission, operations
+from runs.exceptions import RunsError
 from runs.models import (
+    AnalysisAudit,
     AnalysisJob,
     AnalysisRun,
     CoreDailyUsage,
@@ -31,7 +34,7 @@ from runs.models import (
     RunJudgement,
 )
 from runs.queue import JUDGE_RUN_KEY, PROCESS_JOB_KEY
-from runs.selectors import queue_position
+from runs.selectors import queue_position, unsaved_age_filter, unsaved_jobs
 
 
 def _change_link(model: str, pk: object) -> str:
@@ -69,28 +72,59 @@ class DeltaFilter(admin.SimpleListFilter):
         return queryset
 
 
+class NoRunYetFilter(admin.SimpleListFilter):
+    """Finished jobs whose result is in no run yet (the seed's ghost runs), by age. Past
+    the grace period the backstop sweep should have recorded them."""
+
+    title = "run"
+    parameter_name = "no_run"
+    ANY = "any"
+    AGES = {
+        "under_grace": "no run yet, within the grace period",
+        "under_1h": "no run yet, past the grace period",
+        "under_24h": "no run yet, over an hour",
+        "over_24h": "no run yet, over a day",
+    }
+
+    def lookups(self, request, model_admin):
+        return [(self.ANY, "no run yet (finished, not saved)"), *self.AGES.items()]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value != self.ANY and value not in self.AGES:
+            return queryset
+        unsaved = unsaved_jobs()
+        if value in self.AGES:
+            unsaved = unsaved.filter(unsaved_age_filter(value))
+        return queryset.filter(pk__in=unsaved.values("pk"))
+
+
 @admin.register(AnalysisJob)
 class AnalysisJobAdmin(ReadOnlyModelAdmin):
     list_display = (
         "id",
         "title",
         "user",
-        "tenant",
         "status",
         "position",
         "delta_of",
-        "release_attempts",
         "created_at",
         "finished_at",
         "jobs",
     )
-    list_filter = ("status", DeltaFilter, "tenant", ("user", admin.RelatedOnlyFieldListFilter))
+    list_filter = (
+        "status",
+        NoRunYetFilter,
+        DeltaFilter,
+        "tenant",
+        ("user", admin.RelatedOnlyFieldListFilter),
+    )
     list_select_related = ("user", "tenant")
     search_fields = ("id__exact", "title", "user__username", "run_id__exact")
     date_hierarchy = "created_at"
     exclude = ("doc_html",)
     readonly_fields = ("body",)
-    actions = ("cancel_queued", "requeue", "refund", "promote_queue")
+    actions = ("cancel_queued", "requeue", "refund", "promote_queue", "retry_failed")
 
     def get_queryset(self, request):
         return _light(super().get_queryset(request))
@@ -195,6 +229,47 @@ class AnalysisJobAdmin(ReadOnlyModelAdmin):
             + ".",
             messages.SUCCESS if promoted else messages.WARNING,
         )
+
+    @admin.action(description="Retry selected failed jobs as new jobs of their runs (audited)")
+    def retry_failed(self, request, queryset):
+        actor = f"admin:{request.user.get_username()}"
+        outcomes: Counter = Counter()
+        refusals = []
+        for pk in queryset.values_list("pk", flat=True):
+            try:
+                outcomes[operations.analysis_job_retry(job_id=pk, actor=actor).outcome] += 1
+            except RunsError as exc:
+                refusals.append(f"#{pk}: {exc}")
+        text = _summary(
+            outcomes,
+            {
+                operations.RetryOutcome.RETRIED: "retried",
+                operations.RetryOutcome.ALREADY_RETRIED: "already retried (nothing added)",
+            },
+        )
+        if refusals:
+            text += f"; {len(refusals)} refused ({'; '.join(refusals[:5])})"
+        retried = outcomes[operations.RetryOutcome.RETRIED]
+        self.message_user(
+            request, f"Retry: {text}.", messages.SUCCESS if retried else messages.WARNING
+        )
+
+
+@admin.register(AnalysisAudit)
+class AnalysisAuditAdmin(ReadOnlyModelAdmin):
+    list_display = ("id", "created_at", "tenant", "action", "job_link", "new_job", "actor")
+    list_filter = ("action", "tenant")
+    list_select_related = ("tenant",)
+    search_fields = ("job__id__exact", "actor")
+    date_hierarchy = "created_at"
+
+    @admin.display(description="job")
+    def job_link(self, obj: AnalysisAudit) -> str:
+        return _change_link("analysisjob", obj.job_id)
+
+    @admin.display(description="new job")
+    def new_job(self, obj: AnalysisAudit) -> str:
+        return _change_link("analysisjob", (obj.payload or {}).get("new_job_id"))
 
 
 @admin.register(AnalysisRun)

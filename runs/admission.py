@@ -83,9 +83,11 @@ def analysis_job_admit(
     doc_html: str,
     sources: Sequence[Mapping[str, object]],
     delta_of_job_id: int | None = None,
+    run_id: uuid.UUID | None = None,
 ) -> Admission:
     """Run every synchronous check, then admit the job ``pending`` (slot free) or
-    ``queued``; delta re-checks are always ``pending``.
+    ``queued``; delta re-checks are always ``pending``. The job produces a new run, its
+    parent's (a delta), or ``run_id`` (an operator's retry of a job of that run).
 
     One transaction under the user's queue lock: the bound on open jobs, the balance
     check, the held core run (which takes a unit of the tenant's daily budget), the job
@@ -119,7 +121,7 @@ def analysis_job_admit(
                 f"the balance is {balance} credit(s) and an analysis costs {ANALYSIS_PRICE}; "
                 "ask an operator to run manage.py grant_credits"
             )
-        run_id = parent.run_id if parent else uuid.uuid4()
+        run_id = parent.run_id if parent else run_id or uuid.uuid4()
         core_run_id = core.create_held(run_id=run_id, user_id=user.pk, sources=sources)
         admitted = ANALYSIS_QUEUE.admit(
             key=user.pk,

@@ -16,12 +16,12 @@ import datetime
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from ninja import Field, Path, Query, Router, Schema, Status
-from pydantic import field_validator
+from pydantic import ConfigDict, field_validator
 
 from accounts.api import ClientError, ErrorOut, NotFound, StrictSchema
 from accounts.pagination import PageQuery, page_response, paginate, sub_list_url
@@ -40,7 +40,7 @@ from runs.exceptions import (
     RunsError,
     TooManyCitations,
 )
-from runs.models import AnalysisJob, AnalysisRun, JobCitation, JobStatus
+from runs.models import AnalysisJob, AnalysisRun, JobCitation, JobStatus, SavedBy, Verdict
 
 router = Router(tags=["runs"])
 
@@ -103,11 +103,44 @@ class SourceIn(StrictSchema):
     )
 
 
+EXAMPLE_JOB_ID = 42
+EXAMPLE_RUN_ID = "4b0c7a52-3f7e-4d7e-9a55-0e1c2b9a7f10"
+
+
 class AnalysisJobIn(StrictSchema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "title": "Chapter 1",
+                    "doc_html": "<p>Water boils at one hundred degrees at sea level [thermo].</p>",
+                    "sources": [
+                        {
+                            "key": "thermo",
+                            "title": "Thermodynamics",
+                            "doi": "10.1000/thermo.1",
+                            "text": "At sea level water boils at one hundred degrees.",
+                        }
+                    ],
+                    "delta_of_job_id": None,
+                }
+            ]
+        }
+    )
+
     title: str = Field(min_length=1, max_length=MAX_TITLE_CHARS)
-    doc_html: str = Field(min_length=1, max_length=MAX_DOC_CHARS)
+    doc_html: str = Field(
+        min_length=1,
+        max_length=MAX_DOC_CHARS,
+        description='The document; cite a source as [KEY] or with data-source="KEY".',
+    )
     sources: list[SourceIn] = Field(max_length=MAX_SOURCES)
-    delta_of_job_id: int | None = Field(None, ge=1, le=MAX_ID)
+    delta_of_job_id: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_ID,
+        description="Re-check a complete analysis: the new job joins its run and skips the queue.",
+    )
 
     @field_validator("sources")
     @classmethod
@@ -120,24 +153,75 @@ class AnalysisJobIn(StrictSchema):
 
 
 class AdmissionOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": EXAMPLE_JOB_ID,
+                    "run_id": EXAMPLE_RUN_ID,
+                    "status": "queued",
+                    "queue_position": 2,
+                }
+            ]
+        }
+    )
+
     id: int
     run_id: uuid.UUID
-    status: str
-    queue_position: int
+    status: Literal["pending", "queued"] = Field(
+        description="pending: it starts now; queued: it waits behind the user's active job."
+    )
+    queue_position: int = Field(description="1 = next; 0 when not queued.")
 
 
 class VerdictOut(Schema):
     marker: str
     source_key: str
     claim: str
-    verdict: str
+    verdict: Verdict
     score: float
 
 
 class AnalysisJobOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": EXAMPLE_JOB_ID,
+                    "run_id": EXAMPLE_RUN_ID,
+                    "status": "complete",
+                    "queue_position": 0,
+                    "title": "Chapter 1",
+                    "delta_of_job_id": None,
+                    "error": "",
+                    "created_at": "2025-01-31T08:00:00Z",
+                    "started_at": "2025-01-31T08:00:01Z",
+                    "finished_at": "2025-01-31T08:00:03Z",
+                    "summary": {
+                        "citations": 1,
+                        "supported": 1,
+                        "partial": 0,
+                        "unsupported": 0,
+                        "missing_source": 0,
+                    },
+                    "verdicts": [
+                        {
+                            "marker": "c1",
+                            "source_key": "thermo",
+                            "claim": "Water boils at one hundred degrees at sea level.",
+                            "verdict": "supported",
+                            "score": 1.0,
+                        }
+                    ],
+                    "verdicts_next": None,
+                }
+            ]
+        }
+    )
+
     id: int
     run_id: uuid.UUID
-    status: str
+    status: JobStatus
     queue_position: int
     title: str
     delta_of_job_id: int | None
@@ -151,14 +235,35 @@ class AnalysisJobOut(Schema):
 
 
 class RunSaveIn(StrictSchema):
-    job_id: int = Field(ge=1, le=MAX_ID)
+    model_config = ConfigDict(json_schema_extra={"examples": [{"job_id": EXAMPLE_JOB_ID}]})
+
+    job_id: int = Field(ge=1, le=MAX_ID, description="A complete (or failed) job of the caller.")
 
 
 class RunOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": EXAMPLE_RUN_ID,
+                    "job_id": EXAMPLE_JOB_ID,
+                    "title": "Chapter 1",
+                    "saved_by": "client",
+                    "version": 1,
+                    "created_at": "2025-01-31T08:00:04Z",
+                    "updated_at": "2025-01-31T08:00:04Z",
+                }
+            ]
+        }
+    )
+
     id: uuid.UUID
     job_id: int | None
     title: str
-    saved_by: str | None
+    saved_by: SavedBy | None = Field(
+        description="client: the browser saved it; worker: the backstop sweep did; "
+        "null: a legacy row (counts as client)."
+    )
     version: int
     created_at: datetime.datetime
     updated_at: datetime.datetime
@@ -206,7 +311,11 @@ def _run_out(run: AnalysisRun) -> dict[str, Any]:
     }
 
 
-@router.post("/analysis-jobs", response={201: AdmissionOut, 503: ErrorOut})
+@router.post(
+    "/analysis-jobs",
+    response={201: AdmissionOut, 503: ErrorOut},
+    summary="Admit an analysis (charged one credit; queued behind the user's active job)",
+)
 def admit_analysis_job(request, payload: AnalysisJobIn):
     """Admit an analysis: every check runs now (credits, sources, DOIs, the tenant's daily
     budget, the user's bound on open analyses); the job then waits its turn (`queued`,
@@ -231,7 +340,11 @@ def admit_analysis_job(request, payload: AnalysisJobIn):
     )
 
 
-@router.get("/analysis-jobs", response=list[AnalysisJobOut])
+@router.get(
+    "/analysis-jobs",
+    response=list[AnalysisJobOut],
+    summary="The caller's analyses, newest first, with queue positions",
+)
 def list_analysis_jobs(request: HttpRequest, response: HttpResponse, query: Query[PageQuery]):
     """The caller's jobs, newest first, with their queue positions; the ``Link`` header
     names the next page."""
@@ -246,7 +359,11 @@ def list_analysis_jobs(request: HttpRequest, response: HttpResponse, query: Quer
     return [_job_out(job, position=positions[job.pk]) for job in jobs]
 
 
-@router.get("/analysis-jobs/{job_id}", response=AnalysisJobOut)
+@router.get(
+    "/analysis-jobs/{job_id}",
+    response=AnalysisJobOut,
+    summary="One analysis: status, queue position, verdicts once complete",
+)
 def get_analysis_job(request: HttpRequest, job_id: int = Path(..., ge=1, le=MAX_ID)):
     """Status, queue position and, once complete, the summary and the first 100 verdicts
     (``verdicts_next`` names the list with the rest, null when there is none)."""
@@ -262,7 +379,11 @@ def get_analysis_job(request: HttpRequest, job_id: int = Path(..., ge=1, le=MAX_
     return out
 
 
-@router.get("/analysis-jobs/{job_id}/verdicts", response=list[VerdictOut])
+@router.get(
+    "/analysis-jobs/{job_id}/verdicts",
+    response=list[VerdictOut],
+    summary="One analysis's verdicts, in order (paged)",
+)
 def list_verdicts(
     request: HttpRequest,
     response: HttpResponse,
@@ -280,7 +401,11 @@ def list_verdicts(
     return [_verdict_out(c) for c in items]
 
 
-@router.post("/analysis-runs", response={200: RunOut, 201: RunOut})
+@router.post(
+    "/analysis-runs",
+    response={200: RunOut, 201: RunOut},
+    summary="Save a finished analysis as its run (the client save)",
+)
 def save_analysis_run(request, payload: RunSaveIn):
     """The client save: 201 when this call wrote the run, 200 when it was already saved."""
     with _refusals():
@@ -288,7 +413,11 @@ def save_analysis_run(request, payload: RunSaveIn):
     return Status(201 if saved.written else 200, _run_out(saved.run))
 
 
-@router.get("/analysis-runs", response=list[RunOut])
+@router.get(
+    "/analysis-runs",
+    response=list[RunOut],
+    summary="The caller's runs, newest first",
+)
 def list_analysis_runs(request: HttpRequest, response: HttpResponse, query: Query[PageQuery]):
     """The caller's runs, newest first (the side panel); the ``Link`` header names the
     next page."""

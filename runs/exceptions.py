@@ -114,6 +114,12 @@ class JudgeError(RunsError):
     code = "judge_failed"
 
 
+class RetryRefused(RunsError):
+    """Only a failed analysis that still holds its document can be retried."""
+
+    code = "retry_refused"
+
+
 class InvalidAmount(RunsError):
     """A credit grant must be a positive whole number of credits."""
 

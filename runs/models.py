@@ -310,3 +310,37 @@ class CreditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.amount:+d} for {self.user_id}"
+
+
+class AuditAction(models.TextChoices):
+    RETRY = "retry"
+
+
+class AnalysisAudit(models.Model):
+    """An operator's action on an analysis job: who did what, when, and what came of it.
+    Append-only; a retry is recorded once per job (the unique index makes a second retry
+    of the same job find the first)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    job = models.ForeignKey(AnalysisJob, on_delete=models.PROTECT, related_name="audit")
+    action = models.CharField(max_length=32, choices=AuditAction)
+    actor = models.CharField(max_length=150)
+    payload = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "analysis_audit"
+        ordering = ["-id"]
+        verbose_name = "analysis audit entry"
+        verbose_name_plural = "analysis audit log"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job"],
+                condition=Q(action="retry"),
+                name="analysis_audit_retry_once",
+            ),
+        ]
+        indexes = [models.Index(fields=["tenant", "-id"], name="analysis_audit_tenant_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.action} of job {self.job_id} by {self.actor}"

@@ -1,19 +1,26 @@
-"""Operators' actions on analyses (the admin and the commands call these)."""
+"""Operators' actions on analyses (the admin and the commands call these): requeue a lost
+task, refund a finished job, retry a failed one (audited)."""
 
 from __future__ import annotations
 
 import enum
 import logging
+from dataclasses import dataclass
 
 from django.db import transaction
 
-from runs.admission import enqueue_process, lock_job
+from runs.admission import analysis_job_admit, enqueue_process, lock_job
 from runs.credits import credit_refund
+from runs.exceptions import JobNotFound, RetryRefused
 from runs.models import (
     ACTIVE_STATUSES,
     TERMINAL_STATUSES,
+    AnalysisAudit,
+    AnalysisJob,
+    AuditAction,
     CreditEntry,
     CreditKind,
+    JobStatus,
 )
 
 logger = logging.getLogger(__name__)
@@ -71,3 +78,87 @@ def analysis_job_refund(*, job_id: int, note: str = "") -> RefundOutcome:
             return RefundOutcome.NOT_CHARGED
         created = credit_refund(job, note=note or f"analysis job {job.pk} refunded")
     return RefundOutcome.REFUNDED if created else RefundOutcome.ALREADY_REFUNDED
+
+
+class RetryOutcome(enum.StrEnum):
+    RETRIED = "retried"
+    WOULD_RETRY = "would_retry"
+    ALREADY_RETRIED = "already_retried"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Retried:
+    outcome: RetryOutcome
+    job_id: int
+    new_job_id: int | None = None
+    status: str = ""
+    queue_position: int = 0
+
+
+def analysis_job_retry(*, job_id: int, actor: str, dry_run: bool = False) -> Retried:
+    """Retry a failed analysis: admit its document and sources again as a new job of the
+    same run, and record who did it in the analysis audit log.
+
+    The failed job stays as it was (failed, its credit refunded); the new job is admitted
+    like a click — every check again, one credit charged, ``pending`` or ``queued`` in
+    the user's queue — so the user pays once for the analysis that succeeds, and the run
+    ends up holding the newer job's result. Once per job: under the failed job's row lock
+    the audit entry is looked up first, and its unique index backs it, so a repeat (or a
+    concurrent retry) returns ``ALREADY_RETRIED`` with the job the first one made. Lock
+    order is the job's row, then the user's queue lock, as in ``process_job``.
+
+    Raises :class:`RetryRefused` for a job that is not failed or whose document was
+    trimmed, :class:`JobNotFound` for a missing one, and admission's refusals
+    (``InsufficientCredits``, the core's) as they are; a refusal writes nothing.
+    """
+    with transaction.atomic():
+        job = (
+            AnalysisJob.objects.select_for_update(of=("self",))
+            .select_related("user")
+            .filter(pk=job_id, deleted_at__isnull=True)
+            .first()
+        )
+        if job is None:
+            raise JobNotFound(f"no analysis job {job_id}")
+        previous = AnalysisAudit.objects.filter(job_id=job.pk, action=AuditAction.RETRY).first()
+        if previous is not None:
+            return Retried(
+                outcome=RetryOutcome.ALREADY_RETRIED,
+                job_id=job.pk,
+                new_job_id=previous.payload.get("new_job_id"),
+            )
+        if job.status != JobStatus.FAILED:
+            raise RetryRefused(f"job {job.pk} is {job.status}; only failed analyses are retried")
+        if job.doc_html is None:
+            raise RetryRefused(
+                f"job {job.pk}'s document was trimmed after it ended; the user must submit it again"
+            )
+        if dry_run:
+            return Retried(outcome=RetryOutcome.WOULD_RETRY, job_id=job.pk)
+        admitted = analysis_job_admit(
+            user=job.user,
+            title=job.title,
+            doc_html=job.doc_html,
+            sources=job.sources,
+            delta_of_job_id=job.delta_of_job_id,
+            run_id=job.run_id,
+        )
+        AnalysisAudit.objects.create(
+            tenant_id=job.tenant_id,
+            job=job,
+            action=AuditAction.RETRY,
+            actor=actor[:150],
+            payload={
+                "new_job_id": admitted.id,
+                "new_status": admitted.status,
+                "error": job.error,
+            },
+        )
+    logger.info("analysis job %s retried as job %s by %s", job_id, admitted.id, actor)
+    return Retried(
+        outcome=RetryOutcome.RETRIED,
+        job_id=job_id,
+        new_job_id=admitted.id,
+        status=admitted.status,
+        queue_position=admitted.queue_position,
+    )

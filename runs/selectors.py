@@ -3,17 +3,24 @@ tenant, so a foreign id reads as missing (404), never as forbidden."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.db.models import QuerySet, Sum
+from django.conf import settings
+from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from accounts.models import User
 from runs.exceptions import JobNotFound
 from runs.models import (
     ACTIVE_STATUSES,
+    RECORDABLE_STATUSES,
+    AnalysisAudit,
     AnalysisJob,
     AnalysisRun,
+    AuditAction,
     CreditEntry,
     JobCitation,
     JobStatus,
@@ -22,6 +29,12 @@ from runs.queue import ANALYSIS_QUEUE
 
 #: Columns never loaded for listings: the document body can weigh megabytes.
 HEAVY_FIELDS = ("doc_html",)
+
+
+#: Age buckets of finished jobs with no run yet, oldest last. The first one ends at the
+#: grace period (``SWEEP_GRACE_SECONDS``): jobs there are expected (the browser may still
+#: save them); anything in a later bucket means the backstop sweep is not keeping up.
+UNSAVED_AGE_BUCKETS = ("under_grace", "under_1h", "under_24h", "over_24h")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +46,8 @@ class QueueRow:
     running: tuple[int, ...]
     pending: tuple[int, ...]
     queued: tuple[int, ...]
+    finished: int
+    unsaved: int
 
 
 def credit_balance(*, user_id: int) -> int:
@@ -110,29 +125,156 @@ def analysis_runs_for_user(*, user: User, limit: int = 50) -> QuerySet[AnalysisR
     return analysis_runs_of_user(user=user).order_by("-created_at", "-id")[:limit]
 
 
-def queue_overview(*, user_id: int | None = None) -> list[QueueRow]:
-    """Running, pending and queued jobs per user (users with live work, or ``user_id``)."""
-    live = AnalysisJob.objects.filter(
-        status__in=(JobStatus.QUEUED, *ACTIVE_STATUSES), deleted_at__isnull=True
+def unsaved_jobs() -> QuerySet[AnalysisJob]:
+    """Finished analyses whose result is in no run yet: complete or failed, with results,
+    not deleted, and their run holds neither them nor a newer job of the run (DESIGN §4:
+    a job counts as saved when its run holds it or a newer job). The seed's ghost runs.
+    """
+    held = AnalysisRun.objects.filter(pk=OuterRef("run_id"), job_id__gte=OuterRef("pk"))
+    return (
+        AnalysisJob.objects.filter(
+            status__in=RECORDABLE_STATUSES, deleted_at__isnull=True, results__isnull=False
+        )
+        .exclude(results={})
+        .exclude(Exists(held))
+        .annotate(ended_at=Coalesce("finished_at", "updated_at"))
     )
+
+
+def unsaved_age_bounds() -> dict[str, tuple[datetime.timedelta, datetime.timedelta | None]]:
+    """``bucket: (min age, max age)`` for :data:`UNSAVED_AGE_BUCKETS`."""
+    grace = datetime.timedelta(seconds=int(settings.SWEEP_GRACE_SECONDS))
+    hour, day = datetime.timedelta(hours=1), datetime.timedelta(days=1)
+    return {
+        "under_grace": (datetime.timedelta(0), grace),
+        "under_1h": (grace, max(hour, grace)),
+        "under_24h": (max(hour, grace), max(day, grace)),
+        "over_24h": (max(day, grace), None),
+    }
+
+
+def unsaved_age_filter(bucket: str, *, now: datetime.datetime | None = None) -> Q:
+    """The ``ended_at`` condition of one age bucket (on :func:`unsaved_jobs`)."""
+    now = now or timezone.now()
+    low, high = unsaved_age_bounds()[bucket]
+    condition = Q(ended_at__lte=now - low)
+    if high is not None:
+        condition &= Q(ended_at__gt=now - high)
+    return condition
+
+
+def unsaved_counts_by_age() -> dict[str, int]:
+    """How many finished jobs have no run yet, per age bucket (one query)."""
+    now = timezone.now()
+    counts = unsaved_jobs().aggregate(
+        **{b: Count("pk", filter=unsaved_age_filter(b, now=now)) for b in UNSAVED_AGE_BUCKETS}
+    )
+    return {bucket: int(counts[bucket] or 0) for bucket in UNSAVED_AGE_BUCKETS}
+
+
+def retryable_failed_jobs(
+    *, user_id: int | None = None, since: datetime.datetime | None = None, limit: int = 10_000
+) -> list[int]:
+    """Ids of failed analyses (oldest first) not retried yet, optionally of one user and
+    ended at or after ``since``. Read without locks: the retry re-checks each one."""
+    retried = AnalysisAudit.objects.filter(job_id=OuterRef("pk"), action=AuditAction.RETRY)
+    jobs = AnalysisJob.objects.filter(status=JobStatus.FAILED, deleted_at__isnull=True).exclude(
+        Exists(retried)
+    )
+    if user_id is not None:
+        jobs = jobs.filter(user_id=user_id)
+    if since is not None:
+        jobs = jobs.annotate(ended_at=Coalesce("finished_at", "updated_at")).filter(
+            ended_at__gte=since
+        )
+    return list(jobs.order_by("id").values_list("pk", flat=True)[:limit])
+
+
+def newest_job_ids(*, user: User, run_ids: Sequence[object]) -> set[int]:
+    """The id of the newest job of each of the user's runs in ``run_ids`` (one query): the
+    only job of a run a client should save."""
+    if not run_ids:
+        return set()
+    return set(
+        AnalysisJob.objects.filter(
+            run_id__in=set(run_ids),
+            user_id=user.pk,
+            tenant_id=user.tenant_id,
+            deleted_at__isnull=True,
+        )
+        .values("run_id")
+        .annotate(newest=Max("id"))
+        .values_list("newest", flat=True)
+    )
+
+
+def saved_job_ids(*, user: User, jobs: Sequence[AnalysisJob]) -> set[int]:
+    """Ids of ``jobs`` that count as saved: their run holds them or a newer job of the
+    run, or names no job (a legacy row: a client's save) — one query."""
+    run_ids = {job.run_id for job in jobs}
+    if not run_ids:
+        return set()
+    held = dict(
+        AnalysisRun.objects.filter(
+            pk__in=run_ids, user_id=user.pk, tenant_id=user.tenant_id
+        ).values_list("pk", "job_id")
+    )
+    return {
+        job.pk
+        for job in jobs
+        if job.run_id in held and (held[job.run_id] is None or held[job.run_id] >= job.pk)
+    }
+
+
+def queue_overview(*, user_id: int | None = None, live_only: bool = False) -> list[QueueRow]:
+    """Per user: running, pending and queued jobs (ids), finished jobs and those with no
+    run yet (counts) and the balance. Every user with an analysis job (or only those with
+    live work, or ``user_id``), by username."""
+    jobs = AnalysisJob.objects.filter(deleted_at__isnull=True)
+    live = jobs.filter(status__in=(JobStatus.QUEUED, *ACTIVE_STATUSES))
     if user_id is not None:
         users = User.objects.filter(pk=user_id)
     else:
-        users = User.objects.filter(pk__in=live.values("user_id"))
-    rows = []
-    for user in users.select_related("tenant").order_by("username"):
-        jobs = list(
-            live.filter(user_id=user.pk).order_by("created_at", "id").values_list("pk", "status")
+        users = User.objects.filter(pk__in=(live if live_only else jobs).values("user_id"))
+    users = list(users.select_related("tenant").order_by("username"))
+    ids = [u.pk for u in users]
+    states: dict[int, list[tuple[int, str]]] = {pk: [] for pk in ids}
+    for pk, owner, status in (
+        live.filter(user_id__in=ids)
+        .order_by("created_at", "id")
+        .values_list("pk", "user", "status")
+    ):
+        states[owner].append((pk, status))
+    finished = dict(
+        jobs.filter(user_id__in=ids, status__in=RECORDABLE_STATUSES)
+        .values_list("user")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    unsaved = dict(
+        unsaved_jobs()
+        .filter(user_id__in=ids)
+        .values_list("user")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    balances = dict(
+        CreditEntry.objects.filter(user_id__in=ids)
+        .values_list("user")
+        .annotate(total=Sum("amount"))
+        .order_by()
+    )
+    return [
+        QueueRow(
+            user_id=user.pk,
+            username=user.username,
+            tenant=user.tenant.slug if user.tenant else "",
+            balance=int(balances.get(user.pk) or 0),
+            running=tuple(pk for pk, s in states[user.pk] if s == JobStatus.RUNNING),
+            pending=tuple(pk for pk, s in states[user.pk] if s == JobStatus.PENDING),
+            queued=tuple(pk for pk, s in states[user.pk] if s == JobStatus.QUEUED),
+            finished=finished.get(user.pk, 0),
+            unsaved=unsaved.get(user.pk, 0),
         )
-        rows.append(
-            QueueRow(
-                user_id=user.pk,
-                username=user.username,
-                tenant=user.tenant.slug if user.tenant else "",
-                balance=credit_balance(user_id=user.pk),
-                running=tuple(pk for pk, s in jobs if s == JobStatus.RUNNING),
-                pending=tuple(pk for pk, s in jobs if s == JobStatus.PENDING),
-                queued=tuple(pk for pk, s in jobs if s == JobStatus.QUEUED),
-            )
-        )
-    return rows
+        for user in users
+    ]

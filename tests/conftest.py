@@ -44,6 +44,14 @@ def database_url() -> str:
     return f"postgresql://{auth}@{info.host}:{info.port}/{info.dbname}"
 
 
+@pytest.fixture(autouse=True)
+def _static_files_from_the_apps(settings, tmp_path_factory) -> None:
+    """Pages name their static files as the app directories have them, whether or not
+    someone ran ``collectstatic`` into ``.data/static`` (``make run`` does): its manifest
+    would name content-hashed files that the test server (serving from the apps) lacks."""
+    settings.STATIC_ROOT = tmp_path_factory.getbasetemp() / "no-collected-static"
+
+
 @pytest.fixture
 def clean_queue(transactional_db) -> Iterator[None]:
     """Empty procrastinate's tables before and after the test."""
@@ -77,9 +85,11 @@ class WorkerProcess:
 
 
 @pytest.fixture
-def worker_env() -> dict[str, str]:
+def worker_env(tmp_path) -> dict[str, str]:
     env = dict(os.environ)
     env["DATABASE_URL"] = database_url()
+    # The test's workers are not this host's (manage.py worker_health would list them).
+    env["WORKER_STATE_DIR"] = str(tmp_path / "worker-state")
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("LOG_LEVEL", "INFO")
     env["PROCRASTINATE_LOG_LEVEL"] = "INFO"

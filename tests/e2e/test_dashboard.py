@@ -1,14 +1,18 @@
 """The dashboard in a real browser: Debian's Chromium (driven by Playwright) logs in,
-submits two analyses and watches them move through the per-user queue, processed by a
-real worker subprocess, until the page has saved both runs.
+uploads an inquiry and follows it to its detail page until ``calculate`` succeeds, and
+submits analyses that a real worker subprocess runs through the per-user queue, until the
+page has saved their runs — all without a page reload (a marker set on the window after
+the page loaded must still be there at the end).
 
 The worker's judge holds each analysis until the test opens its gate
 (``tests.e2e.judges.GatedJudge``), so *running* and *queued* are states the page can be
-seen in, not races. Screenshots go to ``test-output/``.
+seen in, not races. Screenshots go to ``test-output/``, or to ``$E2E_SCREENSHOTS``
+(``make screenshots`` points it at ``docs/images``).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -31,8 +35,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-OUTPUT = ROOT / "test-output"
+SCREENSHOTS = Path(os.environ.get("E2E_SCREENSHOTS") or ROOT / "test-output")
 PASSWORD = "correct horse battery staple"
+INQUIRY = ROOT / "config" / "demo_data" / "steel-beams.txt"
 
 pytestmark = [
     pytest.mark.e2e,
@@ -58,7 +63,7 @@ def browser_page(monkeypatch) -> Iterator:
             executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
         )
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.set_default_timeout(15_000)
             yield page
         finally:
@@ -68,86 +73,167 @@ def browser_page(monkeypatch) -> Iterator:
             connections.close_all()
 
 
-def eventually(check: Callable[[], bool], *, timeout: float = 30, message: str) -> None:
-    """Poll the page (which reloads itself every 2 s) until ``check`` holds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except Exception:  # the page may be mid-reload
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-
-
-def job_status(page, job_id: int) -> str | None:
-    row = page.locator(f"#job-{job_id}")
-    return row.get_attribute("data-status", timeout=1_000) if row.count() else None
-
-
-def submit_analysis(page, *, title: str, key: str) -> int:
-    """Fill the dashboard's form and submit it; returns the admitted job's id."""
-    page.wait_for_load_state("load")
-    page.fill("#id_title", title)
-    page.fill("#id_doc_html", f"<p>Water boils at one hundred degrees at sea level [{key}].</p>")
-    page.fill("#id_source_key", key)
-    page.fill("#id_source_title", "Thermodynamics")
-    page.fill("#id_source_doi", "10.1000/thermo.1")
-    page.fill("#id_source_text", "At sea level water boils at one hundred degrees.")
-    with page.expect_navigation():
-        page.click("#analysis-form button[type=submit]")
-    message = page.locator(".messages li").inner_text()
-    match = re.search(r"Analysis #(\d+) admitted", message)
-    assert match, page.content()
-    return int(match.group(1))
-
-
-def test_submit_and_watch_analyses_through_the_queue(
-    browser_page, live_server, start_worker, clean_queue, tmp_path
-):
-    page = browser_page
-    gates = tmp_path / "gates"
-    gates.mkdir()
-    OUTPUT.mkdir(exist_ok=True)
+@pytest.fixture
+def alice(db):
     tenant = TenantFactory(slug="acme", name="Acme Analytics")
     user = UserFactory(username="alice", tenant=tenant)
     user.set_password(PASSWORD)
     user.save()
     credit_grant(user_id=user.pk, amount=5, note="e2e")
-    start_worker(
-        env={"DJANGO_SETTINGS_MODULE": "tests.e2e.settings", "E2E_JUDGE_GATES": str(gates)}
-    )
+    return user
 
-    page.goto(f"{live_server.url}/dashboard/")
+
+@pytest.fixture
+def gates(clean_queue, tmp_path, start_worker) -> Path:
+    """A worker with the gated judge; open a source's gate with ``(gates / key).touch()``.
+    (After ``clean_queue``: emptying procrastinate's tables would unregister it.)"""
+    directory = tmp_path / "gates"
+    directory.mkdir()
+    start_worker(
+        concurrency=2,
+        env={"DJANGO_SETTINGS_MODULE": "tests.e2e.settings", "E2E_JUDGE_GATES": str(directory)},
+    )
+    return directory
+
+
+def eventually(check: Callable[[], bool], *, timeout: float = 45, message: str) -> None:
+    """Poll the page (which updates itself from the API) until ``check`` holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+def log_in(page, url: str) -> None:
+    page.goto(f"{url}/dashboard/")
     assert "/accounts/login/" in page.url
     page.fill("#id_username", "alice")
     page.fill("#id_password", PASSWORD)
     with page.expect_navigation():
         page.click("button[type=submit].primary")
     assert page.url.endswith("/dashboard/")
+
+
+def mark_loaded(page) -> None:
+    """Set a marker that a reload (or any navigation) would wipe out."""
+    page.wait_for_load_state("load")
+    page.evaluate("window.__notReloaded = true")
+
+
+def not_reloaded(page) -> bool:
+    return page.evaluate("window.__notReloaded === true")
+
+
+def status_of(page, selector: str) -> str | None:
+    row = page.locator(selector)
+    return row.first.get_attribute("data-status") if row.count() else None
+
+
+def submit_analysis(page, *, title: str, key: str) -> int:
+    """Fill the dashboard's form; the page admits it through the API (no navigation) and
+    says so. Returns the admitted job's id."""
+    before = page.locator("#notices li").count()
+    page.fill("#id_title", title)
+    page.fill("#id_doc_html", f"<p>Water boils at one hundred degrees at sea level [{key}].</p>")
+    page.fill("#id_source_key", key)
+    page.fill("#id_source_title", "Thermodynamics")
+    page.fill("#id_source_doi", "10.1000/thermo.1")
+    page.fill("#id_source_text", "At sea level water boils at one hundred degrees.")
+    page.click("#analysis-form button[type=submit]")
+    eventually(lambda: page.locator("#notices li").count() > before, message="the admission")
+    message = page.locator("#notices li").nth(before).inner_text()
+    match = re.search(r"Analysis #(\d+) admitted", message)
+    assert match, message
+    return int(match.group(1))
+
+
+def test_upload_an_inquiry_follow_it_then_analyse_and_see_the_page_save(
+    browser_page, live_server, alice, gates
+):
+    page = browser_page
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    log_in(page, live_server.url)
+    mark_loaded(page)
+
+    page.fill("#id_inquiry_title", "Steel beams for hall 3")
+    page.set_input_files("#id_files", str(INQUIRY))
+    page.click("#inquiry-form button[type=submit]")
+    link = page.locator("#new-inquiry-link")
+    link.wait_for()
+    assert not_reloaded(page)
+    anfrage_id = int(re.search(r"#(\d+)", link.inner_text()).group(1))
+    eventually(
+        lambda: page.locator(f"#anfrage-{anfrage_id}").count() == 1,
+        message="the inquiry on the dashboard's stage board",
+    )
+
+    with page.expect_navigation():
+        link.click()
+    assert page.url.endswith(f"/dashboard/inquiries/{anfrage_id}")
+    mark_loaded(page)
+    eventually(
+        lambda: status_of(page, "#stage-rows [data-stage=calculate]") == "success",
+        message="calculate to succeed on the detail page",
+    )
+    assert not_reloaded(page), "the detail page reloaded instead of polling"
+    assert page.locator("#position-rows tr").count() == 3
+    assert re.match(r"\d+\.\d\d EUR", page.locator("#quote").inner_text())
+    eventually(lambda: page.locator("#live").is_hidden(), message="the page to stop polling")
+    page.screenshot(path=str(SCREENSHOTS / "inquiry.png"), full_page=True)
+
+    with page.expect_navigation():
+        page.click("text=← Dashboard")
+    mark_loaded(page)
+    (gates / "alpha").touch()
+    job = submit_analysis(page, title="Boiling point", key="alpha")
+    eventually(
+        lambda: page.locator(f"#runs tr[data-job='{job}'] .badge.client").count() == 1,
+        message="the page to save the finished analysis's run",
+    )
+    assert status_of(page, f"#job-{job}") == "complete"
+    assert "1 supported" in page.locator(f"#job-{job} .verdicts").inner_text()
+    assert page.locator("#balance").inner_text() == "4"
+    assert not_reloaded(page), "the dashboard reloaded instead of polling"
+
+    with page.expect_navigation():
+        page.click(f"#job-{job} a")
+    assert "Saved by" in page.locator("#run-state").inner_text()
+    assert page.locator("#verdict-rows tr").count() == 1
+    page.screenshot(path=str(SCREENSHOTS / "analysis.png"), full_page=True)
+
+
+def test_analyses_move_through_the_queue_and_are_saved_without_a_reload(
+    browser_page, live_server, alice, gates
+):
+    page = browser_page
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    log_in(page, live_server.url)
+    mark_loaded(page)
     assert page.locator("#balance").inner_text() == "5"
 
     first = submit_analysis(page, title="Boiling point", key="alpha")
-    eventually(lambda: job_status(page, first) == "running", message="the first job running")
-
+    eventually(lambda: status_of(page, f"#job-{first}") == "running", message="first running")
     second = submit_analysis(page, title="Sea level", key="beta")
-    assert "queued at position 1" in page.locator(".messages li").inner_text()
-    assert job_status(page, second) == "queued"
+    assert "queued at position 1" in page.locator("#notices li").last.inner_text()
+    eventually(lambda: status_of(page, f"#job-{second}") == "queued", message="second queued")
     assert page.locator(f"#job-{second} .position").inner_text() == "1"
-    page.screenshot(path=str(OUTPUT / "dashboard-queued.png"), full_page=True)
+    page.screenshot(path=str(SCREENSHOTS / "dashboard-queued.png"), full_page=True)
 
     (gates / "alpha").touch()
-    eventually(lambda: job_status(page, first) == "complete", message="the first job complete")
-    eventually(lambda: job_status(page, second) == "running", message="the second job running")
+    eventually(lambda: status_of(page, f"#job-{first}") == "complete", message="first complete")
+    eventually(lambda: status_of(page, f"#job-{second}") == "running", message="second running")
 
     (gates / "beta").touch()
-    eventually(lambda: job_status(page, second) == "complete", message="the second job complete")
+    eventually(lambda: status_of(page, f"#job-{second}") == "complete", message="second done")
     # The page saves finished analyses itself (the client save) and shows them as runs.
     eventually(
         lambda: page.locator("#runs .badge.client").count() == 2,
         message="both runs saved by the page",
     )
+    eventually(lambda: page.locator("#live").is_hidden(), message="the page to stop polling")
     assert page.locator("body").get_attribute("data-in-flight") == "false"
     assert page.locator("#balance").inner_text() == "3"
-    page.screenshot(path=str(OUTPUT / "dashboard.png"), full_page=True)
+    assert not_reloaded(page), "the dashboard reloaded instead of polling"
+    page.screenshot(path=str(SCREENSHOTS / "dashboard.png"), full_page=True)

@@ -13,7 +13,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from runs import admission, durability, operations, processing
+from runs.credits import credit_grant
 from runs.models import (
+    AnalysisAudit,
     AnalysisJob,
     AnalysisRun,
     CreditEntry,
@@ -74,6 +76,7 @@ def result_count(response) -> int:
 
 def test_every_runs_table_is_registered():
     assert {m._meta.model_name for m in RUNS_MODELS} == {
+        "analysisaudit",
         "analysisjob",
         "analysisrun",
         "runjudgement",
@@ -86,6 +89,11 @@ def test_every_runs_table_is_registered():
 
 @pytest.mark.parametrize("model", RUNS_MODELS, ids=lambda m: m._meta.model_name)
 def test_every_table_renders_read_only_with_rows(staff_client, seeded, model):
+    if model is AnalysisAudit:
+        credit_grant(user_id=seeded["user"].pk, amount=2)
+        failed = admit(seeded["user"])
+        AnalysisJob.objects.filter(pk=failed.id).update(status=JobStatus.FAILED)
+        operations.analysis_job_retry(job_id=failed.id, actor="admin:alice")
     name = model._meta.model_name
     model_admin = admin.site._registry[model]
     changelist = reverse(f"admin:runs_{name}_changelist")
@@ -260,3 +268,62 @@ def test_run_a_sweep_now_records_an_unsaved_run(staff_client, settings):
         "Sweep unsaved_runs ran: selected 1, changed 1, failed 0."
     ]
     assert AnalysisRun.objects.get().saved_by == SavedBy.WORKER
+
+
+def test_no_run_yet_filter_finds_finished_unsaved_jobs_by_age(staff_client, settings):
+    settings.SWEEP_GRACE_SECONDS = 120
+    fresh, stale, old = AnalysisJobFactory(), AnalysisJobFactory(), AnalysisJobFactory()
+    saved = AnalysisJobFactory()
+    durability.analysis_run_record(job_id=saved.pk, saved_by=SavedBy.CLIENT)
+    backdate("analysis_jobs", [stale.pk], seconds=600, columns=("finished_at",))
+    backdate("analysis_jobs", [old.pk], seconds=3 * 86400, columns=("finished_at",))
+    job_list = reverse(CHANGELIST)
+
+    def ids(value: str) -> set[int]:
+        page = staff_client.get(job_list, {"no_run": value})
+        assert page.status_code == 200
+        return {row.pk for row in page.context["cl"].result_list}
+
+    assert ids("any") == {fresh.pk, stale.pk, old.pk}
+    assert ids("under_grace") == {fresh.pk}
+    assert ids("under_1h") == {stale.pk}
+    assert ids("under_24h") == set()
+    assert ids("over_24h") == {old.pk}
+    assert b"no run yet, past the grace period" in staff_client.get(job_list).content
+
+
+def test_retry_action_retries_failed_jobs_once_and_names_refusals(staff_client):
+    user = funded_user(credits=3)
+    failed, pending = admit(user), admit(user, "second")
+    AnalysisJob.objects.filter(pk=failed.id).update(status=JobStatus.FAILED)
+
+    first = act(staff_client, "retry_failed", failed.id, pending.id)
+    again = act(staff_client, "retry_failed", failed.id)
+
+    assert first == [
+        f"Retry: 1 retried; 1 refused (#{pending.id}: job {pending.id} is queued; only "
+        "failed analyses are retried)."
+    ]
+    assert again == ["Retry: 1 already retried (nothing added)."]
+    entry = AnalysisAudit.objects.get()
+    assert (entry.job_id, entry.actor) == (failed.id, "admin:admin")
+    audit_list = staff_client.get(reverse("admin:runs_analysisaudit_changelist"))
+    assert result_count(audit_list) == 1
+
+
+def test_the_sweeps_page_names_environment_variables_and_counts_runs_not_saved(
+    staff_client, settings
+):
+    settings.SWEEP_GRACE_SECONDS = 120
+    AnalysisJobFactory()
+    late = AnalysisJobFactory()
+    backdate("analysis_jobs", [late.pk], seconds=600, columns=("finished_at",))
+
+    page = staff_client.get(reverse("admin:queueing_sweeps")).content.decode()
+
+    assert "<code>STALLED_WORKER_SECONDS</code>" in page
+    assert "QUEUEING_STALLED_WORKER_SECONDS" not in page
+    assert "<code>SWEEP_GRACE_SECONDS</code>" in page
+    assert 'id="unsaved-runs-total">2</a>' in page
+    assert "1 past the 120 s grace period" in page
+    assert "?no_run=under_1h" in page

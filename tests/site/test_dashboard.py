@@ -3,8 +3,13 @@ the submit form, and isolation between users and tenants."""
 
 from __future__ import annotations
 
-import pytest
+import re
 
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from pipeline.models import Anfrage
+from runs.admission import analysis_job_admit
 from runs.models import AnalysisJob, CreditEntry, JobStatus, SavedBy
 from tests.site.conftest import (
     DOC_HTML,
@@ -57,7 +62,8 @@ def test_running_and_queued_analyses_with_positions(client, alice):
     assert ctx["in_flight"] is True
     body = response.content.decode()
     assert 'data-in-flight="true"' in body
-    assert f'id="job-{second.pk}" data-status="queued"' in body
+    assert re.search(rf'<tr id="job-{second.pk}"[^>]* data-status="queued"', body)
+    assert f'href="/dashboard/analyses/{second.pk}"' in body
 
 
 def test_finished_work_stops_the_refresh_and_unsaved_runs_are_marked(client, alice):
@@ -187,3 +193,80 @@ def test_logout(client, alice):
     response = client.post("/accounts/logout/")
     assert response.status_code == 302
     assert client.get("/dashboard/").status_code == 302
+
+
+def test_only_the_newest_job_of_a_run_is_marked_for_the_client_save(client, alice):
+    first = process(admit(alice, "first"))
+    delta = analysis_job_admit(
+        user=alice,
+        title="re-check",
+        doc_html=DOC_HTML,
+        sources=[SOURCE],
+        delta_of_job_id=first.pk,
+    )
+    delta_job = process(AnalysisJob.objects.get(pk=delta.id))
+    assert delta_job.run_id == first.run_id and delta_job.status == JobStatus.COMPLETE
+    client.force_login(alice)
+    body = client.get("/dashboard/").content.decode()
+    assert f'data-unsaved-job="{delta_job.pk}"' in body
+    assert f'data-unsaved-job="{first.pk}"' not in body
+
+
+def test_analysis_detail_page_shows_verdicts_and_save_state(client, alice):
+    job = process(admit(alice, "Boiling"))
+    client.force_login(alice)
+    page = client.get(f"/dashboard/analyses/{job.pk}")
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert f"Analysis #{job.pk} Boiling" in body
+    assert 'data-newest="true"' in body and 'data-saved="false"' in body
+    assert "1 supported" in body
+    assert '<span class="badge verdict supported">supported</span>' in body
+    assert "/static/pgstage/dashboard." in body
+
+
+def test_inquiry_detail_page_shows_stages_with_times_and_errors(client, alice, tenant):
+    anfrage = inquiry(tenant, "Steel beams", quote="1234.50")
+    stage_run(anfrage, "intake", "success", seconds=1.5)
+    stage_run(anfrage, "extract", "failed", seconds=1, attempts=2, error="parser exploded")
+    client.force_login(alice)
+    page = client.get(f"/dashboard/inquiries/{anfrage.pk}")
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert re.search(r'id="stage-intake"[^>]* data-status="success"', body)
+    assert "1.50 s" in body
+    assert "parser exploded" in body
+    assert 'data-in-flight="false"' in body
+    assert "1234.50 EUR" in body
+
+
+def test_detail_pages_of_other_tenants_and_users_are_404(client, alice, mallory, other_tenant):
+    foreign_job = admit(mallory, "theirs")
+    foreign_inquiry = inquiry(other_tenant, "theirs")
+    client.force_login(alice)
+    assert client.get(f"/dashboard/analyses/{foreign_job.pk}").status_code == 404
+    assert client.get(f"/dashboard/inquiries/{foreign_inquiry.pk}").status_code == 404
+    assert client.get("/dashboard/analyses/999999").status_code == 404
+
+
+def test_upload_form_submits_an_inquiry_and_goes_to_its_page(client, alice):
+    client.force_login(alice)
+    upload = SimpleUploadedFile("beams.txt", b"12 pcs steel beam HEA 200, 6 m\n", "text/plain")
+    response = client.post("/dashboard/inquiries", {"title": "Beams", "files": [upload]})
+    anfrage = Anfrage.objects.get(tenant=alice.tenant)
+    assert response.status_code == 302
+    assert response["Location"] == f"/dashboard/inquiries/{anfrage.pk}"
+    assert anfrage.title == "Beams"
+    page = client.get(response["Location"])
+    assert f"Inquiry #{anfrage.pk} submitted" in page.content.decode()
+    assert 'data-in-flight="true"' in page.content.decode()
+
+
+def test_upload_form_refuses_bad_files_and_writes_nothing(client, alice):
+    client.force_login(alice)
+    assert client.post("/dashboard/inquiries", {"title": "none"}).status_code == 400
+    binary = SimpleUploadedFile("x.txt", b"\x00\x01\x02" * 50, "text/plain")
+    response = client.post("/dashboard/inquiries", {"files": [binary]})
+    assert 400 <= response.status_code < 500
+    assert 'id="upload-errors"' in response.content.decode()
+    assert not Anfrage.objects.exists()

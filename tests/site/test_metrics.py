@@ -137,6 +137,26 @@ def test_empty_database_still_exposes_every_metric_family(scrape):
         "pgstage_sweep_rescues_total",
         "pgstage_analysis_runs",
     } <= text_names
+    found = scrape()
+    for age in ("under_grace", "under_1h", "under_24h", "over_24h"):
+        assert value(found, "pgstage_unsaved_runs", age=age) == 0
+
+
+def test_unsaved_runs_gauge_counts_finished_jobs_without_a_run_by_age(scrape, tenant, settings):
+    settings.SWEEP_GRACE_SECONDS = 120
+    alice = funded_user(tenant, "alice")
+    fresh, late = process(admit(alice, "fresh")), process(admit(alice, "late"))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE analysis_jobs SET finished_at = finished_at - interval '10 minutes' "
+            "WHERE id = %s",
+            [late.pk],
+        )
+    found = scrape()
+    assert value(found, "pgstage_unsaved_runs", age="under_grace") == 1
+    assert value(found, "pgstage_unsaved_runs", age="under_1h") == 1
+    assert value(found, "pgstage_unsaved_runs", age="over_24h") == 0
+    assert fresh.status == "complete"
 
 
 def test_admission_rejections_are_counted_by_reason_and_write_nothing(client, scrape, tenant):

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from django.conf import settings
@@ -28,6 +31,7 @@ DATA = Path(__file__).resolve().parents[2] / "demo_data"
 INQUIRIES = [("acme", "steel-beams.txt"), ("acme", "sheet-metal.csv"), ("globex", "fittings.md")]
 USERS = [("acme", "alice"), ("acme", "bob"), ("globex", "carol")]
 TIMEOUT_SECONDS = 50
+WORKER_GRACE_SECONDS = 120
 
 
 def sample_analysis(n: int) -> dict:
@@ -54,6 +58,31 @@ def sample_analysis(n: int) -> dict:
     }
 
 
+@contextmanager
+def _quiet_console(path: Path) -> Iterator[None]:
+    """This process's informational log lines (a sweep's counts, say) go to ``path``
+    instead of between the demo's tables; warnings and errors still reach the console."""
+    root = logging.getLogger()
+    handler = logging.FileHandler(path)
+    if root.handlers:
+        handler.setFormatter(root.handlers[0].formatter)
+    consoles = [
+        (h, h.level)
+        for h in root.handlers
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+    ]
+    root.addHandler(handler)
+    for console, _ in consoles:
+        console.setLevel(max(console.level, logging.WARNING))
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+        for console, level in consoles:
+            console.setLevel(level)
+
+
 class Command(BaseCommand):
     help = "Run pgstage end to end on this database and print a summary (exits within a minute)."
 
@@ -71,12 +100,18 @@ class Command(BaseCommand):
             raise CommandError("--workers must be at least 1.")
         if grace < 0:
             raise CommandError("--grace must be 0 or more seconds.")
-        # The closed tab's run is rescued after the grace window; shorten it for the demo
-        # (in this process, which runs the sweep, and in the workers).
+        # The closed tab's run is rescued after the grace window; shorten it for the demo in
+        # this process, which runs the sweep the demo shows.
         settings.SWEEP_GRACE_SECONDS = grace
         with connection.cursor() as cursor:
             cursor.execute("SELECT coalesce(max(id), 0) FROM procrastinate_jobs")
             (self.first_job_id,) = cursor.fetchone()
+        log_dir = settings.DATA_DIR / "demo-logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with _quiet_console(log_dir / "demo.log"):
+            self._run(workers)
+
+    def _run(self, workers: int) -> None:
         self._step("seeding tenants, users, tokens and credits")
         tokens = self._seed()
         procs = self._start_workers(workers)
@@ -170,7 +205,10 @@ class Command(BaseCommand):
         log_dir.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
-            "SWEEP_GRACE_SECONDS": str(settings.SWEEP_GRACE_SECONDS),
+            # The workers' own periodic sweep keeps the production grace: with the demo's
+            # it could rescue the closed tab's run before the demo's sweep, on a busy
+            # machine, and the demo would show a sweep that found nothing.
+            "SWEEP_GRACE_SECONDS": str(WORKER_GRACE_SECONDS),
             "LOG_LEVEL": "WARNING",
         }
         procs = []
@@ -214,13 +252,17 @@ class Command(BaseCommand):
 
     def _wait(self, done) -> None:
         deadline = time.monotonic() + TIMEOUT_SECONDS
+        # The animation is for a terminal; a log file gets no carriage returns.
+        animate = self.stderr.isatty()
         spinner = 0
         while time.monotonic() < deadline:
             if done():
-                self.stderr.write("\r" + " " * 40 + "\r")
+                if animate:
+                    self.stderr.write("\r" + " " * 40 + "\r")
                 return
             spinner += 1
-            self.stderr.write(f"\r  working {'.' * (spinner % 4):<4}")
+            if animate:
+                self.stderr.write(f"\r  working {'.' * (spinner % 4):<4}")
             time.sleep(0.5)
         raise CommandError(
             f"the demo did not finish within {TIMEOUT_SECONDS}s; see the worker logs under "

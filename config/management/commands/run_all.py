@@ -1,58 +1,85 @@
-"""Run the web server and one worker together (for local use; production runs them as
-separate services). Ctrl-C or SIGTERM stops both; the worker drains its running jobs."""
+"""Serve the web process with gunicorn and run one supervised worker beside it (``make
+run``): the same server as production, for local use. Production runs the two as separate
+services (docs/deploy.md). Ctrl-C or SIGTERM stops both; the worker drains its running
+jobs. Not for cron."""
 
 from __future__ import annotations
 
+import os
 import signal
-import subprocess
 import sys
 
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+
+from config.supervisor import Child, Supervisor
+
+#: Beyond the worker's drain budget: sync jobs finish regardless, give them a little more.
+STOP_MARGIN_SECONDS = 30.0
+
+
+def _drain_seconds() -> float:
+    defaults = getattr(settings, "PROCRASTINATE_WORKER_DEFAULTS", None) or {}
+    return float(defaults.get("shutdown_graceful_timeout") or 60.0)
 
 
 class Command(BaseCommand):
-    help = "Start `runserver` and `procrastinate worker` side by side until interrupted."
+    help = "Start gunicorn and a supervised `procrastinate worker` side by side until stopped."
 
     def add_arguments(self, parser):
-        parser.add_argument("--addr", default="127.0.0.1:8000", help="host:port to serve on")
-        parser.add_argument("--concurrency", type=int, default=2)
+        parser.add_argument(
+            "--host", default=os.environ.get("HOST") or "127.0.0.1", help="address to bind"
+        )
+        parser.add_argument(
+            "--port", type=int, default=int(os.environ.get("PORT") or 8000), help="port to bind"
+        )
+        parser.add_argument("--concurrency", type=int, default=2, help="the worker's job slots")
 
-    def handle(self, *args, addr: str, concurrency: int, **options):
+    def handle(self, *args, host: str, port: int, concurrency: int, **options):
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1.")
-        python = [sys.executable, "manage.py"]
-        procs = [
-            # --insecure: serve the admin's and the API docs' static files without DEBUG
-            # (local use; production serves collectstatic's output from a web server).
-            subprocess.Popen(
-                [*python, "runserver", addr, "--noreload", "--insecure"], cwd=settings.BASE_DIR
-            ),
-            subprocess.Popen(
-                [*python, "procrastinate", "worker", f"--concurrency={concurrency}"],
-                cwd=settings.BASE_DIR,
-            ),
-        ]
+        if not 0 < port < 65536:
+            raise CommandError(f"--port {port} is not a TCP port (1-65535).")
+        if not host.strip():
+            raise CommandError("--host must name an address, e.g. 127.0.0.1 or 0.0.0.0.")
+        # gunicorn serves static files through whitenoise, from collectstatic's output.
+        call_command("collectstatic", interactive=False, verbosity=0)
+        web = Child(
+            name="web",
+            argv=[sys.executable, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.wsgi"],
+            restart_on_failure=False,
+            stop_timeout=60.0,
+        )
+        worker = Child(
+            name="worker",
+            argv=[
+                sys.executable,
+                "manage.py",
+                "procrastinate",
+                "worker",
+                f"--concurrency={concurrency}",
+            ],
+            restart_on_failure=True,
+            stop_timeout=_drain_seconds() + STOP_MARGIN_SECONDS,
+        )
+        env = {**os.environ, "HOST": host, "PORT": str(port)}
+        supervisor = Supervisor([web, worker], cwd=settings.BASE_DIR, env=env, out=self.stdout)
+        shown = f"[{host}]" if ":" in host else host
         self.stdout.write(
-            f"web on http://{addr}/ (dashboard /dashboard/, admin /admin/), "
-            "one worker; Ctrl-C stops both"
+            f"web on http://{shown}:{port}/ (dashboard /dashboard/, admin /admin/, "
+            "API docs /api/docs), one supervised worker; Ctrl-C stops both"
         )
 
-        def stop(*_):
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
+        def on_signal(signum, frame):
+            supervisor.stopping = True
 
-        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGTERM, on_signal)
         try:
-            while all(proc.poll() is None for proc in procs):
-                try:
-                    procs[0].wait(timeout=1)
-                except subprocess.TimeoutExpired:
-                    continue
+            status = supervisor.run()
         except KeyboardInterrupt:
-            pass
+            status = 0
         finally:
-            stop()
-            for proc in procs:
-                proc.wait(timeout=90)
+            supervisor.stop()
+        if status:
+            raise CommandError(f"the web server exited with status {status}")

@@ -1,5 +1,5 @@
-"""Show the per-user analysis queue: what runs, what waits, and each user's balance.
-Read-only; safe to run any time."""
+"""Show the per-user analysis queues: what runs, what waits, what finished without a run
+yet, and each user's balance. Read-only; safe to run any time."""
 
 from __future__ import annotations
 
@@ -17,35 +17,53 @@ def _ids(ids: tuple[int, ...], *, limit: int = 8) -> str:
 
 
 class Command(BaseCommand):
-    help = "Show running, pending and queued analysis jobs per user (read-only)."
+    help = (
+        "Show every user's analysis queue: running, pending and queued jobs, finished ones "
+        "and those with no run yet, and the balance (read-only)."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument(
             "--user", type=text_argument(max_length=USERNAME_MAX), help="only this username"
         )
+        parser.add_argument(
+            "--live", action="store_true", help="only users with queued or active work"
+        )
 
-    def handle(self, *args, user=None, **options):
+    def handle(self, *args, user=None, live=False, **options):
         user_id = None
         if user is not None:
             user_id = User.objects.filter(username=user).values_list("pk", flat=True).first()
             if user_id is None:
                 raise CommandError(
-                    f"no user {user!r}; list users with live work by running queue_status "
+                    f"no user {user!r}; list every user with a queue by running queue_status "
                     "without --user"
                 )
-        rows = queue_overview(user_id=user_id)
+        rows = queue_overview(user_id=user_id, live_only=live)
         self.stdout.write(
             format_table(
-                ["user", "tenant", "balance", "running", "pending", "queued", "queued ids"],
+                [
+                    "user",
+                    "tenant",
+                    "balance",
+                    "running",
+                    "pending",
+                    "queued",
+                    "finished",
+                    "no run yet",
+                    "active and queued ids",
+                ],
                 [
                     [
                         r.username,
                         r.tenant,
                         r.balance,
-                        _ids(r.running),
-                        _ids(r.pending),
+                        len(r.running),
+                        len(r.pending),
                         len(r.queued),
-                        _ids(r.queued),
+                        r.finished,
+                        r.unsaved,
+                        _ids(r.running + r.pending + r.queued),
                     ]
                     for r in rows
                 ],

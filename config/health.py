@@ -1,0 +1,165 @@
+"""Health endpoints for load balancers and orchestrators, and the worker's own probe.
+
+* ``GET /healthz`` — liveness: the process answers. Touches nothing else, so a database
+  outage never gets web processes restarted (it makes them *unready*, below).
+* ``GET /readyz`` — readiness: the database answers, every migration the code knows is
+  applied, and at least one worker heart-beat within the stall threshold
+  (``STALLED_WORKER_SECONDS``). One SQL round trip, no lock, nothing written; ``200`` when
+  all hold, else ``503`` with ``Retry-After``, and each check says what it saw.
+* :func:`local_worker_health` — what ``manage.py worker_health`` reports for the workers
+  started on this host (their ids are recorded by ``config.worker_state``).
+
+Neither endpoint needs a login: they reveal no data, only up or down.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from contextlib import nullcontext
+from dataclasses import dataclass
+from functools import cache
+
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+from django.db.migrations.loader import MigrationLoader
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from config import worker_state
+from config.middleware import RETRY_AFTER_SECONDS
+from queueing.sql import load
+
+queries = load("config", "health.sql")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@cache
+def migration_leaves() -> tuple[str, ...]:
+    """``app.name`` of the latest migration of every app, read from disk once per process
+    (the code does not change under a running process)."""
+    graph = MigrationLoader(None, ignore_no_migrations=True).graph
+    return tuple(sorted(f"{app}.{name}" for app, name in graph.leaf_nodes()))
+
+
+def stall_threshold() -> datetime.timedelta:
+    return datetime.timedelta(seconds=int(settings.QUEUEING_STALLED_WORKER_SECONDS))
+
+
+def _seconds(delta: datetime.timedelta) -> str:
+    return f"{max(delta.total_seconds(), 0):.0f} s"
+
+
+def readiness() -> list[Check]:
+    """The three readiness checks, from one statement."""
+    leaves = migration_leaves()
+    try:
+        # A savepoint only inside a transaction (a test's): in autocommit, as in
+        # production, the check stays one round trip.
+        guard = transaction.atomic() if connection.in_atomic_block else nullcontext()
+        with guard, connection.cursor() as cursor:
+            cursor.execute(queries["readiness"], {"leaves": list(leaves)})
+            applied, last_heartbeat, now = cursor.fetchone()
+    except DatabaseError as exc:
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        missing_schema = getattr(exc.__cause__, "sqlstate", None) == "42P01"
+        return [
+            Check(
+                name="database",
+                ok=missing_schema,
+                detail="answers" if missing_schema else f"unreachable: {first_line}",
+            ),
+            Check(
+                name="migrations",
+                ok=False,
+                detail="tables missing: run manage.py migrate" if missing_schema else "unknown",
+            ),
+            Check(name="worker", ok=False, detail="unknown"),
+        ]
+    checks = [
+        Check(name="database", ok=True, detail="answers"),
+        Check(
+            name="migrations",
+            ok=applied == len(leaves),
+            detail=(
+                "applied"
+                if applied == len(leaves)
+                else f"{len(leaves) - applied} app(s) behind: run manage.py migrate"
+            ),
+        ),
+    ]
+    threshold = stall_threshold()
+    if last_heartbeat is None:
+        checks.append(Check(name="worker", ok=False, detail="no worker is registered"))
+    else:
+        age = now - last_heartbeat
+        checks.append(
+            Check(
+                name="worker",
+                ok=age <= threshold,
+                detail=f"last heartbeat {_seconds(age)} ago (threshold {_seconds(threshold)})",
+            )
+        )
+    return checks
+
+
+@never_cache
+@require_GET
+def healthz_view(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"status": "alive"})
+
+
+@never_cache
+@require_GET
+def readyz_view(request: HttpRequest) -> JsonResponse:
+    checks = readiness()
+    ready = all(c.ok for c in checks)
+    response = JsonResponse(
+        {
+            "status": "ready" if ready else "not_ready",
+            "checks": {c.name: {"ok": c.ok, "detail": c.detail} for c in checks},
+        },
+        status=200 if ready else 503,
+    )
+    if not ready:
+        response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerBeat:
+    pid: int
+    worker_id: int
+    age: datetime.timedelta | None
+
+    def healthy(self, threshold: datetime.timedelta) -> bool:
+        return self.age is not None and self.age <= threshold
+
+
+def local_worker_health() -> list[WorkerBeat]:
+    """The heartbeat age of every worker process alive on this host (``age`` None: the
+    database no longer lists it — it unregistered, or was pruned as stalled)."""
+    local = [w for w in worker_state.recorded_workers() if _alive(w.pid)]
+    if not local:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(queries["worker_heartbeats"], {"worker_ids": [w.worker_id for w in local]})
+        ages = {row[0]: row[2] for row in cursor.fetchall()}
+    return [WorkerBeat(pid=w.pid, worker_id=w.worker_id, age=ages.get(w.worker_id)) for w in local]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,88 @@
+"""Requests during a database outage get ``503 {"error": "database_unavailable"}`` with
+``Retry-After``, not a 500 page.
+
+Django raises ``OperationalError`` (or ``InterfaceError`` for a connection that died under
+it) when PostgreSQL restarts, fails over or refuses connections. Nothing is wrong with the
+request, so the answer says to try again. The web process needs no restart afterwards:
+Django's connection health checks (``CONN_HEALTH_CHECKS``) drop a broken connection at
+the next request, which opens a fresh one once the server is back.
+
+A view's error is answered in :meth:`process_exception` (no traceback logged: one warning
+line). An error inside another middleware (a session saved after the view) never reaches
+that hook — Django turns it into a 500 first — so Django's ``got_request_exception``
+signal marks the request and the 500 is replaced on its way out.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from django.core.signals import got_request_exception
+from django.db import InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+logger = logging.getLogger(__name__)
+
+RETRY_AFTER_SECONDS = 5
+#: psycopg error classes (SQLSTATE prefixes) that mean "the server is not there": a
+#: connection exception, an administrator's shutdown or crash, too many connections.
+UNAVAILABLE_SQLSTATES = ("08", "57P", "53")
+_MARK = "_pgstage_database_error"
+
+
+def database_error(exc: BaseException | None) -> bool:
+    return isinstance(exc, OperationalError | InterfaceError)
+
+
+def _code(exc: BaseException) -> str:
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    if sqlstate is None or sqlstate.startswith(UNAVAILABLE_SQLSTATES):
+        return "database_unavailable"
+    # A serialization failure, a deadlock, a statement timeout: retrying helps too.
+    return "database_busy"
+
+
+def unavailable_response(exc: BaseException) -> JsonResponse:
+    code = _code(exc)
+    detail = (
+        "the database is not reachable right now; retry in a few seconds"
+        if code == "database_unavailable"
+        else "the database could not finish this request in time; retry in a few seconds"
+    )
+    response = JsonResponse({"error": code, "detail": detail}, status=503)
+    response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response
+
+
+def _remember_database_error(sender, request: HttpRequest | None = None, **kwargs) -> None:
+    exc = sys.exc_info()[1]
+    if request is not None and database_error(exc):
+        setattr(request, _MARK, exc)
+
+
+got_request_exception.connect(_remember_database_error, dispatch_uid="pgstage-database-error")
+
+
+class DatabaseUnavailableMiddleware:
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        exc = getattr(request, _MARK, None)
+        if exc is not None and response.status_code == 500:
+            return unavailable_response(exc)
+        return response
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not database_error(exception):
+            return None
+        logger.warning(
+            "%s %s answered 503: database error %s: %s",
+            request.method,
+            request.path,
+            type(exception).__name__,
+            str(exception).strip().splitlines()[0] if str(exception).strip() else "",
+        )
+        return unavailable_response(exception)

@@ -1,0 +1,192 @@
+"""Job logs: one line per job start, success, retry, failure and abort, with the job's id,
+task, singleton key, tenant, attempt and duration — plain ``key=value`` text, or one JSON
+object per line with ``LOG_FORMAT=json``.
+
+The lines are procrastinate's own worker log records (``procrastinate.worker``), which
+carry the job and its timing as ``extra`` fields: :class:`JobEventFilter` keeps those (and
+the worker's start and stop), drops procrastinate's other chatter below the configured
+level, and attaches a :class:`JobEvent`; the formatters render it. No worker code changes;
+``config/settings.py`` wires it in ``LOGGING``. ``JOB_LOG_LEVEL=WARNING`` keeps only
+failures.
+
+The key is the job's ``queueing_lock`` without the policy's prefix. The tenant comes from
+a ``tenant`` task argument, or from the key when its format has a ``tenant`` part: a
+domain declares its formats with :func:`register_key_format` (stage keys
+``stage:tenant:anfrage`` do); jobs that name neither log ``tenant=-``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from queueing.enqueue import EXCLUSIVE_PREFIX
+from queueing.exceptions import InvalidKey
+from queueing.keys import KeyFormat
+
+#: procrastinate's ``action`` of a record → the event pgstage logs.
+JOB_ACTIONS = {
+    "start_job": "started",
+    "job_success": "succeeded",
+    "job_error_retry": "retrying",
+    "job_error": "failed",
+    "job_aborted": "aborted",
+    "job_aborted_retry": "aborted_retrying",
+}
+#: The worker's own lifecycle, kept at any level: a handful of lines per deploy.
+WORKER_ACTIONS = frozenset({"start_worker", "stopping_worker", "stop_worker"})
+TENANT_ARGUMENTS = ("tenant", "tenant_slug", "tenant_id")
+#: Fields of a plain line, in order.
+PLAIN_FIELDS = ("id", "task", "key", "tenant", "queue", "attempt", "duration", "error")
+
+_key_formats: list[KeyFormat] = []
+
+
+def register_key_format(key_format: KeyFormat) -> None:
+    """Let job lines name the tenant of keys built by ``key_format`` (it needs a ``tenant``
+    part). Idempotent."""
+    if "tenant" not in key_format.parts:
+        raise ValueError(f"key format {key_format.parts} has no 'tenant' part")
+    if key_format not in _key_formats:
+        _key_formats.append(key_format)
+
+
+def key_of(queueing_lock: str | None) -> str | None:
+    if not queueing_lock:
+        return None
+    return queueing_lock.removeprefix(EXCLUSIVE_PREFIX)
+
+
+def tenant_of(*, key: str | None, task_kwargs: Mapping[str, Any]) -> str | None:
+    for name in TENANT_ARGUMENTS:
+        if task_kwargs.get(name) not in (None, ""):
+            return str(task_kwargs[name])
+    if key is None:
+        return None
+    for key_format in _key_formats:
+        try:
+            return key_format.parse(key)["tenant"]
+        except InvalidKey:
+            continue
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobEvent:
+    event: str
+    id: int | None
+    task: str | None
+    key: str | None
+    tenant: str | None
+    queue: str | None
+    attempt: int | None
+    duration: float | None
+    worker: str | None
+    error: str | None
+
+    @classmethod
+    def from_record(cls, record: logging.LogRecord, event: str) -> JobEvent:
+        job = getattr(record, "job", None) or {}
+        worker = getattr(record, "worker", None) or {}
+        key = key_of(job.get("queueing_lock"))
+        attempts = job.get("attempts")
+        duration = getattr(record, "duration", None) if event != "started" else None
+        error = None
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            error = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+        return cls(
+            event=event,
+            id=job.get("id"),
+            task=job.get("task_name"),
+            key=key,
+            tenant=tenant_of(key=key, task_kwargs=job.get("task_kwargs") or {}),
+            queue=job.get("queue"),
+            # procrastinate counts attempts already made; the running one is the next.
+            attempt=attempts + 1 if isinstance(attempts, int) else None,
+            duration=round(duration, 6) if isinstance(duration, int | float) else None,
+            worker=worker.get("name"),
+            error=error,
+        )
+
+
+def _level(value: str | int) -> int:
+    return logging.getLevelName(value.upper()) if isinstance(value, str) else value
+
+
+class JobEventFilter(logging.Filter):
+    """Keeps job events at ``job_level`` or above (attaching ``record.job_event``), the
+    worker's start and stop, and other records at ``level`` or above."""
+
+    def __init__(self, level: str | int = logging.WARNING, job_level: str | int = logging.INFO):
+        super().__init__()
+        self.level = _level(level)
+        self.job_level = _level(job_level)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        action = getattr(record, "action", None)
+        event = JOB_ACTIONS.get(action)
+        if event is None:
+            return action in WORKER_ACTIONS or record.levelno >= self.level
+        if record.levelno < self.job_level:
+            return False
+        record.job_event = JobEvent.from_record(record, event)
+        record.msg, record.args = f"job {event}", ()
+        if event in ("retrying", "aborted_retrying"):
+            # The next attempt follows: one line with the error, not a traceback each time.
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _plain_value(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}s"
+    text = str(value)
+    if not text or any(c.isspace() or c in '"=' for c in text):
+        return json.dumps(text)
+    return text
+
+
+class PlainFormatter(logging.Formatter):
+    """``2025-01-31 12:00:00,000 INFO procrastinate.worker: job succeeded id=7 task=…``"""
+
+    def __init__(self, fmt: str | None = None, **kwargs: Any):
+        super().__init__(fmt or "%(asctime)s %(levelname)s %(name)s: %(message)s", **kwargs)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = super().formatMessage(record)
+        event = getattr(record, "job_event", None)
+        if event is None:
+            return line
+        values = asdict(event)
+        fields = [
+            f"{name}={_plain_value(values[name]) if values[name] is not None else '-'}"
+            for name in PLAIN_FIELDS
+            if values[name] is not None or name in ("key", "tenant")
+        ]
+        return f"{line} {' '.join(fields)}"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``time`` (UTC, ISO 8601), ``level``, ``logger``,
+    ``message``, the job event's fields when there is one, and ``exception``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        event = getattr(record, "job_event", None)
+        if event is not None:
+            out.update(asdict(event))
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exception"] = record.exc_text
+        return json.dumps(out, default=str)

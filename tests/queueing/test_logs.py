@@ -1,0 +1,182 @@
+"""Job log lines (queueing.logs): one per start, success, retry and failure, with job id,
+task, key, tenant and duration; JSON with LOG_FORMAT=json.
+
+The unit tests feed records shaped like procrastinate's worker records (its ``extra``
+fields); the slow test reads a real worker's output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import pytest
+
+from queueing.enqueue import Policy, enqueue
+from queueing.keys import KeyFormat
+from queueing.logs import (
+    JobEventFilter,
+    JsonFormatter,
+    PlainFormatter,
+    register_key_format,
+    tenant_of,
+)
+from tests.conftest import wait_for
+from tests.queueing import log_tasks  # noqa: F401  (registers the tasks for enqueue)
+
+
+def record(
+    action: str,
+    *,
+    level: int = logging.INFO,
+    key: str | None = "exclusive/extract:acme:42",
+    kwargs: dict | None = None,
+    attempts: int = 0,
+    exc: BaseException | None = None,
+) -> logging.LogRecord:
+    exc_info = (type(exc), exc, exc.__traceback__) if exc else None
+    rec = logging.LogRecord("procrastinate.worker", level, __file__, 1, "Job ended", (), exc_info)
+    rec.action = action
+    rec.worker = {"name": "w1", "worker_id": 3, "job_id": 42, "queues": []}
+    rec.job = {
+        "id": 42,
+        "queue": "default",
+        "task_name": "pipeline.extract",
+        "task_kwargs": kwargs or {"anfrage_id": 42},
+        "queueing_lock": key,
+        "attempts": attempts,
+    }
+    rec.start_timestamp, rec.duration = 1000.0, 0.1234
+    return rec
+
+
+def passes(rec: logging.LogRecord, **kwargs) -> bool:
+    return JobEventFilter(**kwargs).filter(rec)
+
+
+def test_a_finished_job_is_one_plain_line_with_its_fields():
+    rec = record("job_success")
+    assert passes(rec)
+    line = PlainFormatter().format(rec)
+    assert "\n" not in line
+    assert line.endswith(
+        "procrastinate.worker: job succeeded id=42 task=pipeline.extract "
+        "key=extract:acme:42 tenant=acme queue=default attempt=1 duration=0.123s"
+    )
+
+
+def test_a_started_job_has_no_duration_and_unknowns_are_dashes():
+    rec = record("start_job", key=None, kwargs={"job_id": 7})
+    assert passes(rec)
+    line = PlainFormatter().format(rec)
+    assert "job started id=42" in line
+    assert "key=- tenant=-" in line
+    assert "duration" not in line
+
+
+def test_a_retry_is_one_line_naming_the_error_without_a_traceback():
+    try:
+        raise ValueError("core unreachable")
+    except ValueError as exc:
+        rec = record("job_error_retry", attempts=2, exc=exc)
+    assert passes(rec)
+    line = PlainFormatter().format(rec)
+    assert "\n" not in line
+    assert "job retrying" in line and "attempt=3" in line
+    assert 'error="ValueError: core unreachable"' in line
+
+
+def test_a_failure_keeps_its_traceback():
+    try:
+        raise ValueError("bad input")
+    except ValueError as exc:
+        rec = record("job_error", level=logging.ERROR, exc=exc)
+    assert passes(rec)
+    text = PlainFormatter().format(rec)
+    assert text.splitlines()[0].split(": ", 1)[1].startswith("job failed id=42")
+    assert "Traceback" in text
+
+
+def test_json_lines_carry_the_same_fields():
+    rec = record("job_success", kwargs={"tenant": "globex", "n": 1}, key=None)
+    assert passes(rec)
+    out = json.loads(JsonFormatter().format(rec))
+    assert out["message"] == "job succeeded"
+    assert out["level"] == "info"
+    assert out | {"time": None} == out | {
+        "time": None,
+        "event": "succeeded",
+        "id": 42,
+        "task": "pipeline.extract",
+        "key": None,
+        "tenant": "globex",
+        "attempt": 1,
+        "duration": 0.1234,
+    }
+
+
+def test_json_for_an_ordinary_record_with_an_exception():
+    try:
+        raise RuntimeError("x")
+    except RuntimeError:
+        rec = logging.LogRecord(
+            "runs", logging.ERROR, __file__, 1, "oops %s", ("!",), sys.exc_info()
+        )
+    out = json.loads(JsonFormatter().format(rec))
+    assert out["message"] == "oops !"
+    assert "RuntimeError: x" in out["exception"]
+
+
+def test_procrastinates_other_info_chatter_is_dropped_but_warnings_and_lifecycle_kept():
+    chatter = record("loaded_job_info")
+    assert not passes(chatter)
+    assert passes(record("start_worker"))
+    assert passes(record("something", level=logging.WARNING))
+    assert passes(chatter, level="INFO")
+
+
+def test_job_log_level_warning_keeps_only_failures():
+    assert not passes(record("job_success"), job_level="WARNING")
+    assert passes(record("job_error", level=logging.ERROR), job_level="WARNING")
+
+
+def test_tenant_comes_from_arguments_then_from_a_registered_key_format():
+    assert tenant_of(key="extract:acme:1", task_kwargs={"tenant": "globex"}) == "globex"
+    assert tenant_of(key="extract:acme:1", task_kwargs={}) == "acme"
+    assert tenant_of(key="analysis:12", task_kwargs={}) is None
+    with pytest.raises(ValueError, match="no 'tenant' part"):
+        register_key_format(KeyFormat(prefix="analysis", parts=("job",)))
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_real_worker_logs_json_lines_per_job(clean_queue, start_worker):
+    ok = enqueue("tests.logs.ok", args={"n": 1}, key="extract:acme:77", policy=Policy.EXCLUSIVE)
+    failing = enqueue("tests.logs.always_fails")
+    worker = start_worker(
+        env={"LOG_FORMAT": "json", "PGSTAGE_TASK_MODULES": "tests.queueing.log_tasks"}
+    )
+
+    def events() -> list[dict]:
+        lines = [line for line in worker.log().splitlines() if line.startswith("{")]
+        return [e for e in map(json.loads, lines) if "event" in e]
+
+    wait_for(
+        lambda: any(e["event"] == "failed" for e in events()),
+        timeout=60,
+        message="the failing job's last attempt",
+    )
+    by_job = {}
+    for event in events():
+        by_job.setdefault(event["id"], []).append(event["event"])
+    assert by_job[ok.job_id] == ["started", "succeeded"]
+    assert by_job[failing.job_id] == ["started", "retrying", "started", "failed"]
+    success = next(e for e in events() if e["id"] == ok.job_id and e["event"] == "succeeded")
+    assert success["key"] == "extract:acme:77"
+    assert success["tenant"] == "acme"
+    assert success["task"] == "tests.logs.ok"
+    assert success["duration"] >= 0
+    failure = next(e for e in events() if e["event"] == "failed")
+    assert failure["error"] == "ValueError: the input is broken"
+    assert "Traceback" in failure["exception"]
