@@ -115,6 +115,8 @@ class FileOut(Schema):
 
 
 class PositionOut(Schema):
+    model_config = ConfigDict(json_schema_extra={"examples": [EXAMPLE_POSITION]})
+
     index: int
     label: str
     source_file_id: int | None
@@ -133,6 +135,19 @@ class PositionOut(Schema):
 
 
 class WarningOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "source_file_id": 3,
+                    "line_no": 4,
+                    "line": "see attached drawing",
+                    "message": "no quantity found",
+                }
+            ]
+        }
+    )
+
     source_file_id: int | None
     line_no: int
     line: str

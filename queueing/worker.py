@@ -489,14 +489,16 @@ class PgstageWorker(procrastinate_worker.Worker):
         for context in self._running_jobs.values():
             self.logger.info(
                 f"Waiting for job to finish: worker: {context.job.call_string} "
-                f"(started {now - context.start_timestamp:.3f} s ago)"
+                f"(started {now - context.start_timestamp:.3f} s ago)",
+                extra=self._log_extra(action="ending_job", context=None, job_result=None),
             )
         if self._running_jobs:
             await asyncio.wait(self._running_jobs, timeout=self.shutdown_graceful_timeout)
         if self._running_jobs:
             self.logger.info(
                 f"{len(self._running_jobs)} jobs still running after graceful timeout. "
-                "Aborting them (sync jobs run to their end)"
+                "Aborting them (sync jobs run to their end)",
+                extra=self._log_extra(action="stop_worker", context=None, job_result=None),
             )
             await self._abort_running_jobs()
         await utils.cancel_and_capture_errors(heartbeat)
@@ -510,7 +512,12 @@ class PgstageWorker(procrastinate_worker.Worker):
                     describe(exc),
                 )
         self.worker_id = None
-        self.logger.info(f"Stopped worker on {utils.queues_display(self.queues)}")
+        self.logger.info(
+            f"Stopped worker on {utils.queues_display(self.queues)}",
+            extra=self._log_extra(
+                action="stop_worker", queues=self.queues, context=None, job_result=None
+            ),
+        )
 
 
 def install(app: Any) -> None:

@@ -175,6 +175,20 @@ class AdmissionOut(Schema):
 
 
 class VerdictOut(Schema):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "marker": "c1",
+                    "source_key": "thermo",
+                    "claim": "Water boils at one hundred degrees at sea level.",
+                    "verdict": "supported",
+                    "score": 1.0,
+                }
+            ]
+        }
+    )
+
     marker: str
     source_key: str
     claim: str
