@@ -18,6 +18,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,7 +65,11 @@ def http(
         return Reply(exc.code, dict(exc.headers), exc.read())
 
 
-def wait_until(predicate, *, timeout: float, message: str, interval: float = 0.1) -> None:
+def wait_until(
+    predicate, *, timeout: float, message: str | Callable[[], str], interval: float = 0.1
+) -> None:
+    """Poll ``predicate`` (a refused connection counts as not yet); ``message`` may be a
+    callable, read only on a timeout (e.g. what the server said last)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -73,7 +78,8 @@ def wait_until(predicate, *, timeout: float, message: str, interval: float = 0.1
         except OSError:
             pass
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+    text = message() if callable(message) else message
+    raise AssertionError(f"timed out after {timeout}s waiting for {text}")
 
 
 @dataclass

@@ -193,7 +193,10 @@ def test_run_all_serves_with_gunicorn_and_restarts_a_killed_worker(clean_queue, 
         wait_until(
             lambda: http("GET", f"{url}/readyz").status == 200,
             timeout=60,
-            message="a worker heartbeat (readyz)",
+            message=lambda: (
+                f"a worker heartbeat (readyz): {http('GET', f'{url}/readyz').body!r}"
+                f"\n{log_path.read_text()[-3000:]}"
+            ),
         )
 
         os.kill(worker_pids()[0], signal.SIGKILL)
