@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -135,12 +136,19 @@ def server() -> Server:
     )
 
 
+#: A foreign-key check a trigger ran: pg_stat_statements reports it as a top-level
+#: statement, though no client sent it.
+FOREIGN_KEY_CHECK = re.compile(r"^SELECT \$\d+ FROM ONLY \S+ x WHERE .* FOR KEY SHARE OF x$", re.S)
+
+
 def statement_calls() -> collections.Counter[str]:
-    """pg_stat_statements' calls per query in this database (the harness's own left out)."""
+    """pg_stat_statements' calls per query in this database: statements clients sent
+    (``toplevel``; not those a trigger ran), the harness's own left out."""
     with connection.cursor() as cursor:
         cursor.execute(
             MARKER + " SELECT query, calls FROM pg_stat_statements "
-            "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND toplevel"
         )
         rows = cursor.fetchall()
     calls: collections.Counter[str] = collections.Counter()

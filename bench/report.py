@@ -262,7 +262,11 @@ def _statements_section(rows: Sequence[Row]) -> list[str]:
                 )
             if "pg_stat_statements" in counts:
                 stats = counts["pg_stat_statements"]
-                lines.append(f"\npg_stat_statements: {stats['statements']:.1f} statements.")
+                lines.append(
+                    f"\npg_stat_statements: {stats['statements']:.1f} statements (no empty "
+                    f"ones), and {stats['foreign_key_checks']:.1f} foreign-key checks run by "
+                    "triggers, which it counts as top-level statements."
+                )
     return lines
 
 

@@ -262,11 +262,14 @@ def _counted(ctx: Context, tenant) -> dict[str, list[dict[str, Any]]]:
                 entry = diffs[0].per(units)
                 if ctx.server.statements:
                     calls = diffs[1]
+                    checks = {q for q in calls if database.FOREIGN_KEY_CHECK.match(q)}
+                    sent = {q: n for q, n in calls.items() if q not in checks}
                     entry["pg_stat_statements"] = {
-                        "statements": sum(calls.values()) / units,
+                        "statements": sum(sent.values()) / units,
+                        "foreign_key_checks": sum(calls[q] for q in checks) / units,
                         "top_statements": [
                             {"calls_per_unit": round(n / units, 3), "statement": q[:240]}
-                            for q, n in calls.most_common(12)
+                            for q, n in sorted(sent.items(), key=lambda kv: -kv[1])[:12]
                         ],
                     }
                 found[name].append(entry)
