@@ -51,8 +51,11 @@ worker: migrate
 run: migrate
 	$(BIN)/python manage.py run_all
 
-bench: migrate
-	$(BIN)/python -m bench
+## Every benchmark scenario, side by side with plain procrastinate (it migrates its own
+## database: DATABASE_URL, or pgstage_bench on the embedded server); writes
+## bench/results/latest.json and docs/benchmarks.md. BENCH_ARGS=--quick for development.
+bench: install
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 stop-db:
 	@if [ -f .data/pg/postmaster.pid ]; then \
