@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             editor.delete_model(BenchStep)
         editor.create_model(BenchStep)
     database.purge_leftovers()
+    first_job_id = database.last_job_id()
     params = database.server_params()
     server = database.server()
     ctx = Context(
@@ -187,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         said()
         database.purge_leftovers()
+        database.execute("delete_ticks_since", after=first_job_id)
         with connection.schema_editor() as editor:
             editor.delete_model(BenchStep)
         shutil.rmtree(storage, ignore_errors=True)

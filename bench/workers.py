@@ -224,11 +224,14 @@ def run_batch(
     expected: int,
     groups: Sequence[WorkerGroup],
 ) -> Span:
-    """Enqueue a batch in one transaction (visible at once) and time it as it runs."""
+    """Enqueue a batch in one transaction (visible at once) and time it as it runs; its
+    jobs are deleted afterwards."""
     after = database.last_job_id()
     with transaction.atomic():
         enqueue()
-    return wait_done(after=after, queues=queues, tasks=tasks, expected=expected, groups=groups)
+    span = wait_done(after=after, queues=queues, tasks=tasks, expected=expected, groups=groups)
+    database.execute("delete_batch", after=after)
+    return span
 
 
 def counted_batch(
@@ -247,11 +250,13 @@ def counted_batch(
     after = database.last_job_id()
     with transaction.atomic():
         enqueue()
-        database.execute("park_jobs", parked=PARKED_QUEUE, after=after)
+        database.execute("park_jobs", parked=PARKED_QUEUE, after=after, tasks=list(tasks))
     before = [read() for read in counters]
     database.execute("release_jobs", queue=queue, parked=PARKED_QUEUE)
     database.execute("notify_queue", queue=queue, job_id=after + 1)
     wait_done(after=after, queues=[queue], tasks=tasks, expected=expected, groups=groups)
     # The last job's outcome is committed; give its reply time to pass the counters.
     time.sleep(settle)
-    return [read() - start for read, start in zip(counters, before, strict=True)]
+    counted = [read() - start for read, start in zip(counters, before, strict=True)]
+    database.execute("delete_batch", after=after)
+    return counted

@@ -295,7 +295,7 @@ def describe_waits(waits: dict[str, Any]) -> str:
     """``62 % of session samples waited on a lock (Lock:transactionid 40 %, …), most
     often in: <statement>`` — or that no lock wait was seen."""
     shares = waits.get("share_by_state", {})
-    locks = {state: share for state, share in shares.items() if state.startswith("Lock")}
+    locks = {s: share for s, share in shares.items() if s.startswith("Lock") and share >= 0.01}
     if not locks:
         return "no session was seen waiting on a lock"
     total = sum(locks.values())

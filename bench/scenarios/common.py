@@ -163,7 +163,9 @@ def counts_text(counts: dict[str, Any]) -> str:
 
 def top_work(counts: dict[str, Any], n: int = 5, width: int = 70) -> str:
     """The most frequent statements that do work (not BEGIN/COMMIT, not liveness checks)."""
-    work = [s for s in counts["top_statements"] if s["kind"] == "work"][:n]
+    work = [
+        s for s in counts["top_statements"] if s["kind"] == "work" and s["calls_per_unit"] >= 0.5
+    ][:n]
     return ", ".join(f"{s['calls_per_unit']:g}x `{s['statement'][:width]}`" for s in work)
 
 

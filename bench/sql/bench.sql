@@ -35,7 +35,11 @@ SELECT count(*)
 
 -- park_jobs --
 -- Move a batch's new jobs to a queue no worker takes (inside the batch's transaction).
-UPDATE procrastinate_jobs SET queue_name = %(parked)s WHERE id > %(after)s AND status = 'todo';
+UPDATE procrastinate_jobs
+   SET queue_name = %(parked)s
+ WHERE id > %(after)s
+   AND status = 'todo'
+   AND task_name = ANY(%(tasks)s);
 
 -- release_jobs --
 -- Hand a parked batch to its queue (no insert trigger: the workers are woken by notify_queue).
@@ -60,6 +64,20 @@ SELECT DISTINCT application_name
 -- delete_bench_jobs --
 -- The harness's own jobs (queues bench*), events and stall counts cascading.
 DELETE FROM procrastinate_jobs WHERE queue_name LIKE %(pattern)s;
+
+-- delete_batch --
+-- Every job a batch created (its jobs, their next hops), once it is measured: each batch
+-- meets the same job table, not one grown by the batches before it.
+DELETE FROM procrastinate_jobs WHERE id > %(after)s AND status <> 'doing';
+DELETE FROM bench_steps;
+
+-- delete_ticks_since --
+-- The periodic ticks the harness's workers deferred (every worker runs the periodic
+-- deferrer, whatever queues it takes); nothing of the harness's ever runs them.
+DELETE FROM procrastinate_jobs
+ WHERE id > %(after)s
+   AND status = 'todo'
+   AND task_name LIKE 'queueing.sweep_tick.%%';
 
 -- saved_jobs_insert --
 -- Terminal analysis jobs that still hold their body and results, past the sweep's grace
