@@ -141,12 +141,13 @@ def markdown(document: dict[str, Any], rows: Sequence[Row]) -> str:
         "",
         "<!-- Written by `make bench` (bench/report.py): edit the harness, not this page. -->",
         "",
-        "pgstage side by side with plain procrastinate, in one run: each scenario measures "
+        "pgstage side by side with plain procrastinate, in one run (`make bench`): each "
+        "scenario measures "
         "pgstage and, where one exists, a baseline that does nothing but what the scenario "
         "needs of both sides (a plain procrastinate task whose body does nothing; for the "
         "stage job, a no-op that defers its next hop). Both sides alternate — plain, "
         "pgstage, plain, pgstage, … — and each figure is the median of "
-        f"{run['sizes']['repetitions']} repetitions (min-max beside it). Worker start-up is "
+        f"{run['sizes']['repetitions']} repetition(s) (min-max beside it). Worker start-up is "
         "never measured: jobs are timed from procrastinate's events, the first job's start "
         "to the last job's end. No figure here is a test; nothing asserts a time.",
         "",
@@ -154,7 +155,9 @@ def markdown(document: dict[str, Any], rows: Sequence[Row]) -> str:
         f"`{git_facts['commit'][:12]}`{' (with local changes)' if git_facts['dirty'] else ''}"
         f"; PostgreSQL {server['version']}; {host['cpus']} CPU(s) ({host['cpu'] or 'unknown'}),"
         f" {host['memory_mb']} MB; load average at the start {load}; the run took "
-        f"{run['duration_s'] / 60:.1f} min.",
+        f"{run['duration_s'] / 60:.1f} min ("
+        + ", ".join(f"{g} {s / 60:.1f}" for g, s in run.get("groups_seconds", {}).items())
+        + ").",
     ]
     if run.get("note"):
         lines += ["", f"**Note:** {run['note']}"]
@@ -221,6 +224,7 @@ def markdown(document: dict[str, Any], rows: Sequence[Row]) -> str:
         )
     lines += _statements_section(rows)
     lines += _waits_section(rows)
+    lines += CAVEATS
     lines += [
         "",
         "## Other benchmarks",
@@ -231,6 +235,34 @@ def markdown(document: dict[str, Any], rows: Sequence[Row]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+CAVEATS = [
+    "",
+    "## Caveats",
+    "",
+    "- The baseline workers run procrastinate's own `Worker` (`bench/plain_settings.py`), "
+    "pgstage's run pgstage's (`queueing.worker`); both load the same Django project, so "
+    "their memory differs only by what each worker does.",
+    "- `bench.stage` runs the stage protocol with the framework's pieces "
+    "(`queueing.app.task`, `Ledger.claim`/`complete`, `queueing.enqueue`) as "
+    "`pipeline_stage_run` does, without an inquiry's work; when the stage path changes "
+    "(say, one statement for complete + enqueue), `bench/tasks.py` follows it. The "
+    "inquiry scenarios run the real pipeline.",
+    "- Enqueue, admission, the sweeps and `/metrics` run in the harness's own process; "
+    "admission's threads share one Python interpreter (and its lock), on both sides. On a "
+    "machine whose CPUs are already busy, threads add no throughput to either side and "
+    "the 8-versus-1 figures say little.",
+    "- Round trips count every connection of a worker, procrastinate's pool included: it "
+    "checks each connection it lends (an empty statement) and wraps each of its statements "
+    "in `BEGIN` … `COMMIT`, so a no-op job already costs about 12.",
+    "- Lock waits are samples every 20 ms (shares of samples, not durations).",
+    "- The sweep and `/metrics` scenarios bulk-insert rows with short bodies; what counts "
+    'as "saved" is spelled out in `bench/sql/bench.sql` and must follow the schema (the '
+    "scenario refuses to time a sweep that finds work).",
+    "- Absolute figures belong to the machine; ratios carry across machines only when the "
+    "machine is quiet (the load average is recorded above and in the JSON).",
+]
 
 
 def _statements_section(rows: Sequence[Row]) -> list[str]:
