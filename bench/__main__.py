@@ -18,7 +18,14 @@ import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
+
+from bench.harness import MODES, Row, Sizes, said
+
+if TYPE_CHECKING:
+    from bench.database import Server
+    from bench.scenarios.common import Context
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DATABASE = "pgstage_bench"
@@ -95,6 +102,75 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
+def _sizes(args: argparse.Namespace) -> Sizes:
+    sizes = MODES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    if args.repetitions:
+        sizes = replace(sizes, repetitions=args.repetitions)
+    if args.sweep_rows:
+        sizes = replace(sizes, sweep_large=args.sweep_rows)
+    return sizes
+
+
+def _document(
+    args: argparse.Namespace, sizes: Sizes, params: dict[str, Any], server: Server
+) -> dict[str, Any]:
+    """What the JSON and the page say about the run besides its rows."""
+    from bench import report
+
+    return {
+        "format": 1,
+        "started_at": datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat(),
+        "git": report.git(),
+        "machine": report.machine(),
+        "server": {
+            "version": server.version,
+            "database": params["dbname"],
+            "max_connections": server.max_connections,
+            "shared_preload_libraries": server.shared_preload_libraries,
+            "pg_stat_statements": server.statements,
+            "statements_note": server.statements_note,
+        },
+        "sizes": sizes.__dict__,
+        "note": args.note,
+        "groups_seconds": {},
+    }
+
+
+def _run_groups(
+    ctx: Context, groups: list[str], seconds: dict[str, float]
+) -> tuple[list[Row], bool]:
+    """Every group's rows; a group that fails leaves one row with its error."""
+    from bench.scenarios import admission, enqueueing, jobs, resume, scale
+
+    modules = {
+        "enqueue": enqueueing,
+        "admission": admission,
+        "resume": resume,
+        "jobs": jobs,
+        "scale": scale,
+    }
+    rows, failed = [], False
+    for group in groups:
+        started = time.monotonic()
+        try:
+            rows += modules[group].run(ctx)
+        except Exception as exc:
+            failed = True
+            said()
+            traceback.print_exc()
+            rows.append(
+                Row(
+                    key=f"{group}_error",
+                    scenario=f"{group} scenarios",
+                    unit="",
+                    measures="",
+                    error=f"{type(exc).__name__}: {_first_line(exc)}",
+                )
+            )
+        seconds[group] = round(time.monotonic() - started, 1)
+    return rows, failed
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     storage = Path(tempfile.mkdtemp(prefix="pgstage-bench-storage-"))
@@ -104,31 +180,15 @@ def main(argv: list[str] | None = None) -> int:
 
     django.setup()
     from django.core.management import call_command
+    from django.db import connection
 
     from bench import database, report
-    from bench.harness import MODES, Row, said
-    from bench.scenarios import admission, enqueueing, jobs, resume, scale
     from bench.scenarios.common import Context
     from bench.tasks import BenchStep
 
-    sizes = MODES["smoke" if args.smoke else "quick" if args.quick else "full"]
-    if args.repetitions:
-        sizes = replace(sizes, repetitions=args.repetitions)
-    if args.sweep_rows:
-        sizes = replace(sizes, sweep_large=args.sweep_rows)
+    sizes = _sizes(args)
     json_path, doc_path = _outputs(args, sizes.mode)
-    groups = args.only.split(",") if args.only else list(GROUPS)
-    modules = {
-        "enqueue": enqueueing,
-        "admission": admission,
-        "resume": resume,
-        "jobs": jobs,
-        "scale": scale,
-    }
-
     call_command("migrate", verbosity=0)
-    from django.db import connection
-
     with connection.schema_editor() as editor:
         if "bench_steps" in connection.introspection.table_names():
             editor.delete_model(BenchStep)
@@ -145,46 +205,12 @@ def main(argv: list[str] | None = None) -> int:
         log_dir=log_dir,
         application=APPLICATION,
     )
+    document = _document(args, sizes, params, server)
     started = time.monotonic()
-    started_at = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
-    document = {
-        "format": 1,
-        "started_at": started_at.isoformat(),
-        "git": report.git(),
-        "machine": report.machine(),
-        "server": {
-            "version": server.version,
-            "database": params["dbname"],
-            "max_connections": server.max_connections,
-            "shared_preload_libraries": server.shared_preload_libraries,
-            "pg_stat_statements": server.statements,
-            "statements_note": server.statements_note,
-        },
-        "sizes": sizes.__dict__,
-        "note": args.note,
-    }
-    rows: list[Row] = []
-    failed = False
-    document["groups_seconds"] = {}
     try:
-        for group in groups:
-            group_started = time.monotonic()
-            try:
-                rows += modules[group].run(ctx)
-            except Exception as exc:
-                failed = True
-                said()
-                traceback.print_exc()
-                rows.append(
-                    Row(
-                        key=f"{group}_error",
-                        scenario=f"{group} scenarios",
-                        unit="",
-                        measures="",
-                        error=f"{type(exc).__name__}: {_first_line(exc)}",
-                    )
-                )
-            document["groups_seconds"][group] = round(time.monotonic() - group_started, 1)
+        rows, failed = _run_groups(
+            ctx, args.only.split(",") if args.only else list(GROUPS), document["groups_seconds"]
+        )
     finally:
         said()
         database.purge_leftovers()

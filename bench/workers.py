@@ -9,7 +9,7 @@ group costs nothing but a heartbeat.
 Start-up is never measured: a batch is enqueued in one transaction (all its jobs become
 visible at once) and timed from procrastinate's events — the first job's start to the last
 job's end, on the database's clock. Each process is named on the server (``PGAPPNAME``),
-and its peak RSS is read from the kernel when it exits (``wait4``).
+and its peak RSS is read from the kernel (``VmHWM``) just before it is stopped.
 """
 
 from __future__ import annotations
@@ -138,19 +138,34 @@ def _wait_listening(groups: Sequence[WorkerGroup], timeout: float) -> None:
         time.sleep(0.2)
 
 
+def _peak_rss_kib(pid: int) -> int | None:
+    """The process's own resident-set high-water mark (``VmHWM``, Linux). Not wait4's
+    ``ru_maxrss``: that one also holds the harness's resident set at the fork that
+    started the worker, which is larger than a worker's."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def _stop(group: WorkerGroup, timeout: float = 60) -> None:
     for process in group.processes:
         if process.poll() is None:
+            peak = _peak_rss_kib(process.pid)
+            if peak is not None:
+                group.peak_rss_kib.append(peak)
             process.send_signal(signal.SIGTERM)
     for process in group.processes:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+                pid, status = os.waitpid(process.pid, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid:
-                group.peak_rss_kib.append(usage.ru_maxrss)
                 process.returncode = os.waitstatus_to_exitcode(status)
                 break
             if time.monotonic() > deadline:
