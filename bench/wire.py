@@ -42,6 +42,8 @@ _QUOTED = re.compile(r"'(?:[^']|'')*'")
 _NUMBER = re.compile(r"(?<![\w$])-?\d+(?:\.\d+)?(?![\w$])")
 _SPACE = re.compile(r"\s+")
 _VALUES_LIST = re.compile(r"\((?:\s*\?\s*,)+\s*\?\s*\)")
+#: Django names each savepoint after the thread and a counter: one name for them all.
+_SAVEPOINT = re.compile(r'((?:RELEASE |ROLLBACK TO )?SAVEPOINT) "[^"]+"', re.IGNORECASE)
 
 
 _CONTROL = ("BEGIN", "COMMIT", "END", "ROLLBACK", "SAVEPOINT", "RELEASE")
@@ -61,7 +63,7 @@ def kind(text: str) -> str:
 def normalise(text: str) -> str:
     """A statement's text with literals as ``?`` and whitespace collapsed."""
     text = _SPACE.sub(" ", _NUMBER.sub("?", _QUOTED.sub("?", text))).strip()
-    return _VALUES_LIST.sub("(?, …)", text)
+    return _SAVEPOINT.sub(r"\1 ?", _VALUES_LIST.sub("(?, …)", text))
 
 
 @dataclass(frozen=True)
