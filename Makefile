@@ -70,8 +70,11 @@ shell: install
 	@echo "python is $(CURDIR)/$(BIN)/python; run 'python manage.py help' (exit to leave)"
 	@PATH="$(CURDIR)/$(BIN):$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" $${SHELL:-/bin/sh}
 
-bench: migrate
-	$(BIN)/python -m bench
+## Every benchmark scenario, side by side with plain procrastinate (it migrates its own
+## database: DATABASE_URL, or pgstage_bench on the embedded server); writes
+## bench/results/latest.json and docs/benchmarks.md. BENCH_ARGS=--quick for development.
+bench: install
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 stop-db:
 	@if [ -f .data/pg/postmaster.pid ]; then \

@@ -1,19 +1,41 @@
-"""Tasks the throughput benchmark runs (loaded by workers via PGSTAGE_TASK_MODULES)."""
+"""The tasks the benchmark's workers run (loaded by workers via PGSTAGE_TASK_MODULES).
+
+Baselines are plain procrastinate tasks (``procrastinate_app.task``) whose body does
+nothing but what the scenario needs of both sides:
+
+* ``bench.noop`` — nothing at all (the sink the next hops land in, and the defer baseline);
+* ``bench.noop_next`` — defers its next hop with procrastinate's own ``defer``;
+* ``bench.hop`` — one hop of a plain chain: defers the next hop until the last.
+
+``bench.stage`` is pgstage's stage path with no work in it, as ``pipeline_stage_run`` runs
+a stage: the task wrapper of ``queueing.app.task``, the ledger claim committed on its own,
+then in one transaction ``complete`` and the next hop's enqueue with an EXCLUSIVE key.
+"""
 
 from __future__ import annotations
 
-from django.db import connection, models, transaction
+from django.db import models, transaction
 from procrastinate.contrib.django import app as procrastinate_app
 
 from queueing.app import task
+from queueing.enqueue import Policy, enqueue
 from queueing.keys import KeyFormat
 from queueing.ledger import Ledger, LedgerEntry
 
-BENCH_KEY = KeyFormat(prefix="bench", parts=("unit",))
+#: The singleton key of a bench stage job and of the next hop it enqueues.
+STAGE_KEY = KeyFormat(prefix="bench", parts=("hop", "unit"))
+#: The queue the next hops land in; no bench worker takes jobs from it.
+SINK_QUEUE = "bench_sink"
+NOOP = "bench.noop"
+NOOP_NEXT = "bench.noop_next"
+HOP = "bench.hop"
+STAGE = "bench.stage"
+#: Hops of a plain chain: as many as an inquiry has stages.
+CHAIN_HOPS = 4
 
 
 class BenchStep(LedgerEntry):
-    unit = models.CharField(max_length=50)
+    unit = models.CharField(max_length=64)
     stage = models.CharField(max_length=20)
 
     class Meta:
@@ -28,18 +50,39 @@ class BenchStep(LedgerEntry):
 LEDGER = Ledger(model=BenchStep, key_fields=("unit", "stage"))
 
 
-@procrastinate_app.task(name="bench.plain")
-def plain(unit: str) -> None:
-    """Plain procrastinate: the business write by hand, no idempotency."""
-    with connection.cursor() as cursor:
-        cursor.execute("INSERT INTO bench_plain (unit) VALUES (%s) ON CONFLICT DO NOTHING", [unit])
+@procrastinate_app.task(name=NOOP)
+def noop(**_: object) -> None:
+    """The true no-op."""
 
 
-@task(name="bench.stage")
-def stage(unit: str) -> None:
-    """pgstage's stage path: ledger claim, then complete in a transaction."""
+@procrastinate_app.task(name=NOOP_NEXT)
+def noop_next(unit: str) -> None:
+    """Does nothing but defer its next hop (the stage job's baseline)."""
+    noop.configure(queue=SINK_QUEUE).defer(unit=unit)
+
+
+@procrastinate_app.task(name=HOP, pass_context=True)
+def chain_hop(context, chain: str, hop: int) -> None:
+    """One hop of a plain chain; the next hop goes to the same queue."""
+    if hop < CHAIN_HOPS:
+        procrastinate_app.configure_task(HOP, queue=context.job.queue).defer(
+            chain=chain, hop=hop + 1
+        )
+
+
+@task(name=STAGE)
+def stage(unit: str) -> str:
+    """Claim, no work, then complete and enqueue the next hop in one transaction."""
     claim = LEDGER.claim(unit=unit, stage="s")
     if not claim.claimed:
-        return
+        return claim.outcome.value
     with transaction.atomic():
         LEDGER.complete(claim)
+        enqueue(
+            NOOP,
+            args={"unit": unit},
+            queue=SINK_QUEUE,
+            key=STAGE_KEY.build(hop="next", unit=unit),
+            policy=Policy.EXCLUSIVE,
+        )
+    return "completed"

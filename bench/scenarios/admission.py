@@ -1,0 +1,341 @@
+"""Admission (``runs.admission.analysis_job_admit``) against plain defers.
+
+* throughput: T threads released together, N admits in all, each for a user drawn (seeded)
+  from U funded users; timed from the release to the last thread's last return. The
+  baseline: T threads, N plain ``defer()`` of the no-op. Also with one thread (N/2 calls),
+  for the scaling.
+* the storm: S threads released together, each admitting once for the same user, each call
+  timed on its own thread; p99 (nearest rank) over every call of the repetition's storms.
+  The baseline: S threads, one plain defer each.
+* round trips: admits through a counting proxy (``bench.wire``): for a user whose slot is
+  free (born ``pending``, its ``process_job`` enqueued) and for a user with an active job
+  (born ``queued``); a plain defer the same way.
+
+Every repetition admits for fresh users of a fresh tenant (removed after it), so queues
+start empty. Sessions are opened before the release; ``pg_stat_activity`` is sampled
+meanwhile (``bench.waits``) to show what admits wait on.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from bench import database
+from bench.harness import Row, Series, Target, percentile, say, series
+from bench.scenarios.common import (
+    Context,
+    admit,
+    bench_tenant,
+    counts_text,
+    funded_users,
+    released_together,
+    through,
+    top_work,
+)
+from bench.tasks import noop
+from bench.waits import WaitSampler
+from bench.wire import Counts, WireCounter
+
+QUEUE = "bench_admit"
+
+
+def _defer(unit: object) -> None:
+    noop.configure(queue=QUEUE).defer(unit=str(unit))
+
+
+class _Waits:
+    """Lock waits sampled over a scenario's repetitions, per side."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.summaries: dict[str, list[dict[str, Any]]] = {"pgstage": [], "plain": []}
+
+    def sampler(self) -> WaitSampler:
+        return WaitSampler(self.ctx.params, application=self.ctx.application)
+
+    def add(self, side: str, sampler: WaitSampler) -> None:
+        self.summaries[side].append(sampler.summary())
+
+    def merged(self, side: str) -> dict[str, Any]:
+        """The repetitions' summaries in one (shares averaged, statements of the first)."""
+        runs = self.summaries[side]
+        if not runs:
+            return {}
+        states: dict[str, float] = {}
+        for run in runs:
+            for state, share in run["share_by_state"].items():
+                states[state] = states.get(state, 0.0) + share / len(runs)
+        return {
+            "samples": sum(r["samples"] for r in runs),
+            "active_sessions_mean": round(
+                sum(r["active_sessions_mean"] for r in runs) / len(runs), 2
+            ),
+            "share_by_state": dict(sorted(states.items(), key=lambda kv: -kv[1])),
+            "waiting_statements": max(runs, key=lambda r: r["samples"])["waiting_statements"],
+        }
+
+
+def _admit_rate(ctx: Context, waits: _Waits, *, threads: int, total: int, seed: int) -> float:
+    tenant = bench_tenant("admit")
+    try:
+        users = funded_users(tenant, ctx.sizes.admit_users, credits=total)
+        rng = random.Random(seed)
+        picks = [users[rng.randrange(len(users))] for _ in range(total)]
+        with waits.sampler() as sampler:
+            released = released_together(admit, [picks[t::threads] for t in range(threads)])
+        waits.add("pgstage", sampler)
+    finally:
+        database.purge_tenant(tenant.pk)
+    return total / released.wall
+
+
+def _defer_rate(waits: _Waits, *, threads: int, total: int) -> float:
+    with waits.sampler() as sampler:
+        released = released_together(
+            _defer, [list(range(t, total, threads)) for t in range(threads)]
+        )
+    waits.add("plain", sampler)
+    database.delete_bench_jobs()
+    return total / released.wall
+
+
+def _storm_admits(ctx: Context, waits: _Waits) -> list[float]:
+    size, storms = ctx.sizes.storm, ctx.sizes.storms
+    tenant = bench_tenant("storm")
+    latencies: list[float] = []
+    try:
+        for user in funded_users(tenant, storms, credits=size):
+            with waits.sampler() as sampler:
+                released = released_together(lambda _i, user=user: admit(user), [[0]] * size)
+            waits.add("pgstage", sampler)
+            latencies += released.latencies
+    finally:
+        database.purge_tenant(tenant.pk)
+    return latencies
+
+
+def _storm_defers(ctx: Context, waits: _Waits) -> list[float]:
+    latencies: list[float] = []
+    for _ in range(ctx.sizes.storms):
+        with waits.sampler() as sampler:
+            released = released_together(_defer, [[i] for i in range(ctx.sizes.storm)])
+        waits.add("plain", sampler)
+        latencies += released.latencies
+    database.delete_bench_jobs()
+    return latencies
+
+
+def _counted(ctx: Context) -> dict[str, tuple[Counts, int]]:
+    """Wire counts (and Django's captured statements) of k admits per case, and k defers."""
+    k = ctx.sizes.counted_admits
+    tenant = bench_tenant("count")
+    totals: dict[str, tuple[Counts, int]] = {}
+    try:
+        users = funded_users(tenant, k, credits=2)
+        with WireCounter(ctx.params) as counter:
+
+            def measure(name: str, call) -> None:
+                before = counter.snapshot()
+                with CaptureQueriesContext(connection) as captured:
+                    call()
+                counts, django = totals.get(name, (Counts(), 0))
+                totals[name] = (counts + (counter.snapshot() - before), django + len(captured))
+
+            def body() -> None:
+                for user in users:
+                    measure("free", lambda user=user: admit(user))
+                    measure("queued", lambda user=user: admit(user))
+                    measure("defer", lambda: _defer("counted"))
+
+            through(counter, body)
+    finally:
+        database.purge_tenant(tenant.pk)
+        database.delete_bench_jobs()
+    return totals
+
+
+def run(ctx: Context) -> list[Row]:
+    sizes = ctx.sizes
+    threads, total = sizes.admit_threads, sizes.admits
+    single = max(1, total // 2)
+    waits = _Waits(ctx)
+    storm_waits = _Waits(ctx)
+    rates: dict[str, list[float]] = {"plain_t": [], "pg_t": [], "plain_1": [], "pg_1": []}
+    p99s: dict[str, list[float]] = {"plain": [], "pgstage": []}
+    p50s: dict[str, list[float]] = {"plain": [], "pgstage": []}
+    counts: dict[str, list[dict[str, Any]]] = {"free": [], "queued": [], "defer": []}
+    django: dict[str, list[float]] = {"free": [], "queued": [], "defer": []}
+    single_waits = _Waits(ctx)
+    for rep in range(sizes.repetitions):
+        say(f"admission: repetition {rep + 1}/{sizes.repetitions}, {threads} threads")
+        rates["plain_t"].append(_defer_rate(waits, threads=threads, total=total))
+        rates["pg_t"].append(_admit_rate(ctx, waits, threads=threads, total=total, seed=rep))
+        say(f"admission: repetition {rep + 1}/{sizes.repetitions}, 1 thread")
+        rates["plain_1"].append(_defer_rate(single_waits, threads=1, total=single))
+        rates["pg_1"].append(_admit_rate(ctx, single_waits, threads=1, total=single, seed=rep))
+        say(f"admission: repetition {rep + 1}/{sizes.repetitions}, storms of {sizes.storm}")
+        for side, storm in (("plain", _storm_defers), ("pgstage", _storm_admits)):
+            latencies = storm(ctx, storm_waits)
+            p99s[side].append(percentile(latencies, 99) * 1000)
+            p50s[side].append(percentile(latencies, 50) * 1000)
+        say(f"admission: repetition {rep + 1}/{sizes.repetitions}, round trips")
+        for case, (counted, captured) in _counted(ctx).items():
+            n = sizes.counted_admits
+            counts[case].append(counted.per(n))
+            django[case].append(captured / n)
+
+    scaling = [t / one for t, one in zip(rates["pg_t"], rates["pg_1"], strict=True)]
+    plain_scaling = [t / one for t, one in zip(rates["plain_t"], rates["plain_1"], strict=True)]
+    trips = {case: _median_profile(counts[case], django[case]) for case in counts}
+    rows = [
+        Row(
+            key="admit_throughput",
+            scenario=f"admits/s, {threads} threads over {sizes.admit_users} users",
+            unit="admits/s",
+            measures=(
+                f"{total:,} admits from {threads} threads released together, users drawn "
+                f"from {sizes.admit_users} funded ones; release → last return"
+            ),
+            parameters={"threads": threads, "users": sizes.admit_users, "admits": total},
+            result=series(rates["pg_t"]),
+            baseline_label=f"plain defers/s, {threads} threads",
+            baseline=series(rates["plain_t"]),
+            target=Target(on="ratio", op=">=", value=0.5),
+            profile={"waits": waits.merged("pgstage"), "baseline_waits": waits.merged("plain")},
+        ),
+        Row(
+            key="admit_throughput_single",
+            scenario="admits/s, 1 thread",
+            unit="admits/s",
+            measures=f"{single:,} admits from one thread; first call → last return",
+            parameters={"threads": 1, "users": sizes.admit_users, "admits": single},
+            result=series(rates["pg_1"]),
+            baseline_label="plain defers/s, 1 thread",
+            baseline=series(rates["plain_1"]),
+            profile={"waits": single_waits.merged("pgstage")},
+        ),
+        Row(
+            key="admit_scaling",
+            scenario=f"admits/s, {threads} threads vs 1 thread",
+            unit="x",
+            measures=(
+                f"admits/s with {threads} threads ÷ admits/s with one thread, per repetition"
+            ),
+            parameters={"threads": threads},
+            result=series(scaling),
+            baseline_label=f"plain defers, {threads} vs 1 thread",
+            baseline=series(plain_scaling),
+            target=Target(on="figure", op=">=", value=1.3),
+        ),
+        Row(
+            key="admit_storm_p99",
+            scenario=f"{sizes.storm} admits for one user at once, p99",
+            unit="ms",
+            measures=(
+                f"{sizes.storm} threads released together, one admit each for the same user; "
+                f"each call timed on its thread; p99 (nearest rank) over {sizes.storms} "
+                "storm(s) per repetition"
+            ),
+            parameters={"threads": sizes.storm, "storms_per_repetition": sizes.storms},
+            result=series(p99s["pgstage"]),
+            baseline_label=f"{sizes.storm} plain defers at once, p99",
+            baseline=series(p99s["plain"]),
+            target=Target(on="ratio", op="<=", value=1.0),
+            profile={
+                "p50_ms": {side: Series(tuple(v)).median for side, v in p50s.items()},
+                "waits": storm_waits.merged("pgstage"),
+                "baseline_waits": storm_waits.merged("plain"),
+            },
+        ),
+    ]
+    for case, label in (
+        ("free", "slot free: born pending, process_job enqueued"),
+        ("queued", "queued behind the user's active job"),
+    ):
+        rows.append(
+            Row(
+                key=f"admit_round_trips_{case}",
+                scenario=f"round trips per admit ({label})",
+                unit="round trips",
+                measures=(
+                    "client → server round trips of one analysis_job_admit call, counted on "
+                    "the wire (BEGIN, COMMIT and savepoints included); mean over "
+                    f"{sizes.counted_admits} admit(s) per repetition"
+                ),
+                parameters={"admits_per_repetition": sizes.counted_admits},
+                result=series([c["round_trips"] for c in counts[case]]),
+                baseline_label="plain defer",
+                baseline=series([c["round_trips"] for c in counts["defer"]]),
+                target=Target(on="figure", op="<=", value=6),
+                profile={"counts": {"pgstage": trips[case], "baseline": trips["defer"]}},
+            )
+        )
+    _explain(rows, trips)
+    return rows
+
+
+def _median_profile(per_rep: list[dict[str, Any]], django: list[float]) -> dict[str, Any]:
+    middle = sorted(per_rep, key=lambda c: c["round_trips"])[len(per_rep) // 2]
+    return {
+        "round_trips": middle["round_trips"],
+        "statements": middle["statements"],
+        "transactions": middle["transactions"],
+        "commits": middle["commits"],
+        "statements_by_kind": middle["statements_by_kind"],
+        "django_captured_statements": Series(tuple(django)).median,
+        "top_statements": middle["top_statements"],
+    }
+
+
+def describe_waits(waits: dict[str, Any]) -> str:
+    """``62 % of session samples waited on a lock (Lock:transactionid 40 %, …), most
+    often in: <statement>`` — or that no lock wait was seen."""
+    shares = waits.get("share_by_state", {})
+    locks = {s: share for s, share in shares.items() if s.startswith("Lock") and share >= 0.01}
+    if not locks:
+        return "no session was seen waiting on a lock"
+    total = sum(locks.values())
+    detail = ", ".join(f"{state} {share:.0%}" for state, share in locks.items())
+    text = f"{total:.0%} of the sampled admit sessions waited on a lock ({detail})"
+    statements = waits.get("waiting_statements") or []
+    if statements:
+        text += f", most often in `{statements[0]['statement'][:110]}`"
+    idle = shares.get("client: idle in transaction", 0)
+    if idle:
+        text += f"; {idle:.0%} held their transaction open while Python worked"
+    return text
+
+
+def _explain(rows: list[Row], trips: dict[str, dict[str, Any]]) -> None:
+    by_key = {row.key: row for row in rows}
+    free = by_key["admit_round_trips_free"]
+    for row in rows:
+        if row.met is not False:
+            continue
+        if row.key == "admit_throughput":
+            row.cause = (
+                f"not yet optimised. Each admit is one transaction of "
+                f"{free.figure:g} round trips (the plain defer: "
+                f"{free.baseline.median:g}), and they serialise: "
+                + describe_waits(row.profile["waits"])
+            )
+        elif row.key == "admit_scaling":
+            row.cause = "admits of different users still wait for each other: " + describe_waits(
+                by_key["admit_throughput"].profile["waits"]
+            )
+        elif row.key == "admit_storm_p99":
+            row.cause = (
+                "the admits of one user run one after the other under the user's queue lock, "
+                f"each holding it for its {free.figure:g} round trips: "
+                + describe_waits(row.profile["waits"])
+            )
+        elif row.key.startswith("admit_round_trips"):
+            counts = row.profile["counts"]["pgstage"]
+            row.cause = (
+                f"not yet optimised: {counts_text(counts)}; the work statements: "
+                + top_work(counts, n=12, width=60)
+            )

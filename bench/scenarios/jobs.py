@@ -1,0 +1,535 @@
+"""Jobs on real worker processes (``bench.workers``), pgstage against plain procrastinate.
+
+* stage jobs: a batch of N ``bench.stage`` jobs (claim → no work → complete + enqueue the
+  next hop, EXCLUSIVE key) against N ``bench.noop_next`` (a no-op that defers its next
+  hop); jobs/s = N ÷ (last job's end - first job's start), from procrastinate's events.
+  With one process at concurrency 1 and 4, and with 2 and 4 processes at concurrency 1
+  (the scaling figures).
+* inquiries: N inquiries submitted through ``anfrage_submit`` (one small text file each),
+  all four stages run by one worker (concurrency 1), against N plain 4-hop chains;
+  inquiries/s = N ÷ (last end - first start).
+* one inquiry at a time on an idle, warm worker: from the database clock just before
+  ``anfrage_submit`` to the end of its ``calculate`` job, against a plain 4-hop chain from
+  just before its first defer to the end of its fourth hop; p50 per repetition.
+* worker peak RSS: every worker process of the sessions above, read at exit.
+* round trips per job: the same jobs with each side's workers connected through a
+  counting proxy (``bench.wire``); and pg_stat_statements' calls when the server has it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from bench import database
+from bench.harness import Row, Series, Target, alternate, percentile, say, series
+from bench.scenarios.common import Context, bench_tenant, counts_text, top_work
+from bench.tasks import (
+    CHAIN_HOPS,
+    HOP,
+    NOOP_NEXT,
+    STAGE,
+    STAGE_KEY,
+    chain_hop,
+    noop_next,
+)
+from bench.wire import WireCounter
+from bench.workers import BenchError, GroupSpec, WorkerGroup, counted_batch, run_batch, running
+from pipeline.models import Stage
+from pipeline.services import TASK_NAMES, Upload, anfrage_submit
+from queueing.enqueue import Policy, enqueue
+
+PLAIN_QUEUE = "bench_plain"
+STAGE_QUEUE = "bench_stage"
+#: The pipeline's stages run on their tasks' queue.
+PIPELINE_QUEUE = "default"
+PIPELINE_TASKS = list(TASK_NAMES.values())
+CALCULATE = TASK_NAMES[Stage.CALCULATE]
+ITEMS = b"12 pcs steel beam HEA 200, 6 m\n30 m Flachstahl 40x5\n200 Stk Schrauben M12 V2A\n"
+
+
+# --- batches ------------------------------------------------------------------------
+
+
+def _stage_jobs(n: int) -> Callable[[], None]:
+    tag = uuid.uuid4().hex[:8]
+
+    def enqueue_all() -> None:
+        for i in range(n):
+            unit = f"{tag}-{i}"
+            enqueue(
+                STAGE,
+                args={"unit": unit},
+                queue=STAGE_QUEUE,
+                key=STAGE_KEY.build(hop="stage", unit=unit),
+                policy=Policy.EXCLUSIVE,
+            )
+
+    return enqueue_all
+
+
+def _noop_jobs(n: int) -> Callable[[], None]:
+    tag = uuid.uuid4().hex[:8]
+
+    def defer_all() -> None:
+        for i in range(n):
+            noop_next.configure(queue=PLAIN_QUEUE).defer(unit=f"{tag}-{i}")
+
+    return defer_all
+
+
+def _chains(n: int) -> Callable[[], None]:
+    tag = uuid.uuid4().hex[:8]
+
+    def defer_all() -> None:
+        for i in range(n):
+            chain_hop.configure(queue=PLAIN_QUEUE).defer(chain=f"{tag}-{i}", hop=1)
+
+    return defer_all
+
+
+def _inquiries(tenant, n: int) -> Callable[[], None]:
+    def submit_all() -> None:
+        for _ in range(n):
+            _submit(tenant)
+
+    return submit_all
+
+
+def _submit(tenant):
+    return anfrage_submit(
+        tenant=tenant, uploads=[Upload(filename="items.txt", data=ITEMS)], actor="bench"
+    )
+
+
+def _specs(
+    ctx: Context,
+    name: str,
+    *,
+    processes: int,
+    concurrency: int,
+    pipeline: bool = False,
+    urls: dict[str, str] | None = None,
+) -> list[GroupSpec]:
+    urls = urls or {"plain": ctx.database_url, "pgstage": ctx.database_url}
+    return [
+        GroupSpec(
+            side="plain",
+            name=f"{name}-plain",
+            queues=(PLAIN_QUEUE,),
+            processes=processes,
+            concurrency=concurrency,
+            database_url=urls["plain"],
+        ),
+        GroupSpec(
+            side="pgstage",
+            name=f"{name}-pgstage",
+            queues=(STAGE_QUEUE, PIPELINE_QUEUE) if pipeline else (STAGE_QUEUE,),
+            processes=processes,
+            concurrency=concurrency,
+            database_url=urls["pgstage"],
+        ),
+    ]
+
+
+def _warm_up(groups: list[WorkerGroup], *, tenant=None) -> None:
+    """A first batch per side (imports, connections, caches), not measured."""
+    slots = len(groups[0].processes) * groups[0].concurrency
+    n = 3 * slots
+    run_batch(_noop_jobs(n), queues=[PLAIN_QUEUE], tasks=[NOOP_NEXT], expected=n, groups=groups)
+    run_batch(_stage_jobs(n), queues=[STAGE_QUEUE], tasks=[STAGE], expected=n, groups=groups)
+    if tenant is not None:
+        run_batch(_chains(1), queues=[PLAIN_QUEUE], tasks=[HOP], expected=CHAIN_HOPS, groups=groups)
+        run_batch(
+            _inquiries(tenant, 1),
+            queues=[PIPELINE_QUEUE],
+            tasks=PIPELINE_TASKS,
+            expected=len(PIPELINE_TASKS),
+            groups=groups,
+        )
+
+
+# --- measurements -------------------------------------------------------------------
+
+
+def _stage_rates(ctx: Context, groups: list[WorkerGroup]) -> tuple[Series, Series]:
+    n = ctx.sizes.stage_jobs
+
+    def plain(_r: int) -> float:
+        return run_batch(
+            _noop_jobs(n), queues=[PLAIN_QUEUE], tasks=[NOOP_NEXT], expected=n, groups=groups
+        ).rate
+
+    def pgstage(_r: int) -> float:
+        return run_batch(
+            _stage_jobs(n), queues=[STAGE_QUEUE], tasks=[STAGE], expected=n, groups=groups
+        ).rate
+
+    return alternate(ctx.sizes.repetitions, plain, pgstage)
+
+
+def _inquiry_rates(ctx: Context, groups: list[WorkerGroup], tenant) -> tuple[Series, Series]:
+    n = ctx.sizes.inquiries
+    jobs = n * CHAIN_HOPS
+
+    def plain(_r: int) -> float:
+        span = run_batch(
+            _chains(n), queues=[PLAIN_QUEUE], tasks=[HOP], expected=jobs, groups=groups
+        )
+        return n / span.seconds
+
+    def pgstage(_r: int) -> float:
+        span = run_batch(
+            _inquiries(tenant, n),
+            queues=[PIPELINE_QUEUE],
+            tasks=PIPELINE_TASKS,
+            expected=n * len(PIPELINE_TASKS),
+            groups=groups,
+        )
+        return n / span.seconds
+
+    return alternate(ctx.sizes.repetitions, plain, pgstage)
+
+
+def _end_of(after: int, task: str, args: dict[str, Any], groups: list[WorkerGroup]):
+    """The database time the job of ``task`` with ``args`` ended; waits for it."""
+    deadline = time.monotonic() + 120
+    checked = time.monotonic()
+    while True:
+        end = database.fetch_value("job_end", after=after, task=task, args=json.dumps(args))
+        if end is not None:
+            return end
+        if time.monotonic() - checked > 1:
+            checked = time.monotonic()
+            if database.fetch_value("job_broken", after=after):
+                raise BenchError(f"a bench job after {after} failed or was retried")
+            for group in groups:
+                group.check_alive()
+        if time.monotonic() > deadline:
+            raise BenchError(f"{task} {args} did not end within 120 s")
+        time.sleep(0.005)
+
+
+def _latencies(ctx: Context, groups: list[WorkerGroup], tenant) -> tuple[Series, Series]:
+    k = ctx.sizes.latency_samples
+
+    def chain_ms() -> float:
+        after = database.last_job_id()
+        chain = uuid.uuid4().hex[:12]
+        start = database.fetch_value("now")
+        chain_hop.configure(queue=PLAIN_QUEUE).defer(chain=chain, hop=1)
+        end = _end_of(after, HOP, {"chain": chain, "hop": CHAIN_HOPS}, groups)
+        database.execute("delete_batch", after=after)
+        return (end - start).total_seconds() * 1000
+
+    def inquiry_ms() -> float:
+        after = database.last_job_id()
+        start = database.fetch_value("now")
+        anfrage = _submit(tenant)
+        end = _end_of(after, CALCULATE, {"anfrage_id": anfrage.id}, groups)
+        database.execute("delete_batch", after=after)
+        return (end - start).total_seconds() * 1000
+
+    return alternate(
+        ctx.sizes.repetitions,
+        lambda _r: percentile([chain_ms() for _ in range(k)], 50),
+        lambda _r: percentile([inquiry_ms() for _ in range(k)], 50),
+    )
+
+
+def _counted(ctx: Context, tenant) -> dict[str, list[dict[str, Any]]]:
+    """Per repetition, each side's counts per job (stage, no-op) and per inquiry/chain."""
+    k, k_inq = ctx.sizes.counted_jobs, ctx.sizes.counted_inquiries
+    found: dict[str, list[dict[str, Any]]] = {"stage": [], "noop": [], "inquiry": [], "chain": []}
+    with WireCounter(ctx.params) as plain_wire, WireCounter(ctx.params) as stage_wire:
+        specs = _specs(
+            ctx,
+            "counted",
+            processes=1,
+            concurrency=1,
+            pipeline=True,
+            urls={"plain": plain_wire.url, "pgstage": stage_wire.url},
+        )
+        with running(specs, log_dir=ctx.log_dir) as groups:
+            _warm_up(groups, tenant=tenant)
+
+            def measure(name: str, wire: WireCounter, units: int, **batch: Any) -> None:
+                counters = [wire.snapshot]
+                if ctx.server.statements:
+                    counters.append(database.statement_calls)
+                diffs = counted_batch(groups=groups, counters=counters, **batch)
+                entry = diffs[0].per(units)
+                if ctx.server.statements:
+                    calls = diffs[1]
+                    checks = {q for q in calls if database.FOREIGN_KEY_CHECK.match(q)}
+                    sent = {q: n for q, n in calls.items() if q not in checks}
+                    entry["pg_stat_statements"] = {
+                        "statements": sum(sent.values()) / units,
+                        "foreign_key_checks": sum(calls[q] for q in checks) / units,
+                        "top_statements": [
+                            {"calls_per_unit": round(n / units, 3), "statement": q[:240]}
+                            for q, n in sorted(sent.items(), key=lambda kv: -kv[1])[:12]
+                        ],
+                    }
+                found[name].append(entry)
+
+            batches = (
+                ("noop", plain_wire, k, _noop_jobs, PLAIN_QUEUE, [NOOP_NEXT], 1),
+                ("stage", stage_wire, k, _stage_jobs, STAGE_QUEUE, [STAGE], 1),
+                ("chain", plain_wire, k_inq, _chains, PLAIN_QUEUE, [HOP], CHAIN_HOPS),
+                (
+                    "inquiry",
+                    stage_wire,
+                    k_inq,
+                    lambda n: _inquiries(tenant, n),
+                    PIPELINE_QUEUE,
+                    PIPELINE_TASKS,
+                    len(PIPELINE_TASKS),
+                ),
+            )
+            for rep in range(ctx.sizes.repetitions):
+                say(f"round trips: repetition {rep + 1}/{ctx.sizes.repetitions}")
+                for name, wire, units, batch, queue, tasks, jobs_per_unit in batches:
+                    measure(
+                        name,
+                        wire,
+                        units,
+                        enqueue=batch(units),
+                        queue=queue,
+                        tasks=tasks,
+                        expected=units * jobs_per_unit,
+                    )
+    return found
+
+
+# --- the scenario -------------------------------------------------------------------
+
+
+def run(ctx: Context) -> list[Row]:
+    sizes = ctx.sizes
+    tenant = bench_tenant("pipeline")
+    rss: dict[str, list[float]] = {"plain": [], "pgstage": []}
+    rates: dict[str, tuple[Series, Series]] = {}
+
+    def session(name: str, processes: int, concurrency: int, body) -> None:
+        say(f"workers: starting {name} ({processes} x concurrency {concurrency})")
+        specs = _specs(
+            ctx, name, processes=processes, concurrency=concurrency, pipeline=name == "c1"
+        )
+        with running(specs, log_dir=ctx.log_dir) as groups:
+            _warm_up(groups, tenant=tenant if name == "c1" else None)
+            say(f"workers: measuring {name}")
+            body(groups)
+        for group in groups:
+            rss[group.side] += [kib / 1024 for kib in group.peak_rss_kib]
+
+    try:
+
+        def c1(groups):
+            rates["c1"] = _stage_rates(ctx, groups)
+            rates["inquiries"] = _inquiry_rates(ctx, groups, tenant)
+            rates["latency"] = _latencies(ctx, groups, tenant)
+
+        session("c1", 1, 1, c1)
+        session("c4", 1, 4, lambda groups: rates.__setitem__("c4", _stage_rates(ctx, groups)))
+        for processes in sizes.worker_processes:
+            if processes > 1:
+                session(
+                    f"p{processes}",
+                    processes,
+                    1,
+                    lambda groups, p=processes: rates.__setitem__(
+                        f"p{p}", _stage_rates(ctx, groups)
+                    ),
+                )
+        counted = _counted(ctx, tenant)
+    finally:
+        database.purge_tenant(tenant.pk)
+        database.delete_bench_jobs()
+    return _rows(ctx, rates, rss, counted)
+
+
+def _per_job(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median repetition's counts."""
+    return sorted(entries, key=lambda e: e["round_trips"])[len(entries) // 2]
+
+
+def _rows(
+    ctx: Context,
+    rates: dict[str, tuple[Series, Series]],
+    rss: dict[str, list[float]],
+    counted: dict[str, list[dict[str, Any]]],
+) -> list[Row]:
+    sizes = ctx.sizes
+    n = sizes.stage_jobs
+    stage_counts, noop_counts = _per_job(counted["stage"]), _per_job(counted["noop"])
+    inquiry_counts, chain_counts = _per_job(counted["inquiry"]), _per_job(counted["chain"])
+    stage_name = "stage job (claim → work → complete + enqueue next)"
+    baseline_label = "no-op that defers its next hop"
+    rows = []
+    for key, concurrency in (("c1", 1), ("c4", 4)):
+        measured, baseline = rates[key]
+        rows.append(
+            Row(
+                key=f"stage_jobs_{key}",
+                scenario=f"{stage_name}, concurrency {concurrency}",
+                unit="jobs/s",
+                measures=(
+                    f"{n:,} jobs enqueued in one transaction, one worker process at concurrency "
+                    f"{concurrency}; first job's start → last job's end (procrastinate's events)"
+                ),
+                parameters={"jobs": n, "processes": 1, "concurrency": concurrency},
+                result=measured,
+                baseline_label=baseline_label,
+                baseline=baseline,
+                target=Target(on="ratio", op=">=", value=0.8),
+            )
+        )
+    one_measured, one_baseline = rates["c1"]
+    for processes in sizes.worker_processes:
+        if processes == 1:
+            continue
+        measured, baseline = rates[f"p{processes}"]
+        rows.append(
+            Row(
+                key=f"stage_jobs_p{processes}",
+                scenario=f"stage jobs/s, {processes} worker processes (concurrency 1 each)",
+                unit="jobs/s",
+                measures=(
+                    f"{n:,} stage jobs (baseline: no-op jobs) enqueued in one transaction, "
+                    f"{processes} worker processes; first start → last end"
+                ),
+                parameters={"jobs": n, "processes": processes, "concurrency": 1},
+                result=measured,
+                baseline_label=f"{baseline_label}, {processes} processes",
+                baseline=baseline,
+                profile={
+                    "scaling_vs_one_process": measured.median / one_measured.median,
+                    "baseline_scaling_vs_one_process": baseline.median / one_baseline.median,
+                },
+            )
+        )
+    rows.append(
+        Row(
+            key="worker_peak_rss",
+            scenario="worker peak RSS",
+            unit="MB",
+            measures=(
+                "peak resident set size of each worker process of the stage and inquiry "
+                "sessions (the kernel's VmHWM, read just before the process is stopped); one "
+                "sample per process"
+            ),
+            parameters={"processes_per_side": len(rss["pgstage"])},
+            result=series(rss["pgstage"]) if rss["pgstage"] else None,
+            baseline_label="plain procrastinate worker",
+            baseline=series(rss["plain"]) if rss["plain"] else None,
+            target=Target(on="ratio", op="<=", value=1.1),
+            error=None if rss["pgstage"] else "no VmHWM to read: peak RSS needs Linux's /proc",
+        )
+    )
+    measured, baseline = rates["inquiries"]
+    rows.append(
+        Row(
+            key="inquiries_throughput",
+            scenario="four-stage inquiries/s, one worker",
+            unit="inquiries/s",
+            measures=(
+                f"{sizes.inquiries} inquiries submitted in one transaction (anfrage_submit, "
+                "one 3-line text file each), one worker at concurrency 1 runs all four "
+                "stages; first job's start → last job's end"
+            ),
+            parameters={"inquiries": sizes.inquiries, "processes": 1, "concurrency": 1},
+            result=measured,
+            baseline_label="plain 4-hop no-op chains/s",
+            baseline=baseline,
+            target=Target(on="ratio", op=">=", value=0.6),
+        )
+    )
+    measured, baseline = rates["latency"]
+    rows.append(
+        Row(
+            key="inquiry_latency_p50",
+            scenario="one inquiry, submit → calculate success, p50",
+            unit="ms",
+            measures=(
+                "an idle, warm worker (concurrency 1); database clock just before "
+                "anfrage_submit → the calculate job's end; the baseline: just before the first "
+                f"defer → the fourth hop's end; p50 of {sizes.latency_samples} per repetition"
+            ),
+            parameters={"samples_per_repetition": sizes.latency_samples},
+            result=measured,
+            baseline_label="plain 4-hop chain",
+            baseline=baseline,
+            target=Target(on="ratio", op="<=", value=2.0),
+        )
+    )
+    rows.append(
+        Row(
+            key="stage_round_trips",
+            scenario="round trips per stage job",
+            unit="round trips",
+            measures=(
+                f"{sizes.counted_jobs} stage jobs (baseline: no-op jobs that defer their next "
+                "hop) through a counting proxy between worker and server, every connection of "
+                "the worker (pool, LISTEN, Django) included; per job"
+            ),
+            parameters={"jobs_per_repetition": sizes.counted_jobs},
+            result=series([e["round_trips"] for e in counted["stage"]]),
+            baseline_label=baseline_label,
+            baseline=series([e["round_trips"] for e in counted["noop"]]),
+            target=Target(on="figure", op="<=", value=8),
+            profile={"counts": {"pgstage": stage_counts, "baseline": noop_counts}},
+        )
+    )
+    rows.append(
+        Row(
+            key="inquiry_round_trips",
+            scenario="round trips per inquiry (four stage jobs)",
+            unit="round trips",
+            measures=(
+                f"{sizes.counted_inquiries} inquiries (baseline: 4-hop chains) through the "
+                "counting proxy; per inquiry, all four stages"
+            ),
+            parameters={"inquiries_per_repetition": sizes.counted_inquiries},
+            result=series([e["round_trips"] for e in counted["inquiry"]]),
+            baseline_label="plain 4-hop chain",
+            baseline=series([e["round_trips"] for e in counted["chain"]]),
+            profile={"counts": {"pgstage": inquiry_counts, "baseline": chain_counts}},
+        )
+    )
+    _explain(rows, stage_counts, noop_counts, inquiry_counts, chain_counts)
+    return rows
+
+
+def _explain(rows, stage_counts, noop_counts, inquiry_counts, chain_counts) -> None:
+    for row in rows:
+        if row.met is not False:
+            continue
+        if row.key.startswith("stage_jobs") or row.key == "stage_round_trips":
+            row.cause = (
+                f"not yet optimised: a stage job takes {counts_text(stage_counts)}; the no-op "
+                f"{counts_text(noop_counts)}. The stage job's work statements: "
+                f"{top_work(stage_counts, n=8)}"
+            )
+            if row.key == "stage_round_trips" and row.baseline.median > row.target.value:
+                row.cause += (
+                    ". The no-op itself exceeds the target: procrastinate's worker pool "
+                    "checks each connection it lends (an empty statement) and wraps each of "
+                    "its statements in BEGIN … COMMIT, so the worker's side of a job "
+                    "(fetch, finish) costs 8 round trips on both sides"
+                )
+        elif row.key.startswith("inquir"):
+            row.cause = (
+                f"not yet optimised: an inquiry's four stage jobs take "
+                f"{counts_text(inquiry_counts)}; the plain chain {counts_text(chain_counts)}; "
+                f"and the stages do their work (files, positions, catalog). The most frequent "
+                f"work statements: {top_work(inquiry_counts, n=6)}"
+            )
+        elif row.key == "worker_peak_rss":
+            row.cause = (
+                f"pgstage's workers peak at {row.figure:.1f} MB against "
+                f"{row.baseline.median:.1f} MB"
+            )

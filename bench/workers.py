@@ -1,0 +1,277 @@
+"""Real worker processes for the scenarios that run jobs, and the clock they are read by.
+
+A *group* is one side's worker processes (``manage.py procrastinate worker``): the
+baseline runs procrastinate's own worker (``bench.plain_settings``), pgstage runs its own
+(``config.settings``). Both sides' groups are started together, wait until each process
+has its LISTEN session up, run a warm-up batch, and then take batches in turn; an idle
+group costs nothing but a heartbeat.
+
+Start-up is never measured: a batch is enqueued in one transaction (all its jobs become
+visible at once) and timed from procrastinate's events — the first job's start to the last
+job's end, on the database's clock. Each process is named on the server (``PGAPPNAME``),
+and its peak RSS is read from the kernel (``VmHWM``) just before it is stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.db import transaction
+
+from bench import database
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = {"plain": "bench.plain_settings", "pgstage": "config.settings"}
+#: A queue no worker takes: a counted batch waits here until the counters are read.
+PARKED_QUEUE = "bench_parked"
+APP_PREFIX = "pgstage-bench"
+
+
+class BenchError(Exception):
+    """A scenario could not measure what it should (a worker died, a job failed)."""
+
+
+@dataclass(kw_only=True)
+class WorkerGroup:
+    side: str
+    name: str
+    queues: tuple[str, ...]
+    concurrency: int
+    processes: list[subprocess.Popen] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+    peak_rss_kib: list[int] = field(default_factory=list)
+
+    @property
+    def app_prefix(self) -> str:
+        return f"{APP_PREFIX}-{self.name}-"
+
+    def log_tail(self, lines: int = 15) -> str:
+        tails = []
+        for path in self.logs:
+            text = path.read_text(errors="replace") if path.exists() else ""
+            tails.append(f"--- {path} ---\n" + "\n".join(text.splitlines()[-lines:]))
+        return "\n".join(tails)
+
+    def check_alive(self) -> None:
+        for process in self.processes:
+            if process.poll() is not None:
+                raise BenchError(
+                    f"worker group {self.name} lost a process (exit {process.returncode}):\n"
+                    + self.log_tail()
+                )
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupSpec:
+    side: str
+    name: str
+    queues: tuple[str, ...]
+    processes: int
+    concurrency: int
+    database_url: str
+
+
+def _start(spec: GroupSpec, log_dir: Path) -> WorkerGroup:
+    group = WorkerGroup(
+        side=spec.side, name=spec.name, queues=spec.queues, concurrency=spec.concurrency
+    )
+    for index in range(spec.processes):
+        log = log_dir / f"{spec.name}-{index}.log"
+        env = {
+            **os.environ,
+            "DATABASE_URL": spec.database_url,
+            "DJANGO_SETTINGS_MODULE": SETTINGS[spec.side],
+            "PGSTAGE_TASK_MODULES": "bench.tasks",
+            "LOG_LEVEL": "WARNING",
+            "PROCRASTINATE_LOG_LEVEL": "WARNING",
+            "PGAPPNAME": f"{group.app_prefix}{index}",
+            "PYTHONUNBUFFERED": "1",
+        }
+        with open(log, "w") as handle:
+            group.processes.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "manage.py",
+                        "procrastinate",
+                        "worker",
+                        f"--concurrency={spec.concurrency}",
+                        f"--queues={','.join(spec.queues)}",
+                        f"--name={group.app_prefix}{index}",
+                    ],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=handle,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        group.logs.append(log)
+    return group
+
+
+def _wait_listening(groups: Sequence[WorkerGroup], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    ready: set[str] = set()
+    wanted = {f"{g.app_prefix}{i}" for g in groups for i in range(len(g.processes))}
+    while not wanted <= ready:
+        for group in groups:
+            group.check_alive()
+            ready.update(
+                row[0]
+                for row in database.fetch_all(
+                    "listening_workers", prefix=group.app_prefix + "%", listen="LISTEN%"
+                )
+            )
+        if time.monotonic() > deadline:
+            missing = ", ".join(sorted(wanted - ready))
+            raise BenchError(f"worker(s) {missing} did not start within {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def _peak_rss_kib(pid: int) -> int | None:
+    """The process's own resident-set high-water mark (``VmHWM``, Linux). Not wait4's
+    ``ru_maxrss``: that one also holds the harness's resident set at the fork that
+    started the worker, which is larger than a worker's."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _stop(group: WorkerGroup, timeout: float = 60) -> None:
+    for process in group.processes:
+        if process.poll() is None:
+            peak = _peak_rss_kib(process.pid)
+            if peak is not None:
+                group.peak_rss_kib.append(peak)
+            process.send_signal(signal.SIGTERM)
+    for process in group.processes:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                pid, status = os.waitpid(process.pid, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid:
+                process.returncode = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() > deadline:
+                os.killpg(process.pid, signal.SIGKILL)
+                deadline = time.monotonic() + timeout
+            time.sleep(0.05)
+
+
+@contextmanager
+def running(
+    specs: Sequence[GroupSpec], *, log_dir: Path, timeout: float = 180
+) -> Iterator[list[WorkerGroup]]:
+    """Start every group, wait until all listen, yield them; stop them (SIGTERM) after."""
+    groups: list[WorkerGroup] = []
+    try:
+        for spec in specs:
+            groups.append(_start(spec, log_dir))
+        _wait_listening(groups, timeout)
+        yield groups
+    finally:
+        for group in groups:
+            _stop(group)
+
+
+@dataclass(frozen=True)
+class Span:
+    jobs: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds if self.seconds > 0 else float("inf")
+
+
+def wait_done(
+    *,
+    after: int,
+    queues: Sequence[str],
+    tasks: Sequence[str],
+    expected: int,
+    groups: Sequence[WorkerGroup],
+    timeout: float = 600,
+    poll: float = 0.1,
+) -> Span:
+    """Wait until ``expected`` jobs (of ``tasks`` on ``queues``, newer than ``after``)
+    succeeded; return their span from the first start to the last end."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done, broken, first_start, last_end = database.fetch_one(
+            "job_span", after=after, queues=list(queues), tasks=list(tasks)
+        )
+        if broken:
+            raise BenchError(
+                f"{broken} bench job(s) failed or were retried; worker logs:\n"
+                + "\n".join(g.log_tail() for g in groups)
+            )
+        if done >= expected:
+            return Span(jobs=done, seconds=(last_end - first_start).total_seconds())
+        for group in groups:
+            group.check_alive()
+        if time.monotonic() > deadline:
+            raise BenchError(f"only {done} of {expected} bench jobs ended within {timeout:.0f} s")
+        time.sleep(poll)
+
+
+def run_batch(
+    enqueue: Callable[[], Any],
+    *,
+    queues: Sequence[str],
+    tasks: Sequence[str],
+    expected: int,
+    groups: Sequence[WorkerGroup],
+) -> Span:
+    """Enqueue a batch in one transaction (visible at once) and time it as it runs; its
+    jobs are deleted afterwards."""
+    after = database.last_job_id()
+    with transaction.atomic():
+        enqueue()
+    span = wait_done(after=after, queues=queues, tasks=tasks, expected=expected, groups=groups)
+    database.execute("delete_batch", after=after)
+    return span
+
+
+def counted_batch(
+    enqueue: Callable[[], Any],
+    *,
+    queue: str,
+    tasks: Sequence[str],
+    expected: int,
+    groups: Sequence[WorkerGroup],
+    counters: Sequence[Callable[[], Any]],
+    settle: float = 0.3,
+) -> list[Any]:
+    """Run a batch between two readings of each counter, with nothing of the harness's in
+    between that a counter could see: the batch is enqueued and parked first, then
+    handed to ``queue`` and its workers woken. Returns each counter's difference."""
+    after = database.last_job_id()
+    with transaction.atomic():
+        enqueue()
+        database.execute("park_jobs", parked=PARKED_QUEUE, after=after, tasks=list(tasks))
+    before = [read() for read in counters]
+    database.execute("release_jobs", queue=queue, parked=PARKED_QUEUE)
+    database.execute("notify_queue", queue=queue, job_id=after + 1)
+    wait_done(after=after, queues=[queue], tasks=tasks, expected=expected, groups=groups)
+    # The last job's outcome is committed; give its reply time to pass the counters.
+    time.sleep(settle)
+    counted = [read() - start for read, start in zip(counters, before, strict=True)]
+    database.execute("delete_batch", after=after)
+    return counted

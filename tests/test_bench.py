@@ -1,0 +1,80 @@
+"""The benchmark harness runs end to end: ``python -m bench --smoke`` (tiny sizes, one
+repetition) against the test database, real workers included, and writes valid JSON and
+its Markdown page. Nothing here looks at a time or a ratio: the harness measures, it is
+not a test of speed."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, database_url
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+#: A row per scenario of the table, and the scaling and round-trip rows.
+EXPECTED = {
+    "enqueue_exclusive_autocommit",
+    "enqueue_exclusive_atomic",
+    "admit_throughput",
+    "admit_throughput_single",
+    "admit_scaling",
+    "admit_storm_p99",
+    "admit_round_trips_free",
+    "admit_round_trips_queued",
+    "resume_sweep_idle",
+    "stage_jobs_c1",
+    "stage_jobs_c4",
+    "stage_jobs_p2",
+    "worker_peak_rss",
+    "inquiries_throughput",
+    "inquiry_latency_p50",
+    "stage_round_trips",
+    "inquiry_round_trips",
+    "unsaved_sweep_small",
+    "unsaved_sweep_large",
+    "unsaved_sweep_growth",
+    "metrics_scrape",
+}
+KEYS = {"scenario", "parameters", "figure", "unit", "baseline", "ratio", "target", "met"}
+
+
+@pytest.mark.timeout(900)
+def test_smoke_run_writes_every_scenario(clean_queue, tmp_path):
+    results, page = tmp_path / "smoke.json", tmp_path / "benchmarks.md"
+    env = {**os.environ, "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--json", str(results), "--doc", str(page)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+
+    document = json.loads(results.read_text())
+    rows = {row["key"]: row for row in document["scenarios"]}
+    assert set(rows) >= EXPECTED, sorted(EXPECTED - set(rows))
+    for key, row in rows.items():
+        assert set(row) >= KEYS, key
+        assert row["error"] is None, (key, row["error"])
+        assert isinstance(row["figure"], int | float) and math.isfinite(row["figure"]), key
+        assert {"median", "min", "max", "samples"} <= set(row), key
+        if row["baseline"] is not None:
+            assert isinstance(row["baseline"]["figure"], int | float), key
+        if row["target"] is not None:
+            assert isinstance(row["met"], bool), key
+    assert document["git"]["commit"]
+    assert document["machine"]["cpus"]
+    assert document["sizes"]["mode"] == "smoke"
+
+    text = page.read_text()
+    assert "| scenario | today |" in text
+    for row in rows.values():
+        assert row["scenario"].replace("|", "\\|") in text
