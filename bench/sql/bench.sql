@@ -81,14 +81,15 @@ DELETE FROM procrastinate_jobs
 
 -- saved_jobs_insert --
 -- Terminal analysis jobs that still hold their body and results, past the sweep's grace
--- (oldest first, one millisecond apart), each saved by the client: their run holds them.
+-- (oldest first, one millisecond apart), each saved by the client: their run holds them
+-- and they are flagged run_saved, as record_run leaves them.
 -- The shape of "saved" is the schema's: when it changes, this block and the next change
 -- with it (the scenario refuses to time a sweep that finds work).
 INSERT INTO analysis_jobs (tenant_id, user_id, run_id, status, title, doc_html, sources,
-                           results, error, release_attempts, requeues, created_at,
+                           results, error, release_attempts, requeues, run_saved, created_at,
                            updated_at, started_at, finished_at)
 SELECT %(tenant)s, %(user)s, gen_random_uuid(), 'complete', 'bench ' || g, %(body)s,
-       '[]'::jsonb, %(results)s::jsonb, '', 0, 0, t, t, t, t
+       '[]'::jsonb, %(results)s::jsonb, '', 0, 0, true, t, t, t, t
   FROM (SELECT g, now() - interval '1 hour' - (%(count)s - g) * interval '1 millisecond' AS t
           FROM generate_series(1, %(count)s) AS g) AS series;
 
