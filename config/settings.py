@@ -23,6 +23,7 @@ env = environ.Env(
     DOC_HTML_TRIM_HOURS=(int, 24),
     RELEASE_RETRY_WINDOW_SECONDS=(int, 1800),
     ANALYSIS_MAX_REQUEUES=(int, 3),
+    CORE_HELD_EXPIRY_SECONDS=(int, 600),
     STALLED_WORKER_SECONDS=(int, 30),
     STALLED_RECOVERY_SECONDS=(float, 15.0),
     STALLED_JOB_MAX_RECOVERIES=(int, 3),
@@ -201,6 +202,9 @@ DOC_HTML_TRIM_HOURS = env("DOC_HTML_TRIM_HOURS")
 RELEASE_RETRY_WINDOW_SECONDS = env("RELEASE_RETRY_WINDOW_SECONDS")
 # An active analysis whose process_job was lost this many times fails (refunded).
 ANALYSIS_MAX_REQUEUES = env("ANALYSIS_MAX_REQUEUES")
+# A held core run no admission took (it died before committing its job) is cancelled,
+# its budget unit given back, after this long.
+CORE_HELD_EXPIRY_SECONDS = env("CORE_HELD_EXPIRY_SECONDS")
 STORAGE_ROOT = Path(env("STORAGE_ROOT") or DATA_DIR / "storage")
 STAGING_RETENTION_SECONDS = env("STAGING_RETENTION_SECONDS")
 # pipeline: a stage's lease (renewed while it computes), how long a stage without a live

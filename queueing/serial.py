@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import Any
 
 from django.db import connections, models, transaction
+from psycopg import sql as psql
 
 from queueing import locks, sql
 from queueing.rows import model_defaults
@@ -29,6 +30,8 @@ class Admitted:
     status: str
     #: An older queued row this admission started (the slot was free, rows waited).
     promoted: int | None = None
+    #: 1-based place among the key's queued rows (0 when not queued).
+    position: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,9 +75,22 @@ class SerialQueue:
             "has_deleted": self.deleted_field is not None,
         }
 
-    def admit(self, *, key: Any, values: Mapping[str, Any]) -> Admitted:
+    def admit(
+        self,
+        *,
+        key: Any,
+        values: Mapping[str, Any],
+        guard: str | None = None,
+        then: str | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> Admitted | None:
         """Insert a row for ``key`` born ``start`` or ``queued``, decided atomically under
-        the key's lock (joins the caller's transaction, or opens one)."""
+        the key's lock (joins the caller's transaction, or opens one), in one statement.
+
+        ``guard`` (a SQL condition) and ``then`` (SQL CTEs over the inserted row,
+        ``admitted``) let the caller check and write in that same statement, with
+        ``params``; a false guard inserts nothing and returns None. Both are named SQL
+        blocks, never built from values."""
         meta = self.model._meta
         connection = connections[self.using]
         values = {meta.get_field(name).name: value for name, value in values.items()}
@@ -87,10 +103,12 @@ class SerialQueue:
             sql.queries["serial_admit"],
             columns=tuple(f.column for f in fields),
             placeholders=sql.placeholders(names),
+            guard=psql.SQL(guard or "true"),
+            then=psql.Composed([psql.SQL(", "), psql.SQL(then)]) if then else psql.SQL(""),
             **self._identifiers,
         )
-        params = self._params(key)
-        params.update(
+        all_params = {**(params or {}), **self._params(key)}
+        all_params.update(
             {
                 n: f.get_db_prep_save(values[f.name], connection)
                 for n, f in zip(names, fields, strict=True)
@@ -100,17 +118,23 @@ class SerialQueue:
         if is_child:
             # A child never waits and never takes the slot (siblings count only with
             # parent IS NULL), so it needs no lock and is born with the start status.
-            params["queued"] = self.start
-        promoted = None
-        with transaction.atomic(using=self.using):
+            all_params["queued"] = self.start
+        with transaction.atomic(using=self.using, savepoint=False):
             if not is_child:
                 locks.xact_lock(self.namespace, key, using=self.using)
             with connection.cursor() as cursor:
-                cursor.execute(statement, params)
-                pk, status, promote_next = cursor.fetchone()
-            if promote_next and not is_child:
-                promoted = self._promote_locked(key)
-        return Admitted(id=pk, status=status, promoted=promoted)
+                cursor.execute(statement, all_params)
+                row = cursor.fetchone()
+            if row is None:
+                return None
+            pk, status, waiting, active = row
+            if is_child or status != self.queued:
+                return Admitted(id=pk, status=status)
+            promoted = self._promote_locked(key) if waiting and not active else None
+        # FIFO: every row that waited is older; one of them may have just started.
+        return Admitted(
+            id=pk, status=status, promoted=promoted, position=waiting + 1 - bool(promoted)
+        )
 
     def promote(self, *, key: Any) -> int | None:
         """Under the key's lock, start the oldest queued row if no sibling is active;

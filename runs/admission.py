@@ -21,20 +21,18 @@ from accounts.models import User
 from queueing import locks
 from queueing.enqueue import Enqueued, Policy, enqueue
 from runs import judge as judging
-from runs.core import get_core
+from runs.core import get_core, queries
 from runs.credits import ANALYSIS_PRICE, credit_refund
 from runs.exceptions import (
     InsufficientCredits,
     NoCitations,
     ParentNotComplete,
     QueueFull,
+    RunsError,
     TooManyCitations,
 )
 from runs.models import (
-    ACTIVE_STATUSES,
     AnalysisJob,
-    CreditEntry,
-    CreditKind,
     JobStatus,
 )
 from runs.queue import (
@@ -44,7 +42,7 @@ from runs.queue import (
     PROCESS_JOB_TASK,
     RUNS_QUEUE,
 )
-from runs.selectors import analysis_job_for_user, credit_balance, queue_position
+from runs.selectors import analysis_job_for_user, credit_balance
 
 logger = logging.getLogger(__name__)
 
@@ -89,11 +87,14 @@ def analysis_job_admit(
     ``queued``; delta re-checks are always ``pending``. The job produces a new run, its
     parent's (a delta), or ``run_id`` (an operator's retry of a job of that run).
 
-    One transaction under the user's queue lock: the bound on open jobs, the balance
-    check, the held core run (which takes a unit of the tenant's daily budget), the job
-    row, the charge and (when ``pending``) its ``process_job`` commit together, so a
-    refused admission charges nothing and leaves no row, and two concurrent admits of one
-    user can neither both take the slot, nor pass the bound, nor overdraw the balance.
+    The core's held run (which takes a unit of the tenant's daily budget) is created
+    first, in a commit of its own, so neither a slow core nor the tenant's budget row ever
+    holds the user's lock or another admit. Then, under the user's queue lock, one
+    statement checks the balance and the bound on open jobs, inserts the job with its
+    status and position, and charges it; the ``process_job`` of a started job joins that
+    transaction. A refused admission (at any point) cancels the held run, giving its
+    budget back: it leaves nothing, and two concurrent admits of one user can neither
+    both take the slot, nor pass the bound, nor overdraw the balance.
     """
     citations = judging.extract_citations(doc_html)
     if not citations:
@@ -103,74 +104,76 @@ def analysis_job_admit(
             f"the document holds {len(citations)} citations; at most {judging.MAX_CITATIONS} "
             "per analysis"
         )
-    core = get_core()
-    with transaction.atomic():
-        locks.xact_lock(ANALYSIS_QUEUE_LOCK, user.pk)
-        _check_open_jobs(user)
-        parent = None
-        if delta_of_job_id is not None:
-            parent = analysis_job_for_user(user=user, job_id=delta_of_job_id)
-            if parent.status != JobStatus.COMPLETE:
-                raise ParentNotComplete(
-                    f"job {parent.pk} is {parent.status}; a delta re-check needs a "
-                    "complete analysis"
-                )
-        balance = credit_balance(user_id=user.pk)
-        if balance < ANALYSIS_PRICE:
-            raise InsufficientCredits(
-                f"the balance is {balance} credit(s) and an analysis costs {ANALYSIS_PRICE}; "
-                "ask an operator to run manage.py grant_credits"
+    parent = None
+    if delta_of_job_id is not None:
+        parent = analysis_job_for_user(user=user, job_id=delta_of_job_id)
+        if parent.status != JobStatus.COMPLETE:
+            raise ParentNotComplete(
+                f"job {parent.pk} is {parent.status}; a delta re-check needs a complete analysis"
             )
-        run_id = parent.run_id if parent else run_id or uuid.uuid4()
-        core_run_id = core.create_held(run_id=run_id, user_id=user.pk, sources=sources)
-        admitted = ANALYSIS_QUEUE.admit(
-            key=user.pk,
-            values={
-                "tenant": user.tenant_id,
-                "run_id": run_id,
-                "delta_of_job": parent.pk if parent else None,
-                "title": title,
-                "doc_html": doc_html,
-                "sources": [dict(s) for s in sources],
-                "error": "",
-                "core_run": core_run_id,
-                "release_attempts": 0,
-            },
-        )
-        CreditEntry.objects.create(
-            user_id=user.pk,
-            job_id=admitted.id,
-            kind=CreditKind.CHARGE,
-            amount=-ANALYSIS_PRICE,
-            note=f"analysis job {admitted.id}",
-        )
-        if admitted.status == JobStatus.PENDING:
-            enqueue_process(admitted.id)
-        if admitted.promoted is not None:
-            # The slot was free but older jobs waited: the oldest started instead.
-            enqueue_process(admitted.promoted)
-        job = AnalysisJob.objects.only("pk", "user", "status", "created_at", "delta_of_job").get(
-            pk=admitted.id
-        )
-        position = queue_position(job)
-    return Admission(id=admitted.id, run_id=run_id, status=admitted.status, queue_position=position)
-
-
-def _check_open_jobs(user: User) -> None:
-    """Under the user's queue lock: refuse a job beyond ``MAX_QUEUED_ANALYSES_PER_USER``
-    waiting or running ones (0 turns the bound off). One indexed probe of the limit-th
-    open job, however long the queue."""
-    limit = int(settings.MAX_QUEUED_ANALYSES_PER_USER)
-    if limit <= 0:
-        return
-    open_jobs = AnalysisJob.objects.filter(
-        user_id=user.pk, status__in=(JobStatus.QUEUED, *ACTIVE_STATUSES), deleted_at__isnull=True
+    run_id = parent.run_id if parent else (run_id or uuid.uuid4())
+    core = get_core()
+    core_run_id = core.create_held(run_id=run_id, user_id=user.pk, sources=sources)
+    try:
+        with transaction.atomic():
+            admitted = ANALYSIS_QUEUE.admit(
+                key=user.pk,
+                values={
+                    "tenant": user.tenant_id,
+                    "run_id": run_id,
+                    "delta_of_job": parent.pk if parent else None,
+                    "title": title,
+                    "doc_html": doc_html,
+                    "sources": [dict(s) for s in sources],
+                    "error": "",
+                    "core_run": core_run_id,
+                    "release_attempts": 0,
+                },
+                guard=queries["admit_guard"],
+                then=queries["admit_charge"],
+                params={
+                    "user_id": user.pk,
+                    "price": ANALYSIS_PRICE,
+                    "open_limit": int(settings.MAX_QUEUED_ANALYSES_PER_USER),
+                },
+            )
+            if admitted is None:
+                raise _refusal(user)
+            if admitted.status == JobStatus.PENDING:
+                enqueue_process(admitted.id)
+            if admitted.promoted is not None:
+                # The slot was free but older jobs waited: the oldest started instead.
+                enqueue_process(admitted.promoted)
+    except BaseException:
+        core.cancel_held(core_run_id=core_run_id)
+        raise
+    return Admission(
+        id=admitted.id, run_id=run_id, status=admitted.status, queue_position=admitted.position
     )
-    if open_jobs.order_by()[limit - 1 : limit].exists():
-        raise QueueFull(
-            f"{limit} of your analyses are waiting or running, the most one user may have; "
-            "admit more once some have finished"
+
+
+def held_runs_expire(*, limit: int = 500) -> int:
+    """Cancel held core runs that no admission took, older than
+    ``CORE_HELD_EXPIRY_SECONDS``: an admission that died between creating its held run
+    and committing its job (the resume tick's net). Idempotent."""
+    return get_core().expire_held(
+        older_than_seconds=float(settings.CORE_HELD_EXPIRY_SECONDS), limit=limit
+    )
+
+
+def _refusal(user: User) -> RunsError:
+    """Why the admission's guard refused (read after the fact: the refusal path only)."""
+    balance = credit_balance(user_id=user.pk)
+    if balance < ANALYSIS_PRICE:
+        return InsufficientCredits(
+            f"the balance is {balance} credit(s) and an analysis costs {ANALYSIS_PRICE}; "
+            "ask an operator to run manage.py grant_credits"
         )
+    limit = int(settings.MAX_QUEUED_ANALYSES_PER_USER)
+    return QueueFull(
+        f"{limit} of your analyses are waiting or running, the most one user may have; "
+        "admit more once some have finished"
+    )
 
 
 def promote_next(user_id: int) -> int | None:

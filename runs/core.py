@@ -22,9 +22,10 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 from django.utils.module_loading import import_string
+from psycopg.types.json import Jsonb
 
 from queueing.sql import load
 from runs.exceptions import (
@@ -47,10 +48,13 @@ class CoreClient(Protocol):
     """The upstream core service as pgstage calls it.
 
     Every call but ``create_held`` must be idempotent: a job retried after a crash
-    repeats the call it may already have made. ``create_held`` runs inside the admission
-    transaction and ``release``/``start``/``finish`` while the job's row is locked, so a
-    remote implementation (HTTP) should use short timeouts and raise ``CoreUnavailable``
-    rather than block: the job then retries with backoff inside its release window.
+    repeats the call it may already have made. ``create_held`` runs before the admission
+    takes the user's lock (a slow core never holds a user's other admits), in a commit of
+    its own; a refused admission calls ``cancel_held``, and one that died in between
+    leaves a held run ``expire_held`` cancels later. ``release``/``start``/``finish`` run
+    while the job's row is locked, so a remote implementation (HTTP) should use short
+    timeouts and raise ``CoreUnavailable`` rather than block: the job then retries with
+    backoff inside its release window.
     """
 
     def create_held(
@@ -58,6 +62,14 @@ class CoreClient(Protocol):
     ) -> int:
         """Validate and create a held run; return its id. Raises a ``CoreRefused``
         subclass naming the reason, or ``CoreUnavailable``."""
+
+    def cancel_held(self, *, core_run_id: int) -> None:
+        """Cancel a held run no job took, giving its budget back. Idempotent; a run a job
+        references, or one no longer held, stays as it is."""
+
+    def expire_held(self, *, older_than_seconds: float, limit: int) -> int:
+        """Cancel held runs no job took that are older than ``older_than_seconds``;
+        return how many. A remote core that expires them itself returns 0."""
 
     def release(self, *, core_run_id: int) -> None:
         """Take the run out of hold (attach its sources). Idempotent."""
@@ -97,25 +109,38 @@ class LocalCore:
     def create_held(
         self, *, run_id: uuid.UUID, user_id: int, sources: Sequence[Mapping[str, object]]
     ) -> int:
-        """Joins the caller's transaction: a rolled-back admission leaves no core run and
-        gives its budget unit back."""
+        """One statement, committed on its own (or with the caller's transaction, when
+        there is one): the budget unit and the held run, or neither."""
         self._require_available()
         checked = validate_sources(sources)
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    queries["core_budget_take"],
-                    {
-                        "user_id": user_id,
-                        "budget": int(getattr(settings, "CORE_DAILY_BUDGET", 0)),
-                    },
-                )
-                if cursor.fetchone() is None:
-                    raise BudgetExhausted()
-            run = CoreRun.objects.create(
-                run_id=run_id, user_id=user_id, state=CoreRunState.HELD, sources=checked
+        with connection.cursor() as cursor:
+            cursor.execute(
+                queries["core_create_held"],
+                {
+                    "user_id": user_id,
+                    "run_id": run_id,
+                    "sources": Jsonb(checked),
+                    "budget": int(getattr(settings, "CORE_DAILY_BUDGET", 0)),
+                },
             )
-        return run.pk
+            row = cursor.fetchone()
+        if row is None:
+            raise BudgetExhausted()
+        return row[0]
+
+    def cancel_held(self, *, core_run_id: int) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(queries["core_cancel_held"], {"core_run_id": core_run_id})
+
+    def expire_held(self, *, older_than_seconds: float, limit: int) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                queries["core_stale_held"], {"seconds": older_than_seconds, "limit": limit}
+            )
+            stale = [row[0] for row in cursor.fetchall()]
+        for core_run_id in stale:
+            self.cancel_held(core_run_id=core_run_id)
+        return len(stale)
 
     def _move(
         self,

@@ -45,7 +45,8 @@ def _give_up(row) -> bool:
 
 @declare_sweep(name="analysis_resume", cron="* * * * * */30", batch_size=100, grace_default=60)
 def resume_analysis_queue(ctx: SweepContext) -> SweepResult:
-    """Fail expired releases (refunded), promote stuck queues, re-enqueue lost jobs."""
+    """Fail expired releases (refunded), promote stuck queues, re-enqueue lost jobs,
+    cancel held core runs no admission took."""
     expired = sweep_rows(ctx, select_sql=queries["expired_releases"], params={}, process=_give_up)
     if ctx.dry_run:
         return expired
@@ -53,7 +54,8 @@ def resume_analysis_queue(ctx: SweepContext) -> SweepResult:
     lost = processing.analysis_jobs_requeue_lost(
         idle_seconds=ctx.grace_seconds, limit=ctx.batch_size
     )
-    changed = len(promoted) + lost.requeued + lost.abandoned
+    orphans = admission.held_runs_expire(limit=ctx.batch_size)
+    changed = len(promoted) + lost.requeued + lost.abandoned + orphans
     return SweepResult(
         selected=expired.selected + changed,
         changed=expired.changed + changed,
@@ -63,6 +65,7 @@ def resume_analysis_queue(ctx: SweepContext) -> SweepResult:
             "promoted": len(promoted),
             "requeued": lost.requeued,
             "abandoned": lost.abandoned,
+            "held_expired": orphans,
         },
     )
 

@@ -127,22 +127,29 @@ RETURNING id;
 -- first-pass sibling is active OR already queued (a late admit never jumps the queue,
 -- even when the slot was freed without a promotion), else the start status.
 -- created/updated come from the clock under the lock, so FIFO order is admission order.
--- promote_next is true when the slot is free but older rows wait: the caller promotes the
--- oldest in the same transaction.
+-- {guard} is the caller's condition (e.g. a balance check): false inserts nothing, and
+-- no row comes back. {then} are the caller's further writes as CTEs over the inserted row
+-- ("admitted"), in the same statement. Back come the row, how many older rows wait
+-- (its queue position follows) and whether one is active; when the slot is free but older
+-- rows wait, the caller promotes the oldest in the same transaction.
 WITH siblings AS (
     SELECT coalesce(bool_or(b.{status} = ANY(%(active)s)), false) AS active,
-           coalesce(bool_or(b.{status} = %(queued)s), false) AS waiting
+           count(*) FILTER (WHERE b.{status} = %(queued)s) AS waiting
       FROM {table} b
      WHERE b.{key} = %(key)s
        AND b.{parent} IS NULL
        AND (b.{status} = ANY(%(active)s) OR b.{status} = %(queued)s)
        AND (NOT %(has_deleted)s OR b.{deleted} IS NULL)
-)
-INSERT INTO {table} ({columns}, {created}, {updated}, {status})
-SELECT {placeholders}, clock_timestamp(), clock_timestamp(),
-       CASE WHEN s.active OR s.waiting THEN %(queued)s ELSE %(start)s END
-  FROM siblings s
-RETURNING {pk}, {status}, (SELECT waiting AND NOT active FROM siblings) AS promote_next;
+), admitted AS (
+    INSERT INTO {table} ({columns}, {created}, {updated}, {status})
+    SELECT {placeholders}, clock_timestamp(), clock_timestamp(),
+           CASE WHEN s.active OR s.waiting > 0 THEN %(queued)s ELSE %(start)s END
+      FROM siblings s
+     WHERE {guard}
+    RETURNING {pk}, {status}
+){then}
+SELECT a.{pk}, a.{status}, s.waiting, s.active
+  FROM admitted a CROSS JOIN siblings s;
 
 -- serial_promote --
 -- Under the key's lock: the oldest queued row becomes the start status, only when no

@@ -1,17 +1,80 @@
--- core_budget_take --
--- Count one core run against today's (UTC) provider budget of the user's tenant; no row
--- comes back once that budget is used up (nor for a user without a tenant). One
--- statement, so concurrent admissions never overshoot it, and it rolls back with a
--- refused admission. Keyed by tenant: one tenant cannot exhaust another's budget.
-INSERT INTO core_daily_usage AS u (tenant_id, day, used)
-SELECT usr.tenant_id, (now() AT TIME ZONE 'UTC')::date, 1
-  FROM users usr
- WHERE usr.id = %(user_id)s
-   AND usr.tenant_id IS NOT NULL
-   AND %(budget)s > 0
-ON CONFLICT (tenant_id, day) DO UPDATE SET used = u.used + 1
- WHERE u.used < %(budget)s
-RETURNING used;
+-- core_create_held --
+-- The local core's held run, in one statement of its own (before the admission's lock):
+-- count one run against today's (UTC) provider budget of the user's tenant and create the
+-- run. No row back once that budget is used up (nor for a user without a tenant), and
+-- then nothing was written. The budget row is locked only for this statement, so
+-- concurrent admissions of a tenant never wait on each other's whole transaction, and
+-- never overshoot the budget. Keyed by tenant: one cannot exhaust another's budget.
+WITH budget AS (
+    INSERT INTO core_daily_usage AS u (tenant_id, day, used)
+    SELECT usr.tenant_id, (now() AT TIME ZONE 'UTC')::date, 1
+      FROM users usr
+     WHERE usr.id = %(user_id)s
+       AND usr.tenant_id IS NOT NULL
+       AND %(budget)s > 0
+    ON CONFLICT (tenant_id, day) DO UPDATE SET used = u.used + 1
+     WHERE u.used < %(budget)s
+    RETURNING used
+)
+INSERT INTO core_runs (run_id, user_id, state, sources, error, created_at)
+SELECT %(run_id)s, %(user_id)s, 'held', %(sources)s, '', now()
+  FROM budget
+RETURNING id;
+
+-- core_cancel_held --
+-- Cancel a held run no job took (its admission was refused, or died before it committed)
+-- and give its budget unit back to the day it was taken from. A run a job references, or
+-- one no longer held, is left as it is: cancelling twice does nothing.
+WITH cancelled AS (
+    DELETE FROM core_runs c
+     WHERE c.id = %(core_run_id)s
+       AND c.state = 'held'
+       AND NOT EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.core_run_id = c.id)
+    RETURNING c.user_id, c.created_at
+)
+UPDATE core_daily_usage u
+   SET used = u.used - 1
+  FROM cancelled c
+  JOIN users usr ON usr.id = c.user_id
+ WHERE u.tenant_id = usr.tenant_id
+   AND u.day = (c.created_at AT TIME ZONE 'UTC')::date
+   AND u.used > 0
+RETURNING u.used;
+
+-- core_stale_held --
+-- Held runs no job references, older than %(seconds)s: an admission died between
+-- creating its held run and committing its job. Oldest first, bounded.
+SELECT c.id
+  FROM core_runs c
+ WHERE c.state = 'held'
+   AND c.created_at < now() - %(seconds)s * interval '1 second'
+   AND NOT EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.core_run_id = c.id)
+ ORDER BY c.id
+ LIMIT %(limit)s;
+
+-- admit_guard --
+-- The admission's checks, inside the serial queue's INSERT (under the user's lock, so two
+-- admits of one user cannot both pass): the balance covers the price, and the user has
+-- fewer than %(open_limit)s analyses queued, pending or running (0: no bound; one indexed
+-- probe of the limit-th, however long the queue).
+(SELECT coalesce(sum(c.amount), 0) FROM credit_ledger c WHERE c.user_id = %(user_id)s)
+    >= %(price)s
+AND (%(open_limit)s <= 0
+     OR NOT EXISTS (SELECT 1 FROM analysis_jobs o
+                     WHERE o.user_id = %(user_id)s
+                       AND o.status IN ('queued', 'pending', 'running')
+                       AND o.deleted_at IS NULL
+                    OFFSET %(open_limit)s - 1 LIMIT 1))
+
+-- admit_charge --
+-- The admission's charge, in the serial queue's INSERT statement: one credit for the
+-- admitted job (unique per job and kind, so it happens once).
+charged AS (
+    INSERT INTO credit_ledger (user_id, job_id, kind, amount, note, created_at)
+    SELECT %(user_id)s, a.id, 'charge', 0 - %(price)s, 'analysis job ' || a.id, now()
+      FROM admitted a
+    RETURNING id
+)
 
 -- record_run --
 -- Record a job's run (either writer) in ONE statement whose ON CONFLICT WHERE is the

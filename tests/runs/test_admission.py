@@ -193,3 +193,68 @@ def test_a_user_without_tenant_cannot_use_the_api(api):
 
     assert api(user).post("/api/analysis-jobs", payload()).status_code == 401
     assert not AnalysisJob.objects.filter(status=JobStatus.PENDING).exists()
+
+
+def test_an_admit_is_a_handful_of_statements():
+    """The held core run (one statement, its own commit), the user's lock, one statement
+    that checks, inserts and charges, and the started job's process_job: nothing more."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from runs.admission import analysis_job_admit
+    from tests.runs.factories import DOC_HTML, SOURCES
+
+    user = funded_user(credits=5)
+
+    def admit():
+        with CaptureQueriesContext(connection) as captured:
+            admitted = analysis_job_admit(user=user, title="t", doc_html=DOC_HTML, sources=SOURCES)
+        sql = [q["sql"] for q in captured if "SAVEPOINT" not in q["sql"].upper()]
+        return admitted, sql
+
+    first, pending_sql = admit()
+    second, queued_sql = admit()
+    assert (first.status, second.status, second.queue_position) == ("pending", "queued", 1)
+    assert len(pending_sql) == 4, pending_sql  # held run, lock, admit, enqueue
+    assert len(queued_sql) == 3, queued_sql  # held run, lock, admit
+
+
+def test_a_refused_admit_gives_its_held_run_and_budget_back(api, table_counts, settings):
+    """The held run is created before the user's lock; a refusal under the lock (here the
+    bound on open analyses) cancels it, so the refusal writes nothing."""
+    settings.MAX_QUEUED_ANALYSES_PER_USER = 1
+    user = funded_user(credits=5)
+    client = api(user)
+    assert client.post("/api/analysis-jobs", payload()).status_code == 201
+    before = table_counts()
+
+    answer = client.post("/api/analysis-jobs", payload())
+
+    assert answer.status_code == 429 and answer.json()["error"] == "queue_full"
+    assert table_counts() == before
+
+
+def test_a_held_run_no_admission_took_is_cancelled_by_the_resume_tick(table_counts):
+    """An admission that died after creating its held run and before committing its job:
+    the resume tick cancels the run and gives the tenant's budget unit back."""
+    from django.db import connection
+
+    from queueing.sweeps import run_sweep
+    from runs.core import get_core
+    from tests.runs.factories import SOURCES
+
+    user = funded_user(credits=5)
+    before = table_counts()
+    orphan = get_core().create_held(
+        run_id=__import__("uuid").uuid4(), user_id=user.pk, sources=SOURCES
+    )
+    assert table_counts() != before
+    assert run_sweep("analysis_resume").notes["held_expired"] == 0  # too young to judge
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE core_runs SET created_at = created_at - interval '1 hour' WHERE id = %s",
+            [orphan],
+        )
+    assert run_sweep("analysis_resume").notes["held_expired"] == 1
+    assert table_counts() == before
+    assert run_sweep("analysis_resume").notes["held_expired"] == 0
