@@ -112,7 +112,15 @@ class PipelineRun(LedgerEntry):
                 name="pipeline_runs_status_valid",
             ),
         ]
-        indexes = [models.Index(fields=["stage", "status"], name="pipeline_runs_stage_status_idx")]
+        indexes = [
+            models.Index(fields=["stage", "status"], name="pipeline_runs_stage_status_idx"),
+            # /metrics counts the running stages on every scrape: only they are indexed.
+            models.Index(
+                fields=["stage"],
+                condition=models.Q(status="running"),
+                name="pipeline_runs_running_idx",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.stage} of #{self.anfrage_id}: {self.display_status}"

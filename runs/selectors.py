@@ -126,17 +126,19 @@ def analysis_runs_for_user(*, user: User, limit: int = 50) -> QuerySet[AnalysisR
 
 
 def unsaved_jobs() -> QuerySet[AnalysisJob]:
-    """Finished analyses whose result is in no run yet: complete or failed, with results,
-    not deleted, and their run holds neither them nor a newer job of the run (DESIGN §4:
-    a job counts as saved when its run holds it or a newer job). The seed's ghost runs.
-    """
-    held = AnalysisRun.objects.filter(pk=OuterRef("run_id"), job_id__gte=OuterRef("pk"))
+    """Finished analyses whose result is in no run yet (DESIGN §4: a job counts as saved
+    when its run holds it or a newer job): the ``run_saved`` flag that recording a run
+    sets, read through the backstop's partial index, so counting them costs what is
+    unsaved, not the table. The seed's ghost runs."""
     return (
         AnalysisJob.objects.filter(
-            status__in=RECORDABLE_STATUSES, deleted_at__isnull=True, results__isnull=False
+            status__in=RECORDABLE_STATUSES,
+            deleted_at__isnull=True,
+            doc_html__isnull=False,
+            results__isnull=False,
+            run_saved=False,
         )
         .exclude(results={})
-        .exclude(Exists(held))
         .annotate(ended_at=Coalesce("finished_at", "updated_at"))
     )
 

@@ -6,6 +6,7 @@ import pytest
 from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
+from queueing.sweeps import run_sweep
 from runs.models import CreditEntry, CreditKind, SavedBy
 from tests.site.conftest import admit, funded_user, inquiry, process, run_row, stage_run
 
@@ -95,8 +96,10 @@ def test_metrics_report_the_rows_in_the_database(scrape, tenant):
             "('metrics-q', 't', 'failed', '{}')"
         )
 
+    run_sweep("metrics_snapshot")  # the history's counts, taken once a minute
     found = scrape()
 
+    assert value(found, "pgstage_metrics_snapshot_age_seconds") >= 0
     assert value(found, "pgstage_queue_depth", queue="metrics-q") == 2
     assert value(found, "pgstage_jobs", queue="metrics-q", status="todo") == 2
     assert value(found, "pgstage_jobs", queue="metrics-q", status="failed") == 1
