@@ -7,8 +7,9 @@ Every stage runs the same protocol (:func:`pipeline_stage_run`):
 2. compute outside any transaction (a crash here changes nothing in the database), while
    a background thread renews the lease every third of ``PIPELINE_LEASE_SECONDS``, so a
    live worker is never taken over however long it computes;
-3. in ONE transaction: write the results, mark the run ``success`` (compare-and-set on the
-   fencing token) and enqueue the next stage (EXCLUSIVE key ``stage:tenant:anfrage``);
+3. in ONE transaction: write the results, then mark the run ``success`` (compare-and-set
+   on the fencing token) and enqueue the next stage (EXCLUSIVE key
+   ``stage:tenant:anfrage``) in one statement (``Ledger.complete(then=...)``);
 4. on an error: mark the run ``failed`` with the message and re-raise, so the framework
    retries with its jittered backoff (the ledger row stays claimable).
 """
@@ -75,7 +76,7 @@ from pipeline.queries import QUERIES
 from pipeline.selectors import catalog_for, parse_stage
 from pipeline.storage import StagedFile
 from queueing import locks
-from queueing.enqueue import Enqueued, Policy, enqueue
+from queueing.enqueue import Enqueued, Policy, enqueue, job_params
 from queueing.exceptions import DoNotRetry, LeaseLost, RetryLater
 from queueing.keys import KeyFormat
 from queueing.ledger import Claim, Ledger, LedgerStatus, Outcome
@@ -130,6 +131,17 @@ def pipeline_stage_enqueue(*, anfrage: Anfrage, stage: Stage) -> Enqueued:
     """Enqueue ``stage`` of ``anfrage`` inside the caller's transaction. EXCLUSIVE: at most
     one waiting-or-running job per stage key; a duplicate returns the existing job."""
     return enqueue(
+        TASK_NAMES[stage],
+        args={"anfrage_id": anfrage.id},
+        key=stage_key(stage=stage, anfrage=anfrage),
+        policy=Policy.EXCLUSIVE,
+    )
+
+
+def _stage_job(*, anfrage: Anfrage, stage: Stage) -> dict[str, Any]:
+    """The next stage's job as the ledger's complete enqueues it (same task, args, key
+    and policy as :func:`pipeline_stage_enqueue`)."""
+    return job_params(
         TASK_NAMES[stage],
         args={"anfrage_id": anfrage.id},
         key=stage_key(stage=stage, anfrage=anfrage),
@@ -671,9 +683,11 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
         with transaction.atomic():
             _check_inputs_unchanged(anfrage, stage, work, input_hash)
             work.write(anfrage, result)
-            LEDGER.complete(claim)
-            if stage.next is not None:
-                pipeline_stage_enqueue(anfrage=anfrage, stage=stage.next)
+            # Success and the next stage's job: one statement.
+            LEDGER.complete(
+                claim,
+                then=_stage_job(anfrage=anfrage, stage=stage.next) if stage.next else None,
+            )
     except LeaseLost:
         logger.warning("%s of inquiry %s: lease lost, result discarded", stage, anfrage.id)
         return StageOutcome.LEASE_LOST

@@ -89,6 +89,36 @@ def _task_defaults(task: str | procrastinate_tasks.Task) -> tuple[str, str, int]
     return registered.name, registered.queue, registered.priority
 
 
+def job_params(
+    task: str | procrastinate_tasks.Task,
+    *,
+    args: dict[str, Any] | None = None,
+    key: str | None = None,
+    policy: Policy = Policy.NONE,
+    queue: str | None = None,
+    priority: int | None = None,
+    schedule_at: datetime.datetime | None = None,
+    schedule_in: datetime.timedelta | None = None,
+) -> dict[str, Any]:
+    """The bound parameters of a job's INSERT (``enqueue``'s, and the ledger's complete
+    that enqueues the next stage in the same statement): the task checked, the key
+    validated under its policy."""
+    task_name, task_queue, task_priority = _task_defaults(task)
+    if schedule_in is not None:
+        if schedule_at is not None:
+            raise QueueingError("pass schedule_at or schedule_in, not both")
+        schedule_at = timezone.now() + schedule_in
+    return {
+        "queue": queue or task_queue,
+        "task_name": task_name,
+        "priority": task_priority if priority is None else priority,
+        "queueing_lock": queueing_lock_for(key, policy),
+        "args": Jsonb(args or {}),
+        "scheduled_at": schedule_at,
+        "statuses": ["todo", "doing"] if policy is Policy.EXCLUSIVE else ["todo"],
+    }
+
+
 def enqueue(
     task: str | procrastinate_tasks.Task,
     *,
@@ -106,22 +136,17 @@ def enqueue(
     One round trip when the job is created; deduplication by ``key`` under ``policy`` is
     race-free (a unique index decides) and returns the existing id with ``created=False``.
     """
-    task_name, task_queue, task_priority = _task_defaults(task)
-    queueing_lock = queueing_lock_for(key, policy)
-    if schedule_in is not None:
-        if schedule_at is not None:
-            raise QueueingError("pass schedule_at or schedule_in, not both")
-        schedule_at = timezone.now() + schedule_in
-    statuses = ["todo", "doing"] if policy is Policy.EXCLUSIVE else ["todo"]
-    params = {
-        "queue": queue or task_queue,
-        "task_name": task_name,
-        "priority": task_priority if priority is None else priority,
-        "queueing_lock": queueing_lock,
-        "args": Jsonb(args or {}),
-        "scheduled_at": schedule_at,
-        "statuses": statuses,
-    }
+    params = job_params(
+        task,
+        args=args,
+        key=key,
+        policy=policy,
+        queue=queue,
+        priority=priority,
+        schedule_at=schedule_at,
+        schedule_in=schedule_in,
+    )
+    queueing_lock = params["queueing_lock"]
     with connections[using].cursor() as cursor:
         for _ in range(_MAX_ROUNDS):
             cursor.execute(queries["enqueue"], params)
@@ -135,4 +160,6 @@ def enqueue(
                     return Enqueued(job_id=found[0], created=False)
                 continue
             return Enqueued(job_id=row[0], created=row[1])
-    raise QueueingError(f"could not enqueue {task_name} with key {key!r}: it kept changing")
+    raise QueueingError(
+        f"could not enqueue {params['task_name']} with key {key!r}: it kept changing"
+    )

@@ -110,6 +110,9 @@ class Ledger:
                 values=sql.placeholders(names),
             ),
             "complete": sql.render(sql.queries["ledger_complete"], table=table),
+            "complete_and_enqueue": sql.render(
+                sql.queries["ledger_complete_and_enqueue"], table=table
+            ),
             "fail": sql.render(sql.queries["ledger_fail"], table=table),
             "renew": sql.render(_renew_queries["ledger_renew"], table=table),
         }
@@ -138,10 +141,17 @@ class Ledger:
             token=attempts if outcome is Outcome.CLAIMED else None,
         )
 
-    def complete(self, claim: Claim) -> None:
+    def complete(self, claim: Claim, *, then: dict[str, Any] | None = None) -> None:
         """Mark the claimed stage ``success``; raises :class:`LeaseLost` when another
-        worker re-claimed it meanwhile (so the caller's transaction rolls back)."""
-        self._close("complete", claim, {})
+        worker re-claimed it meanwhile (so the caller's transaction rolls back).
+
+        ``then`` (``queueing.enqueue.job_params(...)``) enqueues the next job in the same
+        statement, only when the row was closed: one round trip for both. A job already
+        holding its key is left as it is, as ``enqueue`` would deduplicate."""
+        if then is None:
+            self._close("complete", claim, {})
+        else:
+            self._close("complete_and_enqueue", claim, then)
 
     def fail(self, claim: Claim, *, error: str) -> None:
         """Mark the claimed stage ``failed`` with ``error``; it stays claimable. Raises

@@ -115,6 +115,25 @@ UPDATE {table}
  WHERE id = %(id)s AND attempts = %(token)s AND status = 'running'
 RETURNING id;
 
+-- ledger_complete_and_enqueue --
+-- ledger_complete, and only when it closed the row, the next job's INSERT — one statement,
+-- one round trip, for a stage that hands on to the next. The INSERT is enqueue's (the
+-- columns procrastinate's defer inserts; a test keeps all of them equal); a job that
+-- already holds the key is left as it is (ON CONFLICT DO NOTHING: never an error).
+WITH completed AS (
+    UPDATE {table}
+       SET status = 'success', finished_at = now(), lease_expires_at = NULL, error = ''
+     WHERE id = %(id)s AND attempts = %(token)s AND status = 'running'
+    RETURNING id
+), enqueued AS (
+    INSERT INTO procrastinate_jobs (queue_name, task_name, priority, queueing_lock, args, scheduled_at)
+    SELECT %(queue)s, %(task_name)s, %(priority)s, %(queueing_lock)s, %(args)s, %(scheduled_at)s
+      FROM completed
+    ON CONFLICT DO NOTHING
+    RETURNING id
+)
+SELECT c.id, (SELECT id FROM enqueued) FROM completed c;
+
 -- ledger_fail --
 -- Compare-and-set on the fencing token; the row stays claimable for the retry.
 UPDATE {table}

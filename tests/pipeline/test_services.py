@@ -185,12 +185,13 @@ def test_infeasible_positions_are_not_priced(tenant):
 def test_a_stage_error_marks_the_run_failed_and_the_retry_takes_over(tenant, monkeypatch):
     anfrage = submit(tenant)
     run_stages(anfrage.id, [Stage.INTAKE])
-    real = services.pipeline_stage_enqueue
+    real = services._stage_job
 
     def broken(**kwargs):
         raise ConnectionError("queue unreachable")
 
-    monkeypatch.setattr(services, "pipeline_stage_enqueue", broken)
+    # The next stage's job is written with the stage's success: fail it there.
+    monkeypatch.setattr(services, "_stage_job", broken)
     with pytest.raises(ConnectionError):
         pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT)
     run = PipelineRun.objects.get(anfrage=anfrage, stage="extract")
@@ -198,17 +199,17 @@ def test_a_stage_error_marks_the_run_failed_and_the_retry_takes_over(tenant, mon
     assert run.error == "ConnectionError: queue unreachable"
     # The closing transaction rolled back: no positions, no next job.
     assert not Position.objects.filter(anfrage=anfrage).exists()
-    monkeypatch.setattr(services, "pipeline_stage_enqueue", real)
+    monkeypatch.setattr(services, "_stage_job", real)
     assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT) == "completed"
     assert runs(anfrage)["extract"] == ("success", 2)
 
 
 def test_intake_retry_after_a_failure_stores_each_file_once(tenant, monkeypatch, storage_root):
     anfrage = submit(tenant, {"items.txt": ITEMS_TXT, "list.csv": ITEMS_CSV})
-    real = services.pipeline_stage_enqueue
+    real = services._stage_job
     monkeypatch.setattr(
         services,
-        "pipeline_stage_enqueue",
+        "_stage_job",
         lambda **kw: (_ for _ in ()).throw(ConnectionError("down")),
     )
     with pytest.raises(ConnectionError):
@@ -216,7 +217,7 @@ def test_intake_retry_after_a_failure_stores_each_file_once(tenant, monkeypatch,
     # The bytes are on disk (idempotent), but no row or audit entry committed.
     assert not AnfrageFile.objects.exists()
     assert not AuditEntry.objects.filter(action="file.stored").exists()
-    monkeypatch.setattr(services, "pipeline_stage_enqueue", real)
+    monkeypatch.setattr(services, "_stage_job", real)
     pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.INTAKE)
     files = list(AnfrageFile.objects.filter(anfrage=anfrage))
     assert len(files) == 2

@@ -40,3 +40,34 @@ def test_claim_and_complete_are_one_statement_each():
     assert n == 1
     done, n = statements(lambda: LEDGER.claim(unit="rt", stage="s"))
     assert not done.claimed and n == 1
+
+
+def test_complete_and_the_next_job_are_one_statement_and_both_or_neither(clean_queue):
+    from queueing.enqueue import job_params
+    from queueing.exceptions import LeaseLost
+    from tests.conftest import jobs
+
+    def next_job(unit: str) -> dict:
+        return job_params(
+            "tests.record", args={"label": unit}, key=f"next:{unit}", policy=Policy.EXCLUSIVE
+        )
+
+    claim = LEDGER.claim(unit="rt2", stage="s")
+    _, n = statements(lambda: LEDGER.complete(claim, then=next_job("a")))
+    assert n == 1
+    assert [j["queueing_lock"] for j in jobs()] == ["exclusive/next:a"]
+
+    # A job already holding the key is left as it is: no error, no second job.
+    again = LEDGER.claim(unit="rt3", stage="s")
+    LEDGER.complete(again, then=next_job("a"))
+    assert len(jobs()) == 1
+
+    # A stale token closes nothing and enqueues nothing.
+    stale = LEDGER.claim(unit="rt4", stage="s")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE test_steps SET attempts = attempts + 1 WHERE id = %s", [stale.entry_id]
+        )
+    with pytest.raises(LeaseLost):
+        LEDGER.complete(stale, then=next_job("b"))
+    assert len(jobs()) == 1
