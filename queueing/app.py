@@ -1,38 +1,20 @@
 """The task decorator every pgstage task uses.
 
 It registers the function on procrastinate's Django app with the framework's jittered,
-capped retry strategy by default, and keeps Django's per-thread connection healthy around
-each sync job (procrastinate runs sync tasks in a thread pool, where Django's
-request-cycle cleanup never runs).
+capped retry strategy by default. Django's per-thread connection around each sync job is
+procrastinate's Django app's own concern (its ``close_db_connections`` middleware), and
+after a database error pgstage's worker renews it (``queueing.worker``).
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable
 from typing import Any
 
-from django.db import close_old_connections
 from procrastinate.contrib.django import app as procrastinate_app
 
 from queueing import giveup
 from queueing.backoff import DEFAULT_RETRY
-
-
-def _with_connection_hygiene(func: Callable[..., Any]) -> Callable[..., Any]:
-    if inspect.iscoroutinefunction(func):
-        return func
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        close_old_connections()
-        try:
-            return func(*args, **kwargs)
-        finally:
-            close_old_connections()
-
-    return wrapper
 
 
 def task(
@@ -59,9 +41,7 @@ def task(
             on_give_up,
             cancellable=on_give_up is not None if cancellable is None else cancellable,
         )
-        return procrastinate_app.task(name=name, queue=queue, retry=retry, **options)(
-            _with_connection_hygiene(func)
-        )
+        return procrastinate_app.task(name=name, queue=queue, retry=retry, **options)(func)
 
     return decorator
 

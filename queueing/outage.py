@@ -50,11 +50,14 @@ class Failures:
         self._attempts: dict[str, int] = {}
         self._rng = random.SystemRandom()
         self.expired = False
+        #: Bumped by every failure: job threads reconnect once when it moved.
+        self.epoch = 0
 
     def failed(self, loop: str, exc: BaseException, *, bounded: bool = True) -> float:
         """Record a failed attempt of ``loop``; return the pause before the next one.
         ``bounded=False`` for a loop the worker can do without (LISTEN: polling remains)."""
         now = time.monotonic()
+        self.epoch += 1
         since = self._since.setdefault(loop, now)
         attempt = self._attempts.get(loop, 0)
         self._attempts[loop] = attempt + 1

@@ -36,6 +36,10 @@ What it adds to procrastinate's worker (3.10):
 * **Jobs that fail for good settle their domain.** Once a job's last attempt is saved as
   ``failed``, its task's ``on_give_up`` hook runs (``queueing.giveup``), so a domain row
   never stays active behind a failed job.
+* **No health-check round trip per job.** Django would ``SELECT 1`` on a reused connection
+  before every job (``CONN_HEALTH_CHECKS``); a connection only goes bad when the database
+  went away, which this worker's own loops notice. So job threads check nothing, and each
+  reconnects once before its next job after the worker saw a database error.
 """
 
 from __future__ import annotations
@@ -46,13 +50,14 @@ import contextlib
 import functools
 import json
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 from procrastinate import exceptions as procrastinate_exceptions
 from procrastinate import jobs, periodic, retry, utils
 from procrastinate import worker as procrastinate_worker
@@ -71,6 +76,8 @@ queries = load("queueing", "worker.sql")
 LISTEN_KEEPALIVE_SECONDS = 30.0
 #: How long a loop waits for a pooled connection before it counts as a failed attempt.
 POOL_TIMEOUT_SECONDS = 5.0
+#: Per job thread: the failure epoch its Django connection was last renewed at.
+_job_threads = threading.local()
 
 
 class DatabaseUnavailable(procrastinate_exceptions.ProcrastinateException):
@@ -119,7 +126,10 @@ class PgstageWorker(procrastinate_worker.Worker):
 
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("update_heartbeat_interval", heartbeat_seconds())
-        super().__init__(*args, **kwargs)
+        middleware = list(kwargs.pop("task_middleware", None) or [])
+        super().__init__(*args, task_middleware=[self._fresh_connection, *middleware], **kwargs)
+        # Every Django connection of this process is built from this one settings dict.
+        connections.settings[DEFAULT_DB_ALIAS]["CONN_HEALTH_CHECKS"] = False
         self._gave_up: str | None = None
         self.failures = Failures(window=outage_seconds(), on_expired=self._give_up)
         self._registering = asyncio.Lock()
@@ -129,6 +139,16 @@ class PgstageWorker(procrastinate_worker.Worker):
         self._maintenance = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="pgstage-maintenance"
         )
+
+    def _fresh_connection(self, call_next: Callable[[], Any], context: Any, worker: Any) -> Any:
+        """Sync task middleware, in the job's thread: after the worker saw a database
+        error, this thread's connection may be dead; drop it once, so the job's first
+        query connects afresh instead of failing (and costing the job an attempt)."""
+        epoch = self.failures.epoch
+        if getattr(_job_threads, "epoch", 0) != epoch:
+            connections.close_all()
+            _job_threads.epoch = epoch
+        return call_next()
 
     # -- the outage window -------------------------------------------------------------
 
