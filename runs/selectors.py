@@ -127,9 +127,14 @@ def analysis_runs_for_user(*, user: User, limit: int = 50) -> QuerySet[AnalysisR
 
 def unsaved_jobs() -> QuerySet[AnalysisJob]:
     """Finished analyses whose result is in no run yet (DESIGN §4: a job counts as saved
-    when its run holds it or a newer job): the ``run_saved`` flag that recording a run
-    sets, read through the backstop's partial index, so counting them costs what is
-    unsaved, not the table. The seed's ghost runs."""
+    when its run holds it or a newer job), the seed's ghost runs. The candidates are the
+    jobs not flagged ``run_saved`` (recording a run flags its job), read through the
+    backstop's partial index, so counting them costs what is unsaved, not the table; an
+    older job of a run whose newer job was saved is not flagged until the sweep meets it,
+    so the run itself is checked too."""
+    held = AnalysisRun.objects.filter(pk=OuterRef("run_id")).filter(
+        Q(job_id__gte=OuterRef("pk")) | Q(job_id__isnull=True)
+    )
     return (
         AnalysisJob.objects.filter(
             status__in=RECORDABLE_STATUSES,
@@ -139,6 +144,7 @@ def unsaved_jobs() -> QuerySet[AnalysisJob]:
             run_saved=False,
         )
         .exclude(results={})
+        .exclude(Exists(held))
         .annotate(ended_at=Coalesce("finished_at", "updated_at"))
     )
 

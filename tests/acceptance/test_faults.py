@@ -120,19 +120,21 @@ def test_a_worker_killed_inside_each_sweep(effects, start_worker, tmp_path):
     kill(first)
     dead = list(worker_ids() - before)
 
-    # 2. Killed inside every other sweep at once (it serves the sweeps queue only).
+    # 2. Killed inside every other sweep at once (two workers serving the sweeps queue
+    # only: a worker runs at most its thread pool's size of sync jobs at once).
     before = worker_ids()
-    second = start_worker(
-        "--queues=sweeps",
-        env={**FAST, "SLOW_SWEEPS": ",".join(job_sweeps), "SLOW_SWEEPS_DIR": str(gates)},
-        concurrency=len(job_sweeps) + 1,
-    )
+    slow = {**FAST, "SLOW_SWEEPS": ",".join(job_sweeps), "SLOW_SWEEPS_DIR": str(gates)}
+    seconds = [
+        start_worker("--queues=sweeps", env=slow, concurrency=len(job_sweeps))
+        for _ in range(2)
+    ]
     dead_sweep_jobs = {name: request_sweep(name).job_id for name in job_sweeps}
     wait_for(
         lambda: all(f"sweep:{n}:started" in effects() for n in job_sweeps),
-        message=f"the second worker inside every sweep\n{second.log()[-2000:]}",
+        message=f"the workers inside every sweep ({effects()})\n{seconds[0].log()[-2000:]}",
     )
-    kill(second)
+    for second in seconds:
+        kill(second)
     dead.extend(worker_ids() - before)
     assert {jobs(id=j)[0]["status"] for j in dead_sweep_jobs.values()} == {"doing"}
     # While their dead jobs hold the keys, ticks only deduplicate onto them.
