@@ -141,6 +141,8 @@ DELETE FROM credit_ledger
 DELETE FROM analysis_jobs WHERE tenant_id = %(tenant)s;
 DELETE FROM core_runs
  WHERE user_id IN (SELECT id FROM users WHERE tenant_id = %(tenant)s);
+DELETE FROM core_daily_usage WHERE tenant_id = %(tenant)s;
+DELETE FROM analysis_audit WHERE tenant_id = %(tenant)s;
 
 -- purge_pipeline --
 DELETE FROM audit_log WHERE tenant_id = %(tenant)s;
