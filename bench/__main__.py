@@ -33,6 +33,7 @@ BENCH_DATABASE = "pgstage_bench"
 GROUPS = ("enqueue", "admission", "resume", "jobs", "scale")
 #: The provider budget must not refuse the harness's admits (thousands a run).
 CORE_DAILY_BUDGET = "1000000000"
+INQUIRIES_PER_HOUR = "1000000"
 APPLICATION = "pgstage-bench-harness"
 
 
@@ -86,6 +87,9 @@ def _environment(storage: Path) -> None:
         os.environ["DATABASE_URL"] = _embedded_bench_url()
     os.environ["STORAGE_ROOT"] = str(storage)
     os.environ["CORE_DAILY_BUDGET"] = CORE_DAILY_BUDGET
+    # The tenant's hourly bound on inquiries stays switched on (its check is part of the
+    # path measured), set far above what the scenarios submit.
+    os.environ["MAX_INQUIRIES_PER_TENANT_PER_HOUR"] = INQUIRIES_PER_HOUR
     os.environ["PGAPPNAME"] = APPLICATION
     os.environ.setdefault("LOG_LEVEL", "WARNING")
 

@@ -198,13 +198,16 @@ def anfrage_submit_allowed(*, tenant: Tenant) -> None:
     if limit <= 0:
         return
     now = timezone.now()
-    recent = list(
+    # One indexed probe of the limit-th newest inquiry in the window (whatever the limit):
+    # when it exists the limit is reached, and the window frees a place when it leaves.
+    limit_th = (
         Anfrage.objects.filter(tenant=tenant, created_at__gt=now - SUBMIT_WINDOW)
-        .order_by("created_at")
-        .values_list("created_at", flat=True)[:limit]
+        .order_by("-created_at")
+        .values_list("created_at", flat=True)[limit - 1 : limit]
     )
-    if len(recent) >= limit:
-        wait = recent[0] + SUBMIT_WINDOW - now
+    oldest = next(iter(limit_th), None)
+    if oldest is not None:
+        wait = oldest + SUBMIT_WINDOW - now
         raise TooManyInquiries(
             f"the tenant submitted {limit} inquiries in the last hour, its limit; try again later",
             retry_after=max(1, math.ceil(wait.total_seconds())),

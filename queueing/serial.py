@@ -90,7 +90,9 @@ class SerialQueue:
         ``guard`` (a SQL condition) and ``then`` (SQL CTEs over the inserted row,
         ``admitted``) let the caller check and write in that same statement, with
         ``params``; a false guard inserts nothing and returns None. Both are named SQL
-        blocks, never built from values."""
+        blocks, never built from values. A child row (its parent field set) is born
+        ``start`` and never takes the slot; it still waits for the key's lock when a
+        guard or ``then`` is given, since what they read and write is the key's."""
         meta = self.model._meta
         connection = connections[self.using]
         values = {meta.get_field(name).name: value for name, value in values.items()}
@@ -117,10 +119,14 @@ class SerialQueue:
         is_child = values.get(self.parent_field) is not None
         if is_child:
             # A child never waits and never takes the slot (siblings count only with
-            # parent IS NULL), so it needs no lock and is born with the start status.
+            # parent IS NULL): it is born with the start status.
             all_params["queued"] = self.start
+        # The lock serialises what the statement decides: the slot, and whatever the
+        # guard reads and ``then`` writes (a balance and its charge are per key for a
+        # child too). Only a child with neither decides nothing that can race.
+        needs_lock = not is_child or guard is not None or then is not None
         with transaction.atomic(using=self.using, savepoint=False):
-            if not is_child:
+            if needs_lock:
                 locks.xact_lock(self.namespace, key, using=self.using)
             with connection.cursor() as cursor:
                 cursor.execute(statement, all_params)

@@ -24,6 +24,7 @@ from runs import judge as judging
 from runs.core import get_core, queries
 from runs.credits import ANALYSIS_PRICE, credit_refund
 from runs.exceptions import (
+    HoldExpired,
     InsufficientCredits,
     NoCitations,
     ParentNotComplete,
@@ -33,6 +34,8 @@ from runs.exceptions import (
 )
 from runs.models import (
     AnalysisJob,
+    CoreRun,
+    CoreRunState,
     JobStatus,
 )
 from runs.queue import (
@@ -135,17 +138,23 @@ def analysis_job_admit(
                     "user_id": user.pk,
                     "price": ANALYSIS_PRICE,
                     "open_limit": int(settings.MAX_QUEUED_ANALYSES_PER_USER),
+                    "core_run_id": core_run_id,
                 },
             )
             if admitted is None:
-                raise _refusal(user)
+                raise _refusal(user, core_run_id=core_run_id)
             if admitted.status == JobStatus.PENDING:
                 enqueue_process(admitted.id)
             if admitted.promoted is not None:
                 # The slot was free but older jobs waited: the oldest started instead.
                 enqueue_process(admitted.promoted)
     except BaseException:
-        core.cancel_held(core_run_id=core_run_id)
+        try:
+            core.cancel_held(core_run_id=core_run_id)
+        except Exception:
+            # The refusal is what the caller must see; an uncancelled hold expires with
+            # the resume tick (held_runs_expire).
+            logger.exception("could not cancel held core run %s", core_run_id)
         raise
     return Admission(
         id=admitted.id, run_id=run_id, status=admitted.status, queue_position=admitted.position
@@ -161,8 +170,13 @@ def held_runs_expire(*, limit: int = 500) -> int:
     )
 
 
-def _refusal(user: User) -> RunsError:
+def _refusal(user: User, *, core_run_id: int) -> RunsError:
     """Why the admission's guard refused (read after the fact: the refusal path only)."""
+    if not CoreRun.objects.filter(pk=core_run_id, state=CoreRunState.HELD).exists():
+        return HoldExpired(
+            "this admission waited longer than CORE_HELD_EXPIRY_SECONDS for its queue and "
+            "its held provider run expired; nothing was charged: admit it again"
+        )
     balance = credit_balance(user_id=user.pk)
     if balance < ANALYSIS_PRICE:
         return InsufficientCredits(

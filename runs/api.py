@@ -30,6 +30,7 @@ from runs.exceptions import (
     BudgetExhausted,
     CoreRefused,
     CoreUnavailable,
+    HoldExpired,
     InsufficientCredits,
     JobNotFinished,
     JobNotFound,
@@ -54,6 +55,8 @@ MAX_SOURCE_TITLE_CHARS = 500
 MAX_DOI_CHARS = 300
 MAX_SOURCE_TEXT_CHARS = 20_000
 SOURCE_KEY_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9_.:-]{{0,{MAX_SOURCE_KEY_CHARS - 1}}}$"
+#: ``Retry-After`` of a transient refusal (503).
+TRANSIENT_RETRY_AFTER_SECONDS = 5
 #: Verdicts on a job's own page; the rest through its verdicts list.
 DETAIL_ITEMS = 100
 
@@ -68,6 +71,7 @@ _STATUS: dict[type[RunsError], int] = {
     TooManyCitations: 422,
     CoreRefused: 422,
     CoreUnavailable: 503,
+    HoldExpired: 503,
 }
 
 
@@ -76,6 +80,9 @@ def _client_error(exc: RunsError) -> ClientError:
         return NotFound()
     status = next((_STATUS[c] for c in type(exc).__mro__ if c in _STATUS), 400)
     headers = {}
+    if status == 503:
+        # Transient (the core is unreachable, a hold expired): try again shortly.
+        headers["Retry-After"] = str(TRANSIENT_RETRY_AFTER_SECONDS)
     if isinstance(exc, BudgetExhausted):
         # The budget is a UTC day's: it refills at the next UTC midnight.
         now = timezone.now().astimezone(datetime.UTC)

@@ -129,8 +129,13 @@ class LocalCore:
         return row[0]
 
     def cancel_held(self, *, core_run_id: int) -> None:
+        self._cancel_held(core_run_id)
+
+    def _cancel_held(self, core_run_id: int) -> bool:
+        """True when the run was cancelled (and its budget unit given back)."""
         with connection.cursor() as cursor:
             cursor.execute(queries["core_cancel_held"], {"core_run_id": core_run_id})
+            return cursor.fetchone() is not None
 
     def expire_held(self, *, older_than_seconds: float, limit: int) -> int:
         with connection.cursor() as cursor:
@@ -138,9 +143,7 @@ class LocalCore:
                 queries["core_stale_held"], {"seconds": older_than_seconds, "limit": limit}
             )
             stale = [row[0] for row in cursor.fetchall()]
-        for core_run_id in stale:
-            self.cancel_held(core_run_id=core_run_id)
-        return len(stale)
+        return sum(self._cancel_held(core_run_id) for core_run_id in stale)
 
     def _move(
         self,

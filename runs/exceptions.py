@@ -102,6 +102,12 @@ class BudgetExhausted(CoreRefused):
     code = "budget_exhausted"
 
 
+class HoldExpired(CoreError):
+    """The admission waited so long that its held provider run expired; admit it again."""
+
+    code = "hold_expired"
+
+
 class CoreStateError(CoreError):
     """The core run is not in a state that allows this transition."""
 

@@ -24,12 +24,17 @@ RETURNING id;
 -- core_cancel_held --
 -- Cancel a held run no job took (its admission was refused, or died before it committed)
 -- and give its budget unit back to the day it was taken from. A run a job references, or
--- one no longer held, is left as it is: cancelling twice does nothing.
+-- one no longer held, is left as it is: cancelling twice does nothing. A run an admission
+-- is taking right now (its guard holds the row FOR KEY SHARE, and its job is not yet
+-- visible here) is skipped, not waited for: that admission commits a job naming it.
 WITH cancelled AS (
     DELETE FROM core_runs c
-     WHERE c.id = %(core_run_id)s
-       AND c.state = 'held'
-       AND NOT EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.core_run_id = c.id)
+     WHERE c.id = (SELECT h.id FROM core_runs h
+                    WHERE h.id = %(core_run_id)s
+                      AND h.state = 'held'
+                      AND NOT EXISTS (SELECT 1 FROM analysis_jobs j
+                                       WHERE j.core_run_id = h.id)
+                      FOR UPDATE SKIP LOCKED)
     RETURNING c.user_id, c.created_at
 )
 UPDATE core_daily_usage u
@@ -54,11 +59,17 @@ SELECT c.id
 
 -- admit_guard --
 -- The admission's checks, inside the serial queue's INSERT (under the user's lock, so two
--- admits of one user cannot both pass): the balance covers the price, and the user has
--- fewer than %(open_limit)s analyses queued, pending or running (0: no bound; one indexed
--- probe of the limit-th, however long the queue).
+-- admits of one user cannot both pass): the balance covers the price, the held core run
+-- is still held, and the user has fewer than %(open_limit)s analyses queued, pending or
+-- running (0: no bound; one indexed probe of the limit-th, however long the queue).
 (SELECT coalesce(sum(c.amount), 0) FROM credit_ledger c WHERE c.user_id = %(user_id)s)
     >= %(price)s
+-- The held core run is still there, and stays (FOR KEY SHARE until commit): the resume
+-- tick's expiry may have cancelled it while this admission waited for the lock, and it
+-- skips a run this lock holds.
+AND EXISTS (SELECT 1 FROM core_runs h
+             WHERE h.id = %(core_run_id)s AND h.state = 'held'
+               FOR KEY SHARE)
 AND (%(open_limit)s <= 0
      OR NOT EXISTS (SELECT 1 FROM analysis_jobs o
                      WHERE o.user_id = %(user_id)s

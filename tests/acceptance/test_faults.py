@@ -125,8 +125,7 @@ def test_a_worker_killed_inside_each_sweep(effects, start_worker, tmp_path):
     before = worker_ids()
     slow = {**FAST, "SLOW_SWEEPS": ",".join(job_sweeps), "SLOW_SWEEPS_DIR": str(gates)}
     seconds = [
-        start_worker("--queues=sweeps", env=slow, concurrency=len(job_sweeps))
-        for _ in range(2)
+        start_worker("--queues=sweeps", env=slow, concurrency=len(job_sweeps)) for _ in range(2)
     ]
     dead_sweep_jobs = {name: request_sweep(name).job_id for name in job_sweeps}
     wait_for(

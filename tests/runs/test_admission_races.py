@@ -1,0 +1,182 @@
+"""Admission races the per-user lock must close.
+
+* Two delta re-checks of one user at once (two tabs, a double click, an operator's
+  retry of a failed delta): a delta never waits for the slot, but its balance check and
+  charge are the user's, so it takes the user's queue lock too — invariant 5, no balance
+  goes negative.
+* The resume tick's ``held_runs_expire`` while an admission, its held core run already
+  committed, waits for the user's lock: either the expiry skips the run (the admission's
+  guard holds it) or the admission is refused cleanly (``HoldExpired``, 503) — never a
+  job naming a deleted run (an IntegrityError at commit, a 500).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connections, transaction
+
+from queueing import locks
+from runs import admission, processing
+from runs.exceptions import HoldExpired, InsufficientCredits, RunsError
+from runs.models import AnalysisJob, CoreRun
+from runs.queue import ANALYSIS_QUEUE_LOCK
+from runs.selectors import credit_balance
+from tests.runs.factories import DOC_HTML, SOURCES, funded_user
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def admit(user, **kwargs):
+    return admission.analysis_job_admit(
+        user=user, title=kwargs.pop("title", "T"), doc_html=DOC_HTML, sources=SOURCES, **kwargs
+    )
+
+
+def test_two_concurrent_delta_admits_cannot_overdraw_the_balance(clean_queue, monkeypatch):
+    user = funded_user(credits=2)
+    parent = admit(user)
+    assert processing.analysis_job_process(job_id=parent.id) == "complete"
+    assert credit_balance(user_id=user.pk) == 1  # enough for exactly one more analysis
+
+    # Tab A's admission pauses inside its transaction, after its INSERT + charge
+    # statement (at the enqueue of its process_job), as a slow request would.
+    inserted, resume = threading.Event(), threading.Event()
+    real_enqueue = admission.enqueue_process
+
+    def slow_enqueue(job_id):
+        if threading.current_thread().name == "tab-a":
+            inserted.set()
+            resume.wait(timeout=20)
+        return real_enqueue(job_id)
+
+    monkeypatch.setattr(admission, "enqueue_process", slow_enqueue)
+    outcome: dict[str, object] = {}
+
+    def tab(name):
+        try:
+            outcome[name] = admit(user, delta_of_job_id=parent.id)
+        except BaseException as exc:
+            outcome[name] = exc
+        finally:
+            connections.close_all()
+
+    a = threading.Thread(target=tab, args=("tab-a",), name="tab-a")
+    a.start()
+    assert inserted.wait(timeout=20)
+    b = threading.Thread(target=tab, args=("tab-b",), name="tab-b")
+    b.start()
+    b.join(timeout=3)  # a correct admission waits for tab A here (the user's lock)
+    resume.set()
+    a.join(timeout=20)
+    b.join(timeout=20)
+
+    admitted = [o for o in outcome.values() if isinstance(o, admission.Admission)]
+    refused = [o for o in outcome.values() if isinstance(o, InsufficientCredits)]
+    balance = credit_balance(user_id=user.pk)
+    deltas = AnalysisJob.objects.filter(delta_of_job_id=parent.id).count()
+    assert balance >= 0, (
+        f"balance went to {balance}: both delta admits passed the guard ({deltas} deltas "
+        f"charged; outcomes {outcome})"
+    )
+    assert (len(admitted), len(refused)) == (1, 1), outcome
+
+
+def test_expire_held_never_cancels_the_held_run_of_an_admission_in_flight(clean_queue, settings):
+    user = funded_user(credits=3)
+    holding, release = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def hold_the_users_lock():
+        # Anything of the user's that is under their queue lock (a promotion, a cancel,
+        # an operator's retry) while the admission waits for it.
+        try:
+            with transaction.atomic():
+                locks.xact_lock(ANALYSIS_QUEUE_LOCK, user.pk)
+                holding.set()
+                release.wait(timeout=30)
+        finally:
+            connections.close_all()
+
+    def click():
+        try:
+            outcome["admit"] = admission.analysis_job_admit(
+                user=user, title="T", doc_html=DOC_HTML, sources=SOURCES
+            )
+        except BaseException as exc:
+            outcome["admit"] = exc
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_the_users_lock)
+    holder.start()
+    assert holding.wait(timeout=10)
+    admit = threading.Thread(target=click)
+    admit.start()
+    # The admission created (and committed) its held run and now waits for the lock.
+    for _ in range(200):
+        if CoreRun.objects.exists():
+            break
+        admit.join(timeout=0.05)
+    assert CoreRun.objects.count() == 1
+    # Time passes while it waits: back-date the held run past the expiry.
+    CoreRun.objects.update(created_at=CoreRun.objects.get().created_at.replace(year=2000))
+    expired = admission.held_runs_expire()
+    release.set()
+    holder.join(timeout=10)
+    admit.join(timeout=30)
+
+    result = outcome["admit"]
+    assert isinstance(result, (admission.Admission, RunsError)), (
+        f"expire_held (cancelled {expired}) took the held run of an admission in flight; "
+        f"the admission ended in {type(result).__name__}: {result}"
+    )
+    if isinstance(result, RunsError):
+        # The expiry won: a clean refusal that says what happened, nothing charged.
+        assert isinstance(result, HoldExpired), result
+        assert not AnalysisJob.objects.exists()
+    if isinstance(result, admission.Admission):
+        assert AnalysisJob.objects.get(pk=result.id).core_run_id in set(
+            CoreRun.objects.values_list("pk", flat=True)
+        )
+    assert credit_balance(user_id=user.pk) in (2, 3)
+
+
+def test_expire_held_skips_the_held_run_an_admission_is_committing(clean_queue, monkeypatch):
+    user = funded_user(credits=3)
+    inserted, resume = threading.Event(), threading.Event()
+    real_enqueue = admission.enqueue_process
+
+    def slow_enqueue(job_id):
+        # Past the guard (which holds the held run FOR KEY SHARE), before the commit.
+        inserted.set()
+        resume.wait(timeout=20)
+        return real_enqueue(job_id)
+
+    monkeypatch.setattr(admission, "enqueue_process", slow_enqueue)
+    outcome: dict[str, object] = {}
+
+    def click():
+        try:
+            outcome["admit"] = admission.analysis_job_admit(
+                user=user, title="T", doc_html=DOC_HTML, sources=SOURCES
+            )
+        except BaseException as exc:
+            outcome["admit"] = exc
+        finally:
+            connections.close_all()
+
+    admit = threading.Thread(target=click)
+    admit.start()
+    try:
+        assert inserted.wait(timeout=20)
+        CoreRun.objects.update(created_at=CoreRun.objects.get().created_at.replace(year=2000))
+        assert admission.held_runs_expire() == 0, "the expiry took a run being admitted"
+    finally:
+        resume.set()
+        admit.join(timeout=30)
+    result = outcome["admit"]
+    assert isinstance(result, admission.Admission), result
+    assert AnalysisJob.objects.get(pk=result.id).core_run_id == CoreRun.objects.get().pk
+    assert credit_balance(user_id=user.pk) == 2
