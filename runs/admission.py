@@ -45,7 +45,7 @@ from runs.queue import (
     PROCESS_JOB_TASK,
     RUNS_QUEUE,
 )
-from runs.selectors import analysis_job_for_user, credit_balance
+from runs.selectors import analysis_job_for_user, credit_balance, tenant_slug
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +58,12 @@ class Admission:
     queue_position: int
 
 
-def enqueue_process(job_id: int) -> Enqueued:
+def enqueue_process(job_id: int, *, tenant_id: int) -> Enqueued:
+    """``process_job`` of the job, under its EXCLUSIVE key. The tenant's slug rides along
+    as an argument, only so the job's log lines name the tenant (the key stays the job)."""
     return enqueue(
         PROCESS_JOB_TASK,
-        args={"job_id": job_id},
+        args={"job_id": job_id, "tenant": tenant_slug(tenant_id)},
         key=PROCESS_JOB_KEY.build(job=job_id),
         policy=Policy.EXCLUSIVE,
         queue=RUNS_QUEUE,
@@ -144,10 +146,10 @@ def analysis_job_admit(
             if admitted is None:
                 raise _refusal(user, core_run_id=core_run_id)
             if admitted.status == JobStatus.PENDING:
-                enqueue_process(admitted.id)
+                enqueue_process(admitted.id, tenant_id=user.tenant_id)
             if admitted.promoted is not None:
                 # The slot was free but older jobs waited: the oldest started instead.
-                enqueue_process(admitted.promoted)
+                enqueue_process(admitted.promoted, tenant_id=user.tenant_id)
     except BaseException:
         try:
             core.cancel_held(core_run_id=core_run_id)
@@ -190,10 +192,14 @@ def _refusal(user: User, *, core_run_id: int) -> RunsError:
     )
 
 
-def promote_next(user_id: int) -> int | None:
+def promote_next(user_id: int, *, tenant_id: int | None = None) -> int | None:
+    """Start the user's oldest queued job if the slot is free (``tenant_id``: the user's,
+    when the caller knows it)."""
     promoted = ANALYSIS_QUEUE.promote(key=user_id)
     if promoted is not None:
-        enqueue_process(promoted)
+        if tenant_id is None:
+            tenant_id = User.objects.values_list("tenant_id", flat=True).get(pk=user_id)
+        enqueue_process(promoted, tenant_id=tenant_id)
     return promoted
 
 

@@ -36,7 +36,7 @@ from runs.queue import (
     JUDGE_RUN_TASK,
     RUNS_QUEUE,
 )
-from runs.selectors import analysis_job_for_user
+from runs.selectors import analysis_job_for_user, tenant_slug
 
 logger = logging.getLogger(__name__)
 
@@ -79,10 +79,11 @@ def analysis_run_record(*, job_id: int, saved_by: SavedBy) -> Recorded:
             row = cursor.fetchone()
         if row is None:
             return Recorded(run_id=None, version=None, written=False)
-        run_id, version = row
+        run_id, version, tenant_id = row
         enqueue(
             JUDGE_RUN_TASK,
-            args={"run_id": str(run_id), "version": version},
+            # The tenant only names it in the job's log lines.
+            args={"run_id": str(run_id), "version": version, "tenant": tenant_slug(tenant_id)},
             key=JUDGE_RUN_KEY.build(run=run_id, version=version),
             policy=Policy.EXCLUSIVE,
             queue=RUNS_QUEUE,

@@ -53,7 +53,7 @@ def analysis_job_requeue(*, job_id: int) -> RequeueOutcome:
         job = lock_job(job_id)
         if job is None or job.status not in ACTIVE_STATUSES:
             return RequeueOutcome.NOT_ACTIVE
-        enqueued = enqueue_process(job.pk)
+        enqueued = enqueue_process(job.pk, tenant_id=job.tenant_id)
     return RequeueOutcome.ENQUEUED if enqueued.created else RequeueOutcome.ALREADY_WAITING
 
 

@@ -90,7 +90,7 @@ def _requeue_lost(job_id: int, *, cutoff: datetime.datetime) -> str | None:
         if job is None or job.status not in ACTIVE_STATUSES or job.updated_at >= cutoff:
             return None
         before = transaction.savepoint()
-        if not enqueue_process(job.pk).created:
+        if not enqueue_process(job.pk, tenant_id=job.tenant_id).created:
             return None  # its task still waits, retries or runs
         if job.requeues >= max_requeues():
             transaction.savepoint_rollback(before)
@@ -104,7 +104,7 @@ def _requeue_lost(job_id: int, *, cutoff: datetime.datetime) -> str | None:
     return "requeued"
 
 
-def analysis_job_abandon(*, job_id: int, reason: str) -> bool:
+def analysis_job_abandon(*, job_id: int, reason: str, tenant: str = "") -> bool:
     """``process_job``'s give-up hook: its job ended for good without finishing the
     analysis (its last attempt failed, its workers kept dying, an operator cancelled
     it). Fail the analysis, refund it once, start the user's next job. Compare-and-set on
@@ -125,7 +125,7 @@ def job_fail(job: AnalysisJob, *, reason: str) -> None:
     )
     credit_refund(job, note=f"analysis job {job.pk} failed")
     if not job.is_delta:
-        promote_next(job.user_id)
+        promote_next(job.user_id, tenant_id=job.tenant_id)
 
 
 def _release_failed_reason(job: AnalysisJob, exc: Exception) -> str:
@@ -224,7 +224,7 @@ def analysis_job_process(*, job_id: int) -> ProcessOutcome:
             updated_at=now,
         )
         if not job.is_delta:
-            promote_next(job.user_id)
+            promote_next(job.user_id, tenant_id=job.tenant_id)
     return ProcessOutcome.COMPLETE
 
 

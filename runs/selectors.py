@@ -12,7 +12,7 @@ from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from accounts.models import User
+from accounts.models import Tenant, User
 from runs.exceptions import JobNotFound
 from runs.models import (
     ACTIVE_STATUSES,
@@ -286,3 +286,20 @@ def queue_overview(*, user_id: int | None = None, live_only: bool = False) -> li
         )
         for user in users
     ]
+
+
+_tenant_slugs: dict[int, str] = {}
+
+
+def tenant_slug(tenant_id: int | None) -> str:
+    """A tenant's slug, read once per process (a slug never changes: it is part of the
+    tenant's keys and storage paths); "" for none."""
+    if tenant_id is None:
+        return ""
+    slug = _tenant_slugs.get(tenant_id)
+    if slug is None:
+        slug = Tenant.objects.filter(pk=tenant_id).values_list("slug", flat=True).first()
+        if slug is None:
+            return ""
+        _tenant_slugs[tenant_id] = slug
+    return slug

@@ -129,7 +129,7 @@ ON CONFLICT (id) DO UPDATE
  WHERE EXCLUDED.job_id > r.job_id
     OR (EXCLUDED.job_id = r.job_id AND EXCLUDED.saved_by = 'client' AND r.saved_by = 'worker')
     OR (r.job_id IS NULL AND EXCLUDED.saved_by = 'client')
-RETURNING r.id, r.version
+RETURNING r.id, r.version, r.tenant_id
 ), flagged AS (
     UPDATE analysis_jobs j
        SET run_saved = true
@@ -139,7 +139,7 @@ RETURNING r.id, r.version
             OR EXISTS (SELECT 1 FROM analysis_runs r
                         WHERE r.id = j.run_id AND (r.job_id >= j.id OR r.job_id IS NULL)))
 )
-SELECT id, version FROM recorded;
+SELECT id, version, tenant_id FROM recorded;
 
 -- unsaved_runs --
 -- The backstop sweep's batch: terminal jobs that still hold their body and non-empty

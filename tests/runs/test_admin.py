@@ -167,7 +167,7 @@ def test_jobs_and_runs_link_their_procrastinate_jobs(staff_client, seeded):
     )
     assert listed.status_code == 200
     [found] = listed.context["cl"].result_list
-    assert (found.task_name, found.args) == ("runs.process_job", {"job_id": pending})
+    assert (found.task_name, found.args["job_id"]) == ("runs.process_job", pending)
 
     run = AnalysisRun.objects.get()
     run_list = staff_client.get(reverse("admin:runs_analysisrun_changelist")).content
@@ -209,7 +209,7 @@ def test_requeue_enqueues_a_lost_active_job_once_and_never_a_terminal_one(staff_
         "Requeue: 1 requeued; 2 not requeued: queued (waiting for their turn) or already finished."
     ]
     assert second == ["Requeue: 1 already had their job waiting, retrying or running."]
-    assert [j["args"] for j in jobs(queueing_lock=lock)] == [{"job_id": pending}]
+    assert [j["args"]["job_id"] for j in jobs(queueing_lock=lock)] == [pending]
     assert jobs(task_name="runs.process_job") == [*others, *jobs(queueing_lock=lock)]
 
 

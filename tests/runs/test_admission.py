@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from queueing.logs import tenant_of
 from runs.models import AnalysisJob, CoreRun, CoreRunState, CreditEntry, CreditKind, JobStatus
 from runs.processing import analysis_job_process
 from runs.selectors import credit_balance
@@ -30,7 +31,13 @@ def test_first_admit_is_pending_with_its_process_job_and_later_ones_queue_in_ord
     ]
     assert len({b["run_id"] for b in bodies}) == 3
     enqueued = jobs(task_name="runs.process_job")
-    assert [j["args"] for j in enqueued] == [{"job_id": bodies[0]["id"]}]
+    # The tenant's slug rides along, for the job's log lines.
+    assert [j["args"] for j in enqueued] == [
+        {"job_id": bodies[0]["id"], "tenant": user.tenant.slug}
+    ]
+    assert tenant_of(key=enqueued[0]["queueing_lock"], task_kwargs=enqueued[0]["args"]) == (
+        user.tenant.slug
+    )
     assert enqueued[0]["queueing_lock"] == f"exclusive/analysis:{bodies[0]['id']}"
     assert credit_balance(user_id=user.pk) == 2
     assert set(CoreRun.objects.values_list("state", flat=True)) == {CoreRunState.HELD}
@@ -202,9 +209,11 @@ def test_an_admit_is_a_handful_of_statements():
     from django.test.utils import CaptureQueriesContext
 
     from runs.admission import analysis_job_admit
+    from runs.selectors import tenant_slug
     from tests.runs.factories import DOC_HTML, SOURCES
 
     user = funded_user(credits=5)
+    tenant_slug(user.tenant_id)  # read once per process, for the jobs' log lines
 
     def admit():
         with CaptureQueriesContext(connection) as captured:

@@ -45,11 +45,11 @@ def test_two_concurrent_delta_admits_cannot_overdraw_the_balance(clean_queue, mo
     inserted, resume = threading.Event(), threading.Event()
     real_enqueue = admission.enqueue_process
 
-    def slow_enqueue(job_id):
+    def slow_enqueue(job_id, **kwargs):
         if threading.current_thread().name == "tab-a":
             inserted.set()
             resume.wait(timeout=20)
-        return real_enqueue(job_id)
+        return real_enqueue(job_id, **kwargs)
 
     monkeypatch.setattr(admission, "enqueue_process", slow_enqueue)
     outcome: dict[str, object] = {}
@@ -148,11 +148,11 @@ def test_expire_held_skips_the_held_run_an_admission_is_committing(clean_queue, 
     inserted, resume = threading.Event(), threading.Event()
     real_enqueue = admission.enqueue_process
 
-    def slow_enqueue(job_id):
+    def slow_enqueue(job_id, **kwargs):
         # Past the guard (which holds the held run FOR KEY SHARE), before the commit.
         inserted.set()
         resume.wait(timeout=20)
-        return real_enqueue(job_id)
+        return real_enqueue(job_id, **kwargs)
 
     monkeypatch.setattr(admission, "enqueue_process", slow_enqueue)
     outcome: dict[str, object] = {}

@@ -61,7 +61,9 @@ def test_client_save_writes_once_and_a_repeat_answers_200_without_rewriting(api)
     assert first.json() == second.json()
     assert (first.json()["saved_by"], first.json()["version"]) == ("client", 1)
     assert run_writes() == 1 and run_tuples() == tuples
-    assert [j["args"] for j in judge_jobs()] == [{"run_id": first.json()["id"], "version": 1}]
+    assert [(j["args"]["run_id"], j["args"]["version"]) for j in judge_jobs()] == [
+        (first.json()["id"], 1)
+    ]
     run = AnalysisRun.objects.get()
     assert run.doc_html == AnalysisJob.objects.get(pk=job_id).doc_html
     assert run.results["summary"]["citations"] == 3
@@ -108,7 +110,9 @@ def test_sweep_records_a_run_no_browser_saved_after_grace_and_once():
     assert (first.selected, first.changed, second.selected) == (1, 1, 0)
     run = AnalysisRun.objects.get()
     assert (run.pk, run.job_id, run.saved_by, run.version) == (job.run_id, job.pk, "worker", 1)
-    assert [j["args"] for j in judge_jobs()] == [{"run_id": str(job.run_id), "version": 1}]
+    assert [j["args"] for j in judge_jobs()] == [
+        {"run_id": str(job.run_id), "version": 1, "tenant": job.tenant.slug}
+    ]
     assert run_writes() == 1
 
 

@@ -92,9 +92,9 @@ def test_resume_tick_promotes_a_queue_whose_slot_was_freed_without_promotion(cle
     assert result.notes["promoted"] == 1
     statuses = dict(AnalysisJob.objects.values_list("pk", "status"))
     assert (statuses[second.id], statuses[third.id]) == ("pending", "queued")
-    assert [j["args"] for j in jobs(task_name="runs.process_job")] == [
-        {"job_id": first.id},
-        {"job_id": second.id},
+    assert [j["args"]["job_id"] for j in jobs(task_name="runs.process_job")] == [
+        first.id,
+        second.id,
     ]
     assert run_sweep("analysis_resume").notes["promoted"] == 0
 
@@ -119,4 +119,4 @@ def test_resume_tick_re_enqueues_an_active_job_whose_task_is_gone(clean_queue):
 
     assert run_sweep("analysis_resume").notes["requeued"] == 1
     assert run_sweep("analysis_resume").notes["requeued"] == 0
-    assert [j["args"] for j in jobs(task_name="runs.process_job")] == [{"job_id": job.id}]
+    assert [j["args"]["job_id"] for j in jobs(task_name="runs.process_job")] == [job.id]
