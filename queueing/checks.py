@@ -28,19 +28,37 @@ def check_database(app_configs, **kwargs):
             )
         )
     errors.extend(_check_stall_threshold())
-    period = getattr(settings, "QUEUEING_STALLED_RECOVERY_SECONDS", 15)
-    grace = getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30)
-    if not isinstance(period, int | float) or not 0 < period <= grace:
-        errors.append(
-            Error(
-                f"QUEUEING_STALLED_RECOVERY_SECONDS={period!r} must be a positive number of "
-                f"seconds no longer than QUEUEING_STALLED_WORKER_SECONDS ({grace}): recovery "
-                "runs at least once per stall threshold.",
-                hint="Use half the stall threshold (15 for 30).",
-                id="queueing.E003",
-            )
-        )
+    errors.extend(_check_recovery_period())
     return errors
+
+
+def _check_recovery_period() -> list[Error]:
+    """Recovery must run more often than its resume gap (the stall threshold less one
+    heartbeat): a gap between two runs longer than that counts as a time nobody watched
+    (``Sweep.resume_gap_seconds``), so a period as long would make every run a restart of
+    the clock, and no dead worker's job would ever be recovered."""
+    period = getattr(settings, "QUEUEING_STALLED_RECOVERY_SECONDS", 10)
+    grace = float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30))
+    beat = float(getattr(settings, "QUEUEING_HEARTBEAT_SECONDS", 10))
+    gap = grace - beat
+    if not isinstance(period, int | float) or isinstance(period, bool) or period <= 0:
+        ok = False
+    else:
+        # A threshold within one heartbeat is queueing.W001's; nothing to weigh against.
+        ok = gap <= 0 or period < gap
+    if ok:
+        return []
+    return [
+        Error(
+            f"QUEUEING_STALLED_RECOVERY_SECONDS={period!r} must be a positive number of "
+            f"seconds shorter than the stall threshold less one heartbeat ({grace:g} - "
+            f"{beat:g} = {gap:g} s): a longer pause between two recoveries counts as a time "
+            "nobody watched, so recovery would restart its clock on every run and never "
+            "recover a dead worker's job.",
+            hint=f"Use half of that or less ({max(gap / 2, 0.1):g} s), with room for a slow run.",
+            id="queueing.E003",
+        )
+    ]
 
 
 def _check_stall_threshold() -> list[Warning]:

@@ -22,14 +22,14 @@ import enum
 import json
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from procrastinate.contrib.django.models import ProcrastinateJob
 
 from queueing import giveup
 from queueing.exceptions import QueueingError
 from queueing.sql import queries
-from queueing.stalled import recover_job
+from queueing.stalled import STALLED_SWEEP, recover_job
+from queueing.sweeps import get_sweep
 
 
 class RetryOutcome(enum.StrEnum):
@@ -62,9 +62,15 @@ def job_retry(*, job_id: int) -> Retried:
     """Retry one job as an operator means it (see the module docstring). Idempotent: a
     second call finds the job waiting (``NOT_RETRYABLE``) or deduplicated."""
     with transaction.atomic(), connection.cursor() as cursor:
+        recovery = get_sweep(STALLED_SWEEP)
         cursor.execute(
             queries["job_for_operator"],
-            {"job_id": job_id, "seconds": settings.QUEUEING_STALLED_WORKER_SECONDS},
+            {
+                "job_id": job_id,
+                "seconds": recovery.grace_seconds,
+                "gap": recovery.resume_gap_seconds,
+                "clock": recovery.name,
+            },
         )
         row = cursor.fetchone()
         if row is None:

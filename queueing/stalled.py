@@ -43,6 +43,8 @@ from queueing.sweeps import SweepContext, SweepResult, declare_sweep, sweep_rows
 
 logger = logging.getLogger(__name__)
 
+STALLED_SWEEP = "stalled_jobs"
+
 
 def max_recoveries() -> int:
     return int(getattr(settings, "QUEUEING_STALLED_MAX_RECOVERIES", 3))
@@ -104,13 +106,13 @@ def recover_job(row) -> str:
 
 
 @declare_sweep(
-    name="stalled_jobs",
+    name=STALLED_SWEEP,
     batch_size=100,
     grace_setting="QUEUEING_STALLED_WORKER_SECONDS",
     grace_default=30,
     inline=True,
     every_setting="QUEUEING_STALLED_RECOVERY_SECONDS",
-    every_default=15,
+    every_default=10,
 )
 def recover_stalled_jobs(ctx: SweepContext) -> SweepResult:
     """Retry jobs whose worker died (no heartbeat for the grace period)."""

@@ -22,9 +22,10 @@ inside one transaction under a transaction-level try-lock ``queueing_sweep:<name
 runs never overlap (the second skips), a run that dies takes its lock with it (its
 connection closes and PostgreSQL ends the transaction), and no backlog of jobs delays it.
 Each run records itself in ``pgstage_inline_sweeps``; after a gap longer than the sweep's
-grace (the database, or every worker, was away) it records that it *resumed*, and hands
-that moment to the sweep (``SweepContext.resumed_at``): stalled recovery counts a worker's
-silence from it, since nobody could beat during the gap.
+grace less one heartbeat (the database, or every worker, was away:
+``Sweep.resume_gap_seconds``) it records that it *resumed*, and hands that moment to the
+sweep (``SweepContext.resumed_at``): stalled recovery counts a worker's silence from it,
+since nobody could beat during the gap, nor could recovery watch.
 
 Inside, :func:`sweep_rows` selects a bounded batch ``FOR UPDATE … SKIP LOCKED`` (two
 sweeps on two hosts take disjoint rows), oldest first as the query orders it, and runs
@@ -124,6 +125,17 @@ class Sweep:
         if self.grace_setting is None:
             return self.grace_default
         return int(getattr(settings, self.grace_setting, self.grace_default))
+
+    @property
+    def resume_gap_seconds(self) -> float:
+        """An inline sweep *resumes* (``SweepContext.resumed_at``) when its previous run is
+        older than this: the grace less one heartbeat. A live worker's last beat is at
+        most one heartbeat older than the moment the database (or every worker) went
+        away, so an unwatched gap any shorter, plus that heartbeat, stays within the grace:
+        no live worker is ever taken for dead across a gap. System check ``queueing.E003``
+        keeps the period below it, so runs that follow each other never count as a gap."""
+        beat = float(getattr(settings, "QUEUEING_HEARTBEAT_SECONDS", 10))
+        return self.grace_seconds - beat
 
     @property
     def task_name(self) -> str:
@@ -252,8 +264,8 @@ def bound_transaction(*, using: str = "default") -> None:
 
 def run_sweep_exclusively(name: str) -> SweepResult | None:
     """Run the sweep in one bounded transaction under its try-lock, recording the run (and
-    whether it resumed after a gap longer than its grace); None when another run holds the
-    lock (it is doing this work right now)."""
+    whether it resumed after a gap: ``Sweep.resume_gap_seconds``); None when another run
+    holds the lock (it is doing this work right now)."""
     sweep = get_sweep(name)
     with transaction.atomic():
         bound_transaction()
@@ -262,7 +274,7 @@ def run_sweep_exclusively(name: str) -> SweepResult | None:
             return None
         with connections["default"].cursor() as cursor:
             cursor.execute(
-                queries["inline_sweep_clock"], {"name": name, "gap": sweep.grace_seconds}
+                queries["inline_sweep_clock"], {"name": name, "gap": sweep.resume_gap_seconds}
             )
             (resumed_at,) = cursor.fetchone()
         return run_sweep(name, resumed_at=resumed_at)

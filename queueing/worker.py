@@ -33,13 +33,17 @@ What it adds to procrastinate's worker (3.10):
 * **Its row survives an outage.** Only workers silent far longer than any live one can be
   are pruned, and a worker whose row went missing registers again and takes its running
   jobs back, in one statement.
-* **Jobs that fail for good settle their domain.** Once a job's last attempt is saved as
-  ``failed``, its task's ``on_give_up`` hook runs (``queueing.giveup``), so a domain row
-  never stays active behind a failed job.
+* **Jobs that fail for good settle their domain.** The statement that saves a job's last
+  attempt as ``failed`` records that it owes its task's ``on_give_up`` hook; the hook
+  runs right after, and if this worker dies first, the next maintenance run of any
+  worker runs it (``queueing.giveup``): a domain row never stays active behind a failed
+  job.
 * **No health-check round trip per job.** Django would ``SELECT 1`` on a reused connection
-  before every job (``CONN_HEALTH_CHECKS``); a connection only goes bad when the database
-  went away, which this worker's own loops notice. So job threads check nothing, and each
-  reconnects once before its next job after the worker saw a database error.
+  before every job (``CONN_HEALTH_CHECKS``). Here a job thread reconnects once before its
+  next job after the worker saw a database error, and drops a connection the server
+  ended while it sat idle (its socket is readable: no round trip).
+* **A stray notification is a wake-up**, not a reason to stop listening; and a loop that
+  fails anyway stops the worker with a non-zero exit, as a database outage does.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ import contextlib
 import functools
 import json
 import logging
+import select
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -76,13 +81,19 @@ queries = load("queueing", "worker.sql")
 LISTEN_KEEPALIVE_SECONDS = 30.0
 #: How long a loop waits for a pooled connection before it counts as a failed attempt.
 POOL_TIMEOUT_SECONDS = 5.0
+#: The maintenance period when no inline sweep is declared (owed give-up hooks).
+MAINTENANCE_SECONDS = 10.0
 #: Per job thread: the failure epoch its Django connection was last renewed at.
 _job_threads = threading.local()
 
 
-class DatabaseUnavailable(procrastinate_exceptions.ProcrastinateException):
-    """One of the worker's loops failed for longer than the outage window: the worker
-    stopped so that its supervisor (systemd, compose, ``make run``) restarts it."""
+class WorkerStopped(procrastinate_exceptions.ProcrastinateException):
+    """The worker stopped on a failure, not because it was asked to: it exits non-zero,
+    so that its supervisor (systemd, compose, ``make run``) restarts it."""
+
+
+class DatabaseUnavailable(WorkerStopped):
+    """One of the worker's loops failed for longer than the outage window."""
 
 
 def outage_seconds() -> float:
@@ -111,9 +122,28 @@ def _is_missing_worker(exc: BaseException) -> bool:
     )
 
 
+def _drop_if_ended_by_server() -> None:
+    """Close this thread's Django connection when the server ended it while it sat idle
+    (``pg_terminate_backend``, ``idle_session_timeout``, a proxy dropping idle sockets),
+    so the next query connects afresh instead of failing. No round trip: an idle
+    connection has nothing to read unless the server said goodbye (or, rarely, sent a
+    notice, and then one reconnect is the price)."""
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    raw = wrapper.connection
+    if raw is None or wrapper.in_atomic_block:
+        return
+    try:
+        readable, _, _ = select.select([raw.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        readable = True
+    if readable or raw.closed or raw.broken:
+        wrapper.close()
+
+
 def _in_django(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run ``func`` on this thread's Django connection, healthy before and after."""
     close_old_connections()
+    _drop_if_ended_by_server()
     try:
         return func(*args, **kwargs)
     finally:
@@ -131,6 +161,7 @@ class PgstageWorker(procrastinate_worker.Worker):
         # Every Django connection of this process is built from this one settings dict.
         connections.settings[DEFAULT_DB_ALIAS]["CONN_HEALTH_CHECKS"] = False
         self._gave_up: str | None = None
+        self._side_task_failed: str | None = None
         self.failures = Failures(window=outage_seconds(), on_expired=self._give_up)
         self._registering = asyncio.Lock()
         self._errors: dict[int, BaseException] = {}
@@ -142,12 +173,16 @@ class PgstageWorker(procrastinate_worker.Worker):
 
     def _fresh_connection(self, call_next: Callable[[], Any], context: Any, worker: Any) -> Any:
         """Sync task middleware, in the job's thread: after the worker saw a database
-        error, this thread's connection may be dead; drop it once, so the job's first
-        query connects afresh instead of failing (and costing the job an attempt)."""
+        error, this thread's connection may be dead; drop it once; and drop it when the
+        server ended it while idle. Either way the job's first query connects afresh
+        instead of failing (and costing the job an attempt) — without a health-check
+        round trip per job."""
         epoch = self.failures.epoch
         if getattr(_job_threads, "epoch", 0) != epoch:
             connections.close_all()
             _job_threads.epoch = epoch
+        else:
+            _drop_if_ended_by_server()
         return call_next()
 
     # -- the outage window -------------------------------------------------------------
@@ -220,6 +255,8 @@ class PgstageWorker(procrastinate_worker.Worker):
             self._maintenance.shutdown(wait=False, cancel_futures=True)
         if self._gave_up is not None:
             raise DatabaseUnavailable(self._gave_up)
+        if self._side_task_failed is not None:
+            raise WorkerStopped(self._side_task_failed)
 
     async def _register_again(self, old: int | None) -> None:
         """Our row ``old`` is gone (pruned while we were cut off): register anew and take
@@ -278,9 +315,17 @@ class PgstageWorker(procrastinate_worker.Worker):
             queries["orphans"], worker_id=self.worker_id, running=running
         )
         for orphan in orphans:
-            fenced = {"job_id": orphan["id"], "worker_id": self.worker_id, "delete_job": False}
+            fenced = {
+                "job_id": orphan["id"],
+                "worker_id": self.worker_id,
+                "delete_job": False,
+                "owed_reason": None,
+            }
             if orphan["abort_requested"]:
                 note = "aborted as requested"
+                if giveup.has_hook(orphan["task_name"]):
+                    # It never ran and never will: its domain settles, as for any abort.
+                    fenced["owed_reason"] = f"its job {orphan['id']} was aborted before it ran"
                 await connector.execute_query_all_async(
                     queries["finish_job_fenced"], status="aborted", **fenced
                 )
@@ -345,21 +390,25 @@ class PgstageWorker(procrastinate_worker.Worker):
                 await asyncio.sleep(self.failures.failed("deferring periodic jobs", exc))
 
     async def _maintain(self) -> None:
-        """Run the inline sweeps (stalled recovery) every period, under their try-locks,
-        in this worker's maintenance thread — beside the jobs, never behind them."""
+        """Every period, in this worker's maintenance thread — beside the jobs, never
+        behind them: the inline sweeps (stalled recovery) under their try-locks, then the
+        give-up hooks still owed (a worker died, or lost its commit's reply, before it ran
+        one)."""
         inline = [s for s in sweeps.sweeps().values() if s.inline]
-        if not inline:
-            return
-        period = min(s.every_seconds for s in inline)
+        period = min((s.every_seconds for s in inline), default=MAINTENANCE_SECONDS)
+        steps = [
+            *((f"running sweep {s.name}", sweeps.run_sweep_exclusively, (s.name,)) for s in inline),
+            ("running owed give-up hooks", giveup.settle_owed, ()),
+        ]
         while True:
             await asyncio.sleep(period)
-            for sweep in inline:
+            for loop, func, args in steps:
                 try:
-                    await self._in_maintenance_thread(sweeps.run_sweep_exclusively, sweep.name)
+                    await self._in_maintenance_thread(func, *args)
                 except Exception as exc:
-                    await asyncio.sleep(self.failures.failed(f"running sweep {sweep.name}", exc))
+                    await asyncio.sleep(self.failures.failed(loop, exc))
                     break
-                self.failures.recovered(f"running sweep {sweep.name}")
+                self.failures.recovered(loop)
 
     async def _listen(self) -> None:
         """LISTEN on a session connection of its own; on any failure, connect again with
@@ -380,12 +429,40 @@ class PgstageWorker(procrastinate_worker.Worker):
                     self._new_job_event.set()
                     while True:
                         async for notify in connection.notifies(timeout=LISTEN_KEEPALIVE_SECONDS):
-                            await self._handle_notification(
-                                channel=notify.channel, notification=json.loads(notify.payload)
-                            )
+                            await self._on_notify(notify)
                         await connection.execute("SELECT 1")
             except (psycopg.Error, OSError) as exc:
                 await asyncio.sleep(self.failures.failed("listening for jobs", exc, bounded=False))
+
+    async def _on_notify(self, notify: psycopg.Notify) -> None:
+        """procrastinate's notification, or — for a payload that is not one (an operator's
+        bare ``NOTIFY``, another tool's) — a wake-up: never a reason to stop listening,
+        which would stop the worker."""
+        try:
+            notification = json.loads(notify.payload)
+            if not isinstance(notification, dict) or "type" not in notification:
+                raise ValueError("no notification type")
+            await self._handle_notification(channel=notify.channel, notification=notification)
+        except (ValueError, KeyError, TypeError):
+            logger.warning(
+                "a notification on %s is not procrastinate's (%r); taken as a wake-up",
+                notify.channel,
+                notify.payload[:200],
+            )
+            self._new_job_event.set()
+
+    async def _monitor_side_tasks(self, side_tasks: list[asyncio.Task[Any]]) -> None:
+        # procrastinate stops the worker when a side task fails, and the worker then
+        # exits 0, as if asked to stop: a supervisor restarting on failure only would
+        # leave it down. Every loop here retries what it can; one that still failed is a
+        # bug, and the exit status says so.
+        await super()._monitor_side_tasks(side_tasks)
+        for side_task in side_tasks:
+            if side_task.done() and not side_task.cancelled() and side_task.exception():
+                self._side_task_failed = (
+                    f"its {side_task.get_name()} loop failed: {side_task.exception()!r}"
+                )
+                return
 
     def _start_side_tasks(self) -> list[asyncio.Task[Any]]:
         side_tasks = [
@@ -425,6 +502,11 @@ class PgstageWorker(procrastinate_worker.Worker):
         assert job.id
         connector = self.app.connector
         error = self._errors.pop(job.id, None)
+        owed_reason = None
+        if status == jobs.Status.FAILED and giveup.has_hook(job.task_name):
+            owed_reason = f"its job {job.id} failed for good after {job.attempts + 1} attempt(s)"
+            if error is not None:
+                owed_reason += f": {describe(error)}"
 
         async def persist() -> str:
             if retry_decision is not None:
@@ -440,10 +522,11 @@ class PgstageWorker(procrastinate_worker.Worker):
                     )
                     return "retried" if rows else "taken"
                 except procrastinate_exceptions.UniqueViolation:
-                    # A fresh job holds the queueing lock and will do the same work.
-                    status_now, outcome = jobs.Status.FAILED, "superseded"
+                    # A fresh job holds the queueing lock and will do the same work: it
+                    # owes no give-up.
+                    status_now, outcome, owes = jobs.Status.FAILED, "superseded", None
             else:
-                status_now, outcome = status, "finished"
+                status_now, outcome, owes = status, "finished", owed_reason
             delete_job = {
                 jobs.DeleteJobCondition.ALWAYS: True,
                 jobs.DeleteJobCondition.NEVER: False,
@@ -455,6 +538,7 @@ class PgstageWorker(procrastinate_worker.Worker):
                 worker_id=self.worker_id,
                 status=status_now.value,
                 delete_job=delete_job,
+                owed_reason=owes,
             )
             return outcome if rows else "taken"
 
@@ -462,8 +546,8 @@ class PgstageWorker(procrastinate_worker.Worker):
             outcome = await self._with_retries(f"saving the outcome of job {job.id}", persist)
         finally:
             self._job_ids_to_abort.pop(job.id, None)
-        if outcome == "finished" and status == jobs.Status.FAILED:
-            await self._settle(job, error)
+        if outcome == "finished" and owed_reason is not None:
+            await self._settle(job)
         elif outcome == "taken":
             logger.warning(
                 "job %s (%s) is no longer this worker's (recovered elsewhere, or already "
@@ -481,22 +565,17 @@ class PgstageWorker(procrastinate_worker.Worker):
                 job.queueing_lock,
             )
 
-    async def _settle(self, job: jobs.Job, error: BaseException | None) -> None:
-        """The job's last attempt is saved as failed: its task's give-up hook settles the
-        domain row (a failing hook is logged; the domain's resume sweep is the net)."""
-        if not giveup.has_hook(job.task_name):
-            return
-        reason = f"its job {job.id} failed for good after {job.attempts + 1} attempt(s)"
-        if error is not None:
-            reason += f": {describe(error)}"
+    async def _settle(self, job: jobs.Job) -> None:
+        """The job's last attempt is saved as failed, owing its give-up hook: run it now,
+        in the maintenance thread (a failing hook is logged; the domain's resume sweep is
+        the net). Should that not happen (this worker dies, or the database goes away),
+        the owed row stays, and the next maintenance run of any worker runs the hook."""
         try:
-            await self._in_maintenance_thread(
-                functools.partial(
-                    giveup.give_up, task_name=job.task_name, args=job.task_kwargs, reason=reason
-                )
-            )
+            await self._in_maintenance_thread(functools.partial(giveup.settle_owed, job_id=job.id))
         except Exception:
-            logger.exception("could not settle job %s after its failure", job.id)
+            logger.exception(
+                "could not run the give-up hook of job %s now; maintenance will", job.id
+            )
 
     # -- shutdown ----------------------------------------------------------------------
 

@@ -111,6 +111,9 @@ LIVENESS = {
            AND (w.id IS NULL
                 OR greatest(w.last_heartbeat, pg_postmaster_start_time())
                    < now() - %(stall_due)s * interval '1 second')""",
+    "11g. every give-up hook a failed job owes runs within one maintenance period": """
+        SELECT o.job_id, o.task_name FROM pgstage_owed_give_ups o
+         WHERE o.created_at < now() - %(owed_due)s * interval '1 second'""",
     "11f. every stage that can run has a live job or is due for the pipeline_resume sweep": """
         SELECT a.id, s.stage FROM anfragen a
          CROSS JOIN LATERAL (
@@ -202,6 +205,7 @@ def liveness_violations(
         + _period_seconds(stages.cron)
         + slack_seconds,
         "stall_due": stall + recovery + slack_seconds,
+        "owed_due": recovery + slack_seconds,
         "resume_due": resume.grace_seconds + _period_seconds(resume.cron) + slack_seconds,
         "save_due": unsaved.grace_seconds + _period_seconds(unsaved.cron) + slack_seconds,
     }

@@ -234,14 +234,20 @@ SELECT set_config('statement_timeout', %(ms)s, true),
        set_config('idle_in_transaction_session_timeout', %(ms)s, true);
 
 -- job_for_operator --
--- One job, row-locked for an operator's action, with whether its worker is alive (the
--- silence rule of stalled_jobs).
+-- One job, row-locked for an operator's action, with whether its worker is alive: the
+-- silence rule of stalled_jobs, with recovery's clock as it would read now — silence
+-- counts from when recovery last resumed, or from now while recovery has not run for
+-- longer than its resume gap (%(gap)s s: the database or every worker was just away, and
+-- a live worker may not have beaten yet).
 SELECT j.id, j.status, j.task_name, j.queueing_lock, j.args, j.abort_requested, j.worker_id,
        w.id IS NOT NULL
-       AND greatest(w.last_heartbeat, pg_postmaster_start_time())
+       AND greatest(w.last_heartbeat, pg_postmaster_start_time(), c.resumed_at,
+                    CASE WHEN c.last_run < now() - %(gap)s * interval '1 second'
+                         THEN now() END)
            >= now() - %(seconds)s * interval '1 second' AS worker_alive
   FROM procrastinate_jobs j
   LEFT JOIN procrastinate_workers w ON w.id = j.worker_id
+  LEFT JOIN pgstage_inline_sweeps c ON c.name = %(clock)s
  WHERE j.id = %(job_id)s
    FOR UPDATE OF j;
 
@@ -268,8 +274,8 @@ RETURNING task_name, args;
 
 -- inline_sweep_clock --
 -- Under an inline sweep's try-lock: record this run; when the previous one was longer ago
--- than %(gap)s seconds (the database, or every worker, was away), record that the sweep
--- resumed now. Returns when it last resumed.
+-- than %(gap)s seconds (the grace less one heartbeat: the database, or every worker, was
+-- away), record that the sweep resumed now. Returns when it last resumed.
 INSERT INTO pgstage_inline_sweeps AS s (name, last_run, resumed_at)
 VALUES (%(name)s, now(), now())
 ON CONFLICT (name) DO UPDATE
@@ -277,3 +283,16 @@ ON CONFLICT (name) DO UPDATE
                          THEN now() ELSE s.resumed_at END,
        last_run = now()
 RETURNING resumed_at;
+
+-- take_owed_give_up --
+-- One give-up hook still owed (this job's, or the oldest), taken for the caller's
+-- transaction, which runs the hook: committed, the hook ran once; rolled back (the worker
+-- died), the row is back for the next run. SKIP LOCKED: two workers never run one hook.
+DELETE FROM pgstage_owed_give_ups
+ WHERE job_id = (SELECT job_id
+                   FROM pgstage_owed_give_ups
+                  WHERE %(job_id)s::bigint IS NULL OR job_id = %(job_id)s::bigint
+                  ORDER BY created_at, job_id
+                  LIMIT 1
+                    FOR UPDATE SKIP LOCKED)
+RETURNING job_id, task_name, args, reason;

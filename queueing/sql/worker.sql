@@ -37,17 +37,30 @@ RETURNING id;
 
 -- finish_job_fenced --
 -- procrastinate's finish, only while the job is still this worker's: a job that stalled
--- recovery took back (because this worker looked dead) is not finished from here.
+-- recovery took back (because this worker looked dead) is not finished from here. A job
+-- failed for good whose task has a give-up hook (%(owed_reason)s not NULL) records, in the
+-- same statement, that it owes the hook (pgstage_owed_give_ups): whatever happens to this
+-- worker after the commit, some worker's maintenance runs the hook.
 WITH mine AS (
-    SELECT id
+    SELECT id, task_name, args
       FROM procrastinate_jobs
      WHERE id = %(job_id)s
        AND status = 'doing'
        AND (worker_id = %(worker_id)s OR worker_id IS NULL)
        FOR UPDATE
+), finished AS (
+    SELECT id, task_name, args,
+           procrastinate_finish_job_v1(id, %(status)s::procrastinate_job_status,
+                                       %(delete_job)s) AS done
+      FROM mine
+), owed AS (
+    INSERT INTO pgstage_owed_give_ups (job_id, task_name, args, reason)
+    SELECT id, task_name, args, %(owed_reason)s::text
+      FROM finished
+     WHERE %(owed_reason)s::text IS NOT NULL
+    ON CONFLICT (job_id) DO NOTHING
 )
-SELECT procrastinate_finish_job_v1(id, %(status)s::procrastinate_job_status, %(delete_job)s)
-  FROM mine;
+SELECT id FROM finished;
 
 -- retry_job_fenced --
 -- procrastinate's retry, only while the job is still this worker's (see finish_job_fenced).
@@ -66,7 +79,7 @@ SELECT procrastinate_retry_job_v2(id, %(retry_at)s, %(priority)s, %(queue)s, %(l
 -- Jobs this worker was given but never heard of: the fetch committed, then the connection
 -- died before its reply arrived. They never started. Read only while no fetch is in
 -- flight (the fetch loop, after a failed fetch).
-SELECT id, abort_requested
+SELECT id, task_name, abort_requested
   FROM procrastinate_jobs
  WHERE worker_id = %(worker_id)s
    AND status = 'doing'

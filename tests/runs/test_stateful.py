@@ -169,17 +169,19 @@ class Analyses(RuleBasedStateMachine):
                     },
                 )
                 return True
-            # As the worker does: save the failure, then the task's give-up hook settles.
+            # As the worker does: save the failure, owing the task's give-up hook, then
+            # run the hook (it settles the domain).
+            owes = str(exc) if giveup.has_hook(job.task_name) else None
             saved = execute(
                 worker_queries["finish_job_fenced"],
-                {**fenced, "status": "failed", "delete_job": False},
+                {**fenced, "status": "failed", "delete_job": False, "owed_reason": owes},
             )
-            if saved:
-                giveup.give_up(task_name=job.task_name, args=job.task_kwargs, reason=str(exc))
+            if saved and owes is not None:
+                giveup.settle_owed(job_id=job.id)
             return True
         execute(
             worker_queries["finish_job_fenced"],
-            {**fenced, "status": "succeeded", "delete_job": False},
+            {**fenced, "status": "succeeded", "delete_job": False, "owed_reason": None},
         )
         return True
 
