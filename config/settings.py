@@ -25,7 +25,7 @@ env = environ.Env(
     ANALYSIS_MAX_REQUEUES=(int, 3),
     CORE_HELD_EXPIRY_SECONDS=(int, 600),
     STALLED_WORKER_SECONDS=(int, 30),
-    STALLED_RECOVERY_SECONDS=(float, 10.0),
+    STALLED_RECOVERY_SECONDS=(float, 5.0),
     STALLED_JOB_MAX_RECOVERIES=(int, 3),
     WORKER_HEARTBEAT_SECONDS=(float, 10.0),
     WORKER_POLLING_SECONDS=(float, 5.0),
@@ -223,7 +223,7 @@ MAX_INQUIRIES_PER_TENANT_PER_HOUR = env("MAX_INQUIRIES_PER_TENANT_PER_HOUR")
 
 # queueing: stalled-work recovery treats a worker as dead after this many seconds
 # without a heartbeat (workers beat every WORKER_HEARTBEAT_SECONDS, draining ones too),
-# runs every STALLED_RECOVERY_SECONDS (shorter than the threshold less one heartbeat),
+# runs every STALLED_RECOVERY_SECONDS (at most half the threshold less 1.5 heartbeats),
 # and gives a job up after its worker died under it STALLED_JOB_MAX_RECOVERIES times
 # (its own retries do not count).
 QUEUEING_STALLED_WORKER_SECONDS = env("STALLED_WORKER_SECONDS")

@@ -33,29 +33,30 @@ def check_database(app_configs, **kwargs):
 
 
 def _check_recovery_period() -> list[Error]:
-    """Recovery must run more often than its resume gap (the stall threshold less one
-    heartbeat): a gap between two runs longer than that counts as a time nobody watched
-    (``Sweep.resume_gap_seconds``), so a period as long would make every run a restart of
-    the clock, and no dead worker's job would ever be recovered."""
-    period = getattr(settings, "QUEUEING_STALLED_RECOVERY_SECONDS", 10)
+    """Recovery must run well within its resume gap (the stall threshold less one and a
+    half heartbeats): a pause between two runs longer than that counts as a time nobody
+    watched (``Sweep.resume_gap_seconds``), so a period near it would make every run (a
+    slow one, a busy maintenance thread) a restart of the clock, and no dead worker's job
+    would ever be recovered. At most half the gap leaves the other half for slow runs."""
+    period = getattr(settings, "QUEUEING_STALLED_RECOVERY_SECONDS", 5)
     grace = float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30))
     beat = float(getattr(settings, "QUEUEING_HEARTBEAT_SECONDS", 10))
-    gap = grace - beat
+    gap = grace - 1.5 * beat
     if not isinstance(period, int | float) or isinstance(period, bool) or period <= 0:
         ok = False
     else:
-        # A threshold within one heartbeat is queueing.W001's; nothing to weigh against.
-        ok = gap <= 0 or period < gap
+        # A threshold within a heartbeat or two is queueing.W001's; nothing to weigh.
+        ok = gap <= 0 or period <= gap / 2
     if ok:
         return []
     return [
         Error(
             f"QUEUEING_STALLED_RECOVERY_SECONDS={period!r} must be a positive number of "
-            f"seconds shorter than the stall threshold less one heartbeat ({grace:g} - "
-            f"{beat:g} = {gap:g} s): a longer pause between two recoveries counts as a time "
-            "nobody watched, so recovery would restart its clock on every run and never "
-            "recover a dead worker's job.",
-            hint=f"Use half of that or less ({max(gap / 2, 0.1):g} s), with room for a slow run.",
+            f"seconds, at most half the stall threshold less one and a half heartbeats "
+            f"(({grace:g} - 1.5 * {beat:g}) / 2 = {gap / 2:g} s): a longer pause between "
+            "two recoveries counts as a time nobody watched, so with a slow run recovery "
+            "would restart its clock and never recover a dead worker's job.",
+            hint=f"Use {max(gap / 2, 0.1):g} s or less, or raise STALLED_WORKER_SECONDS.",
             id="queueing.E003",
         )
     ]

@@ -75,14 +75,16 @@ def give_up(*, task_name: str, args: Mapping[str, Any], reason: str) -> bool:
 
 
 def settle_owed(*, job_id: int | None = None, limit: int = 100) -> int:
-    """Run give-up hooks still owed (``job_id``'s, or the oldest ``limit``), each in a
-    transaction of its own that also deletes its owed row: committed, the hook ran once;
-    rolled back (this process died), the row waits for the next run. Returns how many
-    rows were settled."""
+    """Run give-up hooks still owed (``job_id``'s, or the oldest ``limit``) of the tasks
+    whose hooks this process has, each in a transaction of its own that also deletes its
+    owed row: committed, the hook ran once; rolled back (this process died), the row
+    waits for the next run. Returns how many rows were settled."""
     settled = 0
     while settled < limit:
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(queries["take_owed_give_up"], {"job_id": job_id})
+            cursor.execute(
+                queries["take_owed_give_up"], {"job_id": job_id, "hooked": sorted(_hooks)}
+            )
             row = cursor.fetchone()
             if row is None:
                 break

@@ -37,6 +37,7 @@ class RetryOutcome(enum.StrEnum):
     DEDUPLICATED = "deduplicated"
     RECOVERED = "recovered"
     RUNNING = "running"
+    WAITING_FOR_RECOVERY = "waiting_for_recovery"
     NOT_RETRYABLE = "not_retryable"
     MISSING = "missing"
 
@@ -75,7 +76,8 @@ def job_retry(*, job_id: int) -> Retried:
         row = cursor.fetchone()
         if row is None:
             return Retried(outcome=RetryOutcome.MISSING, job_id=job_id)
-        _, status, task_name, queueing_lock, args, abort_requested, worker_id, worker_alive = row
+        _, status, task_name, queueing_lock, args, abort_requested, worker_id = row[:7]
+        worker_alive, unwatched = row[7:]
         if status == "doing":
             if worker_alive:
                 return Retried(
@@ -83,6 +85,16 @@ def job_retry(*, job_id: int) -> Retried:
                     job_id=job_id,
                     detail=f"worker {worker_id} is running it and still heart-beating; "
                     "retrying it now would run it twice",
+                )
+            if unwatched is not None:
+                return Retried(
+                    outcome=RetryOutcome.WAITING_FOR_RECOVERY,
+                    job_id=job_id,
+                    detail=f"stalled recovery has not run for {float(unwatched):.0f} s: no "
+                    "worker is running (or the database was just away, and its worker may "
+                    "not have beaten yet). Start a worker: its recovery takes this job "
+                    "back once the job's worker has been silent for "
+                    f"STALLED_WORKER_SECONDS ({recovery.grace_seconds} s) after it started",
                 )
             note = recover_job((job_id, task_name, queueing_lock, args, abort_requested, worker_id))
             return Retried(outcome=RetryOutcome.RECOVERED, job_id=job_id, detail=note)

@@ -112,7 +112,7 @@ def recover_job(row) -> str:
     grace_default=30,
     inline=True,
     every_setting="QUEUEING_STALLED_RECOVERY_SECONDS",
-    every_default=10,
+    every_default=5,
 )
 def recover_stalled_jobs(ctx: SweepContext) -> SweepResult:
     """Retry jobs whose worker died (no heartbeat for the grace period)."""

@@ -129,13 +129,14 @@ class Sweep:
     @property
     def resume_gap_seconds(self) -> float:
         """An inline sweep *resumes* (``SweepContext.resumed_at``) when its previous run is
-        older than this: the grace less one heartbeat. A live worker's last beat is at
-        most one heartbeat older than the moment the database (or every worker) went
-        away, so an unwatched gap any shorter, plus that heartbeat, stays within the grace:
-        no live worker is ever taken for dead across a gap. System check ``queueing.E003``
-        keeps the period below it, so runs that follow each other never count as a gap."""
+        older than this: the grace less one and a half heartbeats. A live worker's last
+        beat is at most one heartbeat (and a late beat's half) older than the moment the
+        database (or every worker) went away, so an unwatched gap any shorter, plus that,
+        stays within the grace: no live worker is ever taken for dead across a gap. System
+        check ``queueing.E003`` keeps the period at most half of it, so runs that follow
+        each other (a slow run included) never count as a gap."""
         beat = float(getattr(settings, "QUEUEING_HEARTBEAT_SECONDS", 10))
-        return self.grace_seconds - beat
+        return self.grace_seconds - 1.5 * beat
 
     @property
     def task_name(self) -> str:
@@ -276,7 +277,14 @@ def run_sweep_exclusively(name: str) -> SweepResult | None:
             cursor.execute(
                 queries["inline_sweep_clock"], {"name": name, "gap": sweep.resume_gap_seconds}
             )
-            (resumed_at,) = cursor.fetchone()
+            resumed_at, resumed_now = cursor.fetchone()
+        if resumed_now:
+            logger.info(
+                "sweep %s resumed after more than %.1f s without a run (the database, or "
+                "every worker, was away): silence counts from now",
+                name,
+                sweep.resume_gap_seconds,
+            )
         return run_sweep(name, resumed_at=resumed_at)
 
 

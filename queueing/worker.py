@@ -133,7 +133,9 @@ def _drop_if_ended_by_server() -> None:
     if raw is None or wrapper.in_atomic_block:
         return
     try:
-        readable, _, _ = select.select([raw.fileno()], [], [], 0)
+        poller = select.poll()
+        poller.register(raw.fileno(), select.POLLIN)
+        readable = bool(poller.poll(0))
     except (OSError, ValueError, psycopg.Error):
         readable = True
     if readable or raw.closed or raw.broken:
@@ -165,10 +167,14 @@ class PgstageWorker(procrastinate_worker.Worker):
         self.failures = Failures(window=outage_seconds(), on_expired=self._give_up)
         self._registering = asyncio.Lock()
         self._errors: dict[int, BaseException] = {}
-        # One thread for the worker's own Django work (maintenance, give-up hooks), so
-        # it holds one Django connection and never takes a job's slot.
+        # Two threads for the worker's own Django work, each with one Django connection,
+        # never taking a job's slot: maintenance (stalled recovery), and give-up hooks —
+        # apart, so a burst of slow hooks never delays recovery.
         self._maintenance = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="pgstage-maintenance"
+        )
+        self._hooks = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="pgstage-give-up-hooks"
         )
 
     def _fresh_connection(self, call_next: Callable[[], Any], context: Any, worker: Any) -> Any:
@@ -218,6 +224,10 @@ class PgstageWorker(procrastinate_worker.Worker):
             self._maintenance, functools.partial(_in_django, func, *args)
         )
 
+    async def _in_hooks_thread(self, func: Callable[..., Any], *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._hooks, functools.partial(_in_django, func, *args))
+
     # -- start, register, prune --------------------------------------------------------
 
     async def run(self) -> None:
@@ -253,6 +263,7 @@ class PgstageWorker(procrastinate_worker.Worker):
         finally:
             self._loop = None
             self._maintenance.shutdown(wait=False, cancel_futures=True)
+            self._hooks.shutdown(wait=False, cancel_futures=True)
         if self._gave_up is not None:
             raise DatabaseUnavailable(self._gave_up)
         if self._side_task_failed is not None:
@@ -389,26 +400,49 @@ class PgstageWorker(procrastinate_worker.Worker):
             except procrastinate_exceptions.ConnectorException as exc:
                 await asyncio.sleep(self.failures.failed("deferring periodic jobs", exc))
 
-    async def _maintain(self) -> None:
-        """Every period, in this worker's maintenance thread — beside the jobs, never
-        behind them: the inline sweeps (stalled recovery) under their try-locks, then the
-        give-up hooks still owed (a worker died, or lost its commit's reply, before it ran
-        one)."""
+    def _maintenance_period(self) -> float:
         inline = [s for s in sweeps.sweeps().values() if s.inline]
-        period = min((s.every_seconds for s in inline), default=MAINTENANCE_SECONDS)
-        steps = [
-            *((f"running sweep {s.name}", sweeps.run_sweep_exclusively, (s.name,)) for s in inline),
-            ("running owed give-up hooks", giveup.settle_owed, ()),
-        ]
+        return min((s.every_seconds for s in inline), default=MAINTENANCE_SECONDS)
+
+    async def _every_period(
+        self, loop: str, run: Callable[[], Awaitable[Any]], period: float
+    ) -> None:
+        """``run`` on a steady cadence: each pass starts one period after the previous
+        one started (at once when a pass took longer), so a pass's own time never
+        stretches the gap between two (stalled recovery's clock counts such gaps)."""
+        clock = asyncio.get_running_loop()
+        next_at = clock.time() + period
         while True:
-            await asyncio.sleep(period)
-            for loop, func, args in steps:
-                try:
-                    await self._in_maintenance_thread(func, *args)
-                except Exception as exc:
-                    await asyncio.sleep(self.failures.failed(loop, exc))
-                    break
-                self.failures.recovered(loop)
+            await asyncio.sleep(max(0.0, next_at - clock.time()))
+            next_at = clock.time() + period
+            try:
+                await run()
+            except Exception as exc:
+                await asyncio.sleep(self.failures.failed(loop, exc))
+                continue
+            self.failures.recovered(loop)
+
+    async def _maintain(self) -> None:
+        """The inline sweeps (stalled recovery) under their try-locks, every period, in
+        this worker's maintenance thread — beside the jobs, never behind them."""
+        inline = [s for s in sweeps.sweeps().values() if s.inline]
+
+        async def sweep_all() -> None:
+            for sweep in inline:
+                await self._in_maintenance_thread(sweeps.run_sweep_exclusively, sweep.name)
+
+        if not inline:
+            await asyncio.Event().wait()  # nothing to run; a side task must not end
+        await self._every_period("running stalled recovery", sweep_all, self._maintenance_period())
+
+    async def _settle_owed(self) -> None:
+        """Every period, in the give-up hooks' thread: the hooks still owed (a worker
+        died, or lost its commit's reply, before it ran one)."""
+        await self._every_period(
+            "running owed give-up hooks",
+            lambda: self._in_hooks_thread(giveup.settle_owed),
+            self._maintenance_period(),
+        )
 
     async def _listen(self) -> None:
         """LISTEN on a session connection of its own; on any failure, connect again with
@@ -470,6 +504,7 @@ class PgstageWorker(procrastinate_worker.Worker):
             asyncio.create_task(self._periodic_deferrer(), name="deferrer"),
             asyncio.create_task(self._poll_jobs_to_abort(), name="poll_jobs_to_abort"),
             asyncio.create_task(self._maintain(), name="maintenance"),
+            asyncio.create_task(self._settle_owed(), name="give_up_hooks"),
         ]
         if self.listen_notify:
             side_tasks.append(asyncio.create_task(self._listen(), name="listener"))
@@ -571,7 +606,7 @@ class PgstageWorker(procrastinate_worker.Worker):
         the net). Should that not happen (this worker dies, or the database goes away),
         the owed row stays, and the next maintenance run of any worker runs the hook."""
         try:
-            await self._in_maintenance_thread(functools.partial(giveup.settle_owed, job_id=job.id))
+            await self._in_hooks_thread(functools.partial(giveup.settle_owed, job_id=job.id))
         except Exception:
             logger.exception(
                 "could not run the give-up hook of job %s now; maintenance will", job.id

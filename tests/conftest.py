@@ -29,6 +29,7 @@ PROCRASTINATE_TABLES = (
     "procrastinate_jobs",
     "procrastinate_workers",
     "pgstage_inline_sweeps",
+    "pgstage_owed_give_ups",
 )
 
 

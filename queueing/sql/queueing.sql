@@ -234,17 +234,17 @@ SELECT set_config('statement_timeout', %(ms)s, true),
        set_config('idle_in_transaction_session_timeout', %(ms)s, true);
 
 -- job_for_operator --
--- One job, row-locked for an operator's action, with whether its worker is alive: the
--- silence rule of stalled_jobs, with recovery's clock as it would read now — silence
--- counts from when recovery last resumed, or from now while recovery has not run for
--- longer than its resume gap (%(gap)s s: the database or every worker was just away, and
--- a live worker may not have beaten yet).
+-- One job, row-locked for an operator's action, with whether its worker is alive (the
+-- silence rule of stalled_jobs, counting from when recovery last resumed) and how long
+-- recovery has not run, when that is longer than its resume gap (%(gap)s s): then nobody
+-- is watching — no worker runs, or the database was just away and a live worker may not
+-- have beaten yet — and no worker can be judged dead.
 SELECT j.id, j.status, j.task_name, j.queueing_lock, j.args, j.abort_requested, j.worker_id,
        w.id IS NOT NULL
-       AND greatest(w.last_heartbeat, pg_postmaster_start_time(), c.resumed_at,
-                    CASE WHEN c.last_run < now() - %(gap)s * interval '1 second'
-                         THEN now() END)
-           >= now() - %(seconds)s * interval '1 second' AS worker_alive
+       AND greatest(w.last_heartbeat, pg_postmaster_start_time(), c.resumed_at)
+           >= now() - %(seconds)s * interval '1 second' AS worker_alive,
+       CASE WHEN c.last_run < now() - %(gap)s * interval '1 second'
+            THEN extract(epoch FROM now() - c.last_run) END AS unwatched_seconds
   FROM procrastinate_jobs j
   LEFT JOIN procrastinate_workers w ON w.id = j.worker_id
   LEFT JOIN pgstage_inline_sweeps c ON c.name = %(clock)s
@@ -282,16 +282,19 @@ ON CONFLICT (name) DO UPDATE
    SET resumed_at = CASE WHEN s.last_run < now() - %(gap)s * interval '1 second'
                          THEN now() ELSE s.resumed_at END,
        last_run = now()
-RETURNING resumed_at;
+RETURNING resumed_at, resumed_at = now() AS resumed_now;
 
 -- take_owed_give_up --
--- One give-up hook still owed (this job's, or the oldest), taken for the caller's
--- transaction, which runs the hook: committed, the hook ran once; rolled back (the worker
--- died), the row is back for the next run. SKIP LOCKED: two workers never run one hook.
+-- One give-up hook still owed (this job's, or the oldest) of a task whose hook this
+-- process has (%(hooked)s: a worker of another release, or with other task modules,
+-- leaves the row for one that has it), taken for the caller's transaction, which runs the
+-- hook: committed, the hook ran once; rolled back (the worker died), the row is back for
+-- the next run. SKIP LOCKED: two workers never run one hook.
 DELETE FROM pgstage_owed_give_ups
  WHERE job_id = (SELECT job_id
                    FROM pgstage_owed_give_ups
-                  WHERE %(job_id)s::bigint IS NULL OR job_id = %(job_id)s::bigint
+                  WHERE (%(job_id)s::bigint IS NULL OR job_id = %(job_id)s::bigint)
+                    AND task_name = ANY(%(hooked)s::text[])
                   ORDER BY created_at, job_id
                   LIMIT 1
                     FOR UPDATE SKIP LOCKED)

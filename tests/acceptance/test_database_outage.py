@@ -60,7 +60,7 @@ def worker_env(pg: PrivateServer, **extra: str) -> dict[str, str]:
         "PGSTAGE_TASK_MODULES": "tests.queueing.tasks",
         "WORKER_HEARTBEAT_SECONDS": "1",
         "STALLED_WORKER_SECONDS": "5",
-        "STALLED_RECOVERY_SECONDS": "2",
+        "STALLED_RECOVERY_SECONDS": "1.5",
         **extra,
     }
 

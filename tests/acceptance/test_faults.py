@@ -44,15 +44,15 @@ from tests.invariants import assert_invariants, assert_live
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 #: Fast clocks for the scenario's workers: beat every 0.5 s, dead after 3 s of silence,
-#: recovery every 2 s.
+#: recovery every 1 s (E003: at most half of 3 s less 1.5 heartbeats).
 FAST = {
     "WORKER_HEARTBEAT_SECONDS": "0.5",
     "STALLED_WORKER_SECONDS": "3",
-    "STALLED_RECOVERY_SECONDS": "2",
+    "STALLED_RECOVERY_SECONDS": "1",
     "STALLED_JOB_MAX_RECOVERIES": "5",
     "PGSTAGE_TASK_MODULES": "tests.queueing.tasks,tests.acceptance.slow_sweeps",
 }
-LIVE = {"stall_seconds": 3, "recovery_seconds": 2}
+LIVE = {"stall_seconds": 3, "recovery_seconds": 1}
 
 
 @pytest.fixture
@@ -170,7 +170,7 @@ def test_a_worker_killed_inside_each_sweep(effects, start_worker, tmp_path):
 
 def test_a_rolling_deploy_runs_no_job_twice(effects, start_worker, tmp_path):
     """Jobs outlast the stall threshold (3 s) while their old worker drains; recovery
-    (every 2 s, in both workers) runs several times meanwhile, finds nothing to take, and
+    (every 1 s, in both workers) runs several times meanwhile, finds nothing to take, and
     each job runs once."""
     old = start_worker(env=FAST, concurrency=3, name="old")
     release = tmp_path / "release"

@@ -28,7 +28,7 @@ def test_a_worker_that_stops_beating_while_it_drains_is_flagged(settings):
     assert warning.id == "queueing.W001" and "cannot cover a drain" in warning.msg
 
 
-@pytest.mark.parametrize("period", [0, -1, 20, 45, "15", True])
+@pytest.mark.parametrize("period", [0, -1, 8, 45, "15", True])
 def test_a_recovery_period_longer_than_the_stall_threshold_is_an_error(settings, period):
     settings.QUEUEING_STALLED_RECOVERY_SECONDS = period
     assert ids(check_database(None)) == ["queueing.E003"]

@@ -1,7 +1,7 @@
 """Stalled recovery's clock (``pgstage_inline_sweeps``): when is a silent worker dead?
 
 Recovery records that it *resumed* when its previous run is older than the threshold
-less one heartbeat (``Sweep.resume_gap_seconds``), and ``stalled_jobs`` counts a worker's
+less 1.5 heartbeats (``Sweep.resume_gap_seconds``), and ``stalled_jobs`` counts a worker's
 silence from the latest of its heartbeat, the server's start and that resumption:
 
 - a database away for a little less than the threshold (a failover, a network blip: no
@@ -9,9 +9,10 @@ silence from the latest of its heartbeat, the server's start and that resumption
   older than the outage, do not make them look dead —
   test_a_database_blip_shorter_than_the_threshold_takes_no_live_workers_job (with the
   resume gap equal to the threshold, the job ran twice);
-- a period as long as that gap would make every run a resumption and nothing would ever
-  be recovered: queueing.E003 refuses it, and a lone worker at the longest period allowed
-  recovers — test_a_recovery_period_that_cannot_watch_continuously_is_refused,
+- a period near that gap would make every run a resumption and nothing would ever be
+  recovered: queueing.E003 refuses a period over half the gap, and a lone worker at the
+  longest period allowed recovers —
+  test_a_recovery_period_that_cannot_watch_continuously_is_refused,
   test_a_lone_worker_at_the_longest_period_allowed_still_recovers.
 """
 
@@ -64,7 +65,7 @@ def test_a_database_blip_shorter_than_the_threshold_takes_no_live_workers_job(
     defaults = {
         "WORKER_HEARTBEAT_SECONDS": "10",
         "STALLED_WORKER_SECONDS": "30",
-        "STALLED_RECOVERY_SECONDS": "10",
+        "STALLED_RECOVERY_SECONDS": "5",
     }
     release = tmp_path / "release"
     busy = task_worker(env=defaults, name="busy")
@@ -97,14 +98,15 @@ def test_a_database_blip_shorter_than_the_threshold_takes_no_live_workers_job(
 
 
 def test_a_recovery_period_that_cannot_watch_continuously_is_refused(settings):
-    """A period as long as the resume gap (threshold less one heartbeat) would make every
-    run of a lone worker's loop a resumption: refused at start (queueing.E003)."""
+    """A period near the resume gap (threshold less 1.5 heartbeats: 2.25 s here) would make
+    every run of a lone worker's loop (sleep + the run's own time) a resumption: refused
+    at start (queueing.E003), which leaves half the gap for slow runs."""
     settings.QUEUEING_STALLED_WORKER_SECONDS = 3
     settings.QUEUEING_HEARTBEAT_SECONDS = 0.5
-    for period in (3, 2.5):
+    for period in (3, 2.25, 2.2, 1.2):
         settings.QUEUEING_STALLED_RECOVERY_SECONDS = period
         assert [e.id for e in check_database(None)] == ["queueing.E003"], period
-    settings.QUEUEING_STALLED_RECOVERY_SECONDS = 2
+    settings.QUEUEING_STALLED_RECOVERY_SECONDS = 1.125
     assert check_database(None) == []
 
 
@@ -130,12 +132,12 @@ def test_a_lone_worker_at_the_longest_period_allowed_still_recovers(effects, tas
         )
 
     # The lone surviving worker: threshold 3 s, heartbeat 0.5 s, so the resume gap is
-    # 2.5 s; recovery every 2 s, the longest period E003 lets through with room to spare.
+    # 2.25 s; recovery every 1.125 s, the longest period E003 lets through.
     worker = task_worker(
         env={
             "WORKER_HEARTBEAT_SECONDS": "0.5",
             "STALLED_WORKER_SECONDS": "3",
-            "STALLED_RECOVERY_SECONDS": "2",
+            "STALLED_RECOVERY_SECONDS": "1.125",
         }
     )
     try:
