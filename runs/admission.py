@@ -45,7 +45,12 @@ from runs.queue import (
     PROCESS_JOB_TASK,
     RUNS_QUEUE,
 )
-from runs.selectors import analysis_job_for_user, credit_balance, tenant_slug
+from runs.selectors import (
+    analysis_job_for_user,
+    credit_balance,
+    remember_tenant_slug,
+    tenant_slug,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +122,7 @@ def analysis_job_admit(
                 f"job {parent.pk} is {parent.status}; a delta re-check needs a complete analysis"
             )
     run_id = parent.run_id if parent else (run_id or uuid.uuid4())
+    remember_tenant_slug(user)  # for the process_job's log lines, without a read
     core = get_core()
     core_run_id = core.create_held(run_id=run_id, user_id=user.pk, sources=sources)
     try:

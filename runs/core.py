@@ -135,7 +135,7 @@ class LocalCore:
         """True when the run was cancelled (and its budget unit given back)."""
         with connection.cursor() as cursor:
             cursor.execute(queries["core_cancel_held"], {"core_run_id": core_run_id})
-            return cursor.fetchone() is not None
+            return cursor.fetchone()[0] > 0
 
     def expire_held(self, *, older_than_seconds: float, limit: int) -> int:
         with connection.cursor() as cursor:

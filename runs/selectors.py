@@ -303,3 +303,10 @@ def tenant_slug(tenant_id: int | None) -> str:
             return ""
         _tenant_slugs[tenant_id] = slug
     return slug
+
+
+def remember_tenant_slug(user: User) -> None:
+    """Keep the slug of ``user``'s tenant when the caller already loaded the tenant (the
+    API's token authentication does), so :func:`tenant_slug` reads nothing."""
+    if User.tenant.is_cached(user) and user.tenant is not None:
+        _tenant_slugs.setdefault(user.tenant.pk, user.tenant.slug)

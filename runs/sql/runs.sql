@@ -27,6 +27,7 @@ RETURNING id;
 -- one no longer held, is left as it is: cancelling twice does nothing. A run an admission
 -- is taking right now (its guard holds the row FOR KEY SHARE, and its job is not yet
 -- visible here) is skipped, not waited for: that admission commits a job naming it.
+-- Returns how many runs it cancelled (0 or 1).
 WITH cancelled AS (
     DELETE FROM core_runs c
      WHERE c.id = (SELECT h.id FROM core_runs h
@@ -36,15 +37,16 @@ WITH cancelled AS (
                                        WHERE j.core_run_id = h.id)
                       FOR UPDATE SKIP LOCKED)
     RETURNING c.user_id, c.created_at
+), given_back AS (
+    UPDATE core_daily_usage u
+       SET used = u.used - 1
+      FROM cancelled c
+      JOIN users usr ON usr.id = c.user_id
+     WHERE u.tenant_id = usr.tenant_id
+       AND u.day = (c.created_at AT TIME ZONE 'UTC')::date
+       AND u.used > 0
 )
-UPDATE core_daily_usage u
-   SET used = u.used - 1
-  FROM cancelled c
-  JOIN users usr ON usr.id = c.user_id
- WHERE u.tenant_id = usr.tenant_id
-   AND u.day = (c.created_at AT TIME ZONE 'UTC')::date
-   AND u.used > 0
-RETURNING u.used;
+SELECT count(*) FROM cancelled;
 
 -- core_stale_held --
 -- Held runs no job references, older than %(seconds)s: an admission died between

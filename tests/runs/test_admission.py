@@ -209,11 +209,9 @@ def test_an_admit_is_a_handful_of_statements():
     from django.test.utils import CaptureQueriesContext
 
     from runs.admission import analysis_job_admit
-    from runs.selectors import tenant_slug
     from tests.runs.factories import DOC_HTML, SOURCES
 
     user = funded_user(credits=5)
-    tenant_slug(user.tenant_id)  # read once per process, for the jobs' log lines
 
     def admit():
         with CaptureQueriesContext(connection) as captured:
@@ -243,7 +241,7 @@ def test_a_refused_admit_gives_its_held_run_and_budget_back(api, table_counts, s
     assert table_counts() == before
 
 
-def test_a_held_run_no_admission_took_is_cancelled_by_the_resume_tick(table_counts):
+def test_a_held_run_no_admission_took_is_cancelled_by_the_resume_tick(table_counts, settings):
     """An admission that died after creating its held run and before committing its job:
     the resume tick cancels the run and gives the tenant's budget unit back."""
     from django.db import connection
@@ -259,9 +257,12 @@ def test_a_held_run_no_admission_took_is_cancelled_by_the_resume_tick(table_coun
     )
     assert table_counts() != before
     assert run_sweep("analysis_resume").notes["held_expired"] == 0  # too young to judge
+    # Past the expiry by seconds, not an hour: the budget unit goes back to the day it
+    # was taken from, which an hour's back-dating would move across midnight.
+    settings.CORE_HELD_EXPIRY_SECONDS = 5
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE core_runs SET created_at = created_at - interval '1 hour' WHERE id = %s",
+            "UPDATE core_runs SET created_at = created_at - interval '6 seconds' WHERE id = %s",
             [orphan],
         )
     assert run_sweep("analysis_resume").notes["held_expired"] == 1
