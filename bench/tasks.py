@@ -9,16 +9,16 @@ nothing but what the scenario needs of both sides:
 
 ``bench.stage`` is pgstage's stage path with no work in it, as ``pipeline_stage_run`` runs
 a stage: the task wrapper of ``queueing.app.task``, the ledger claim committed on its own,
-then in one transaction ``complete`` and the next hop's enqueue with an EXCLUSIVE key.
+then ``complete`` and the next hop's enqueue with an EXCLUSIVE key in one statement.
 """
 
 from __future__ import annotations
 
-from django.db import models, transaction
+from django.db import models
 from procrastinate.contrib.django import app as procrastinate_app
 
 from queueing.app import task
-from queueing.enqueue import Policy, enqueue
+from queueing.enqueue import Policy, job_params
 from queueing.keys import KeyFormat
 from queueing.ledger import Ledger, LedgerEntry
 
@@ -72,17 +72,19 @@ def chain_hop(context, chain: str, hop: int) -> None:
 
 @task(name=STAGE)
 def stage(unit: str) -> str:
-    """Claim, no work, then complete and enqueue the next hop in one transaction."""
+    """Claim, no work, then complete and enqueue the next hop in one statement
+    (``Ledger.complete(then=...)``, as ``pipeline_stage_run`` closes a stage)."""
     claim = LEDGER.claim(unit=unit, stage="s")
     if not claim.claimed:
         return claim.outcome.value
-    with transaction.atomic():
-        LEDGER.complete(claim)
-        enqueue(
+    LEDGER.complete(
+        claim,
+        then=job_params(
             NOOP,
             args={"unit": unit},
             queue=SINK_QUEUE,
             key=STAGE_KEY.build(hop="next", unit=unit),
             policy=Policy.EXCLUSIVE,
-        )
+        ),
+    )
     return "completed"
