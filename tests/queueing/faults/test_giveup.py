@@ -78,7 +78,7 @@ class ReplyCutter:
     ``COMMIT`` — it drops the server's reply to that COMMIT and closes both ends: the
     commit happened, the client never hears of it (a connection cut at the wrong moment)."""
 
-    def __init__(self, upstream: tuple[str, int], trigger: bytes):
+    def __init__(self, upstream: tuple[str, int] | str, trigger: bytes):
         import socket
         import threading
 
@@ -104,7 +104,11 @@ class ReplyCutter:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(self.upstream)
+            if isinstance(self.upstream, str):  # a Unix socket (the embedded server)
+                server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                server.connect(self.upstream)
+            else:
+                server = socket.create_connection(self.upstream)
             state = {"armed": False, "committing": False}
             threading.Thread(
                 target=self._pump_up, args=(client, server, state), daemon=True
@@ -155,11 +159,17 @@ def _hang_up(sock) -> None:
 
 @pytest.fixture
 def cutter(worker_env):
-    from urllib.parse import urlsplit
+    from urllib.parse import parse_qs, urlsplit
 
     url = urlsplit(worker_env["DATABASE_URL"])
-    proxy = ReplyCutter((url.hostname, url.port or 5432), trigger=b"procrastinate_finish_job_v1(id")
-    yield proxy, url._replace(netloc=f"{url.username}@127.0.0.1:{proxy.port}").geturl()
+    query = parse_qs(url.query)
+    if "host" in query:  # the embedded server listens on a Unix socket only
+        port = query.get("port", ["5432"])[0]
+        upstream: tuple[str, int] | str = f"{query['host'][0]}/.s.PGSQL.{port}"
+    else:
+        upstream = (url.hostname, url.port or 5432)
+    proxy = ReplyCutter(upstream, trigger=b"procrastinate_finish_job_v1(id")
+    yield proxy, url._replace(netloc=f"{url.username}@127.0.0.1:{proxy.port}", query="").geturl()
     proxy.close()
 
 
