@@ -602,7 +602,7 @@ class PgstageWorker(procrastinate_worker.Worker):
 
     async def _settle(self, job: jobs.Job) -> None:
         """The job's last attempt is saved as failed, owing its give-up hook: run it now,
-        in the maintenance thread (a failing hook is logged; the domain's resume sweep is
+        in the give-up hooks' thread (a failing hook is logged; the domain's resume sweep is
         the net). Should that not happen (this worker dies, or the database goes away),
         the owed row stays, and the next maintenance run of any worker runs the hook."""
         try:
