@@ -210,3 +210,33 @@ def jobs(**filters) -> list[dict]:
         if isinstance(row["args"], str):
             row["args"] = json.loads(row["args"])
     return rows
+
+
+def make_doing(job_id: int, *, attempts: int = 0, heartbeat_age_s: int = 120) -> int:
+    """A job claimed by a worker whose heartbeat is ``heartbeat_age_s`` old."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO procrastinate_workers (last_heartbeat) "
+            "VALUES (now() - %s * interval '1 second') RETURNING id",
+            [heartbeat_age_s],
+        )
+        (worker_id,) = cursor.fetchone()
+        cursor.execute(
+            "UPDATE procrastinate_jobs SET status = 'doing', worker_id = %s, attempts = %s "
+            "WHERE id = %s",
+            [worker_id, attempts, job_id],
+        )
+    return worker_id
+
+
+def recovery_ran(*, last_run_ago: float, resumed_ago: float) -> None:
+    """Stalled recovery's clock (``pgstage_inline_sweeps``): it last ran ``last_run_ago``
+    seconds ago and last resumed after a gap ``resumed_ago`` seconds ago."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO pgstage_inline_sweeps (name, last_run, resumed_at) "
+            "VALUES ('stalled_jobs', now() - %s * interval '1 s', now() - %s * interval '1 s') "
+            "ON CONFLICT (name) DO UPDATE SET last_run = EXCLUDED.last_run, "
+            "resumed_at = EXCLUDED.resumed_at",
+            [last_run_ago, resumed_ago],
+        )

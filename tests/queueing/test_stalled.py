@@ -39,27 +39,10 @@ import tests.queueing.tasks  # noqa: F401
 from queueing import locks
 from queueing.enqueue import Policy, enqueue
 from queueing.sweeps import SWEEP_LOCK, request_sweep, run_sweep
-from tests.conftest import jobs
+from tests.conftest import jobs, make_doing, recovery_ran
 from tests.queueing.tasks import given_up
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def make_doing(job_id: int, *, attempts: int = 0, heartbeat_age_s: int = 120) -> int:
-    """A job claimed by a worker whose heartbeat is ``heartbeat_age_s`` old."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO procrastinate_workers (last_heartbeat) "
-            "VALUES (now() - %s * interval '1 second') RETURNING id",
-            [heartbeat_age_s],
-        )
-        (worker_id,) = cursor.fetchone()
-        cursor.execute(
-            "UPDATE procrastinate_jobs SET status = 'doing', worker_id = %s, attempts = %s "
-            "WHERE id = %s",
-            [worker_id, attempts, job_id],
-        )
-    return worker_id
 
 
 def stalls(job_id: int) -> int:
@@ -147,17 +130,6 @@ def test_fresh_job_holding_the_queueing_lock_supersedes_the_stalled_one(clean_qu
 def tick() -> object:
     """One run as a worker's maintenance loop makes it (or an operator's request)."""
     return app.tasks["queueing.sweep_tick.stalled_jobs"](timestamp=0)
-
-
-def recovery_ran(*, last_run_ago: float, resumed_ago: float) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO pgstage_inline_sweeps (name, last_run, resumed_at) "
-            "VALUES ('stalled_jobs', now() - %s * interval '1 s', now() - %s * interval '1 s') "
-            "ON CONFLICT (name) DO UPDATE SET last_run = EXCLUDED.last_run, "
-            "resumed_at = EXCLUDED.resumed_at",
-            [last_run_ago, resumed_ago],
-        )
 
 
 @pytest.fixture

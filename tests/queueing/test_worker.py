@@ -13,7 +13,7 @@ from django.db import connection, transaction
 import tests.queueing.tasks  # registers the test tasks in this process
 from queueing.enqueue import Policy, enqueue, queueing_lock_for
 from queueing.sweeps import run_sweep
-from tests.conftest import jobs, wait_for
+from tests.conftest import jobs, make_doing, recovery_ran, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -305,20 +305,8 @@ def test_recovery_runs_beside_a_backlog_not_behind_it(effects, task_worker):
     stalled = enqueue(
         "tests.record", args={"label": "stalled"}, key="st:1", policy=Policy.EXCLUSIVE
     )
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO procrastinate_workers (last_heartbeat) "
-            "VALUES (now() - interval '1 hour') RETURNING id"
-        )
-        (dead,) = cursor.fetchone()
-        cursor.execute(
-            "UPDATE procrastinate_jobs SET status = 'doing', worker_id = %s WHERE id = %s",
-            [dead, stalled.job_id],
-        )
-        cursor.execute(
-            "INSERT INTO pgstage_inline_sweeps "
-            "VALUES ('stalled_jobs', now(), now() - interval '1 h')"
-        )
+    make_doing(stalled.job_id, heartbeat_age_s=3600)
+    recovery_ran(last_run_ago=0, resumed_ago=3600)
     for i in range(40):
         enqueue("tests.sleep", args={"label": f"backlog-{i}", "seconds": 0.4})
     worker = task_worker(env={**FAST_BEATS, "STALLED_RECOVERY_SECONDS": "1"})

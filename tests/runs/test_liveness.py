@@ -29,7 +29,7 @@ from queueing.jobs import job_cancel
 from queueing.sweeps import run_sweep
 from runs import admission, processing
 from runs.models import AnalysisJob, CreditEntry, CreditKind, JobStatus
-from tests.conftest import jobs, wait_for
+from tests.conftest import jobs, make_doing, wait_for
 from tests.runs.factories import DOC_HTML, SOURCES, backdate, funded_user
 from tests.runs.fakes import BROKEN_KEY
 
@@ -97,16 +97,7 @@ def test_stalled_recovery_giving_up_settles_the_analysis(clean_queue, settings):
     first, second = admit(user), admit(user, title="second")
     make_running(first.id)
     [job] = process_jobs(first.id)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO procrastinate_workers (last_heartbeat) VALUES (now() - interval '1 h') "
-            "RETURNING id"
-        )
-        (dead_worker,) = cursor.fetchone()
-        cursor.execute(
-            "UPDATE procrastinate_jobs SET status = 'doing', worker_id = %s WHERE id = %s",
-            [dead_worker, job["id"]],
-        )
+    make_doing(job["id"], heartbeat_age_s=3600)
 
     assert run_sweep("stalled_jobs").notes == {"gave_up": 1}
     assert status(first.id) == JobStatus.FAILED and refunds(first.id) == 1

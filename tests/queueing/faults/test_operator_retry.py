@@ -19,7 +19,7 @@ import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this pro
 from queueing.enqueue import Policy, enqueue
 from queueing.jobs import RetryOutcome, job_retry
 from queueing.sweeps import run_sweep_exclusively
-from tests.conftest import jobs, wait_for
+from tests.conftest import jobs, recovery_ran, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -48,12 +48,7 @@ def test_an_operator_retry_after_a_gap_keeps_a_live_workers_job(
             "WHERE id = %s",
             [running["worker_id"]],
         )
-        cursor.execute(
-            "INSERT INTO pgstage_inline_sweeps (name, last_run, resumed_at) "
-            "VALUES ('stalled_jobs', now() - interval '60 s', now() - interval '60 s') "
-            "ON CONFLICT (name) DO UPDATE SET last_run = EXCLUDED.last_run, "
-            "resumed_at = EXCLUDED.resumed_at"
-        )
+        recovery_ran(last_run_ago=60, resumed_ago=60)
         recovery = run_sweep_exclusively("stalled_jobs")
         assert recovery is not None and recovery.selected == 0  # recovery: alive
         outcome = job_retry(job_id=job.job_id)

@@ -28,7 +28,7 @@ import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this pro
 from queueing.checks import check_database
 from queueing.enqueue import Policy, enqueue
 from queueing.sweeps import run_sweep_exclusively
-from tests.conftest import jobs, wait_for
+from tests.conftest import jobs, make_doing, recovery_ran, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -44,14 +44,7 @@ def _sweep_after_outage(*, worker_id: int, heartbeat_age: float, outage: float) 
                 "SET last_heartbeat = now() - %s * interval '1 second' WHERE id = %s",
                 [heartbeat_age, worker_id],
             )
-            cursor.execute(
-                "INSERT INTO pgstage_inline_sweeps (name, last_run, resumed_at) "
-                "VALUES ('stalled_jobs', now() - %s * interval '1 second', "
-                "        now() - interval '1 hour') "
-                "ON CONFLICT (name) DO UPDATE SET last_run = EXCLUDED.last_run, "
-                "                                 resumed_at = EXCLUDED.resumed_at",
-                [outage + 1],
-            )
+            recovery_ran(last_run_ago=outage + 1, resumed_ago=3600)
             if run_sweep_exclusively("stalled_jobs") is not None:
                 return
         # The worker's own maintenance loop held the try-lock: try again.
@@ -116,20 +109,8 @@ def test_a_lone_worker_at_the_longest_period_allowed_still_recovers(effects, tas
     stalled = enqueue(
         "tests.record", args={"label": "stalled"}, key="eq:1", policy=Policy.EXCLUSIVE
     )
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO procrastinate_workers (last_heartbeat) "
-            "VALUES (now() - interval '200 s') RETURNING id"
-        )
-        (dead,) = cursor.fetchone()
-        cursor.execute(
-            "UPDATE procrastinate_jobs SET status = 'doing', worker_id = %s WHERE id = %s",
-            [dead, stalled.job_id],
-        )
-        cursor.execute(
-            "INSERT INTO pgstage_inline_sweeps "
-            "VALUES ('stalled_jobs', now(), now() - interval '1 h')"
-        )
+    make_doing(stalled.job_id, heartbeat_age_s=200)
+    recovery_ran(last_run_ago=0, resumed_ago=3600)
 
     # The lone surviving worker: threshold 3 s, heartbeat 0.5 s, so the resume gap is
     # 2.25 s; recovery every 1.125 s, the longest period E003 lets through.
