@@ -262,8 +262,10 @@ class PgstageWorker(procrastinate_worker.Worker):
             raise
         finally:
             self._loop = None
-            self._maintenance.shutdown(wait=False, cancel_futures=True)
-            self._hooks.shutdown(wait=False, cancel_futures=True)
+            for executor in (self._maintenance, self._hooks):
+                # Its thread's Django connection closes with it, after what is queued.
+                executor.submit(connections.close_all)
+                executor.shutdown(wait=False)
         if self._gave_up is not None:
             raise DatabaseUnavailable(self._gave_up)
         if self._side_task_failed is not None:

@@ -350,3 +350,34 @@ def test_a_job_fetched_again_while_its_first_run_goes_on_is_not_run_twice(
     second.touch()
     wait_for(lambda: jobs(id=job.job_id)[0]["status"] == "succeeded", message="the end")
     assert effects().count("j:started") == 1 and effects().count("j:finished") == 1
+
+
+def test_a_worker_loop_that_fails_anyway_stops_the_worker_as_a_failure(clean_queue, monkeypatch):
+    """Every loop retries what it can; one that still raises (a bug) stops the worker —
+    procrastinate would exit 0 then, as if asked to stop — with ``WorkerStopped``, which
+    the worker command turns into a non-zero exit, so a supervisor restarts it."""
+    import asyncio
+
+    from procrastinate.contrib.django import app
+
+    from queueing.worker import PgstageWorker, WorkerStopped
+
+    async def broken() -> None:
+        raise RuntimeError("a bug in a loop")
+
+    # As the worker command runs it: on procrastinate's worker connector (a psycopg pool).
+    worker_app = app.with_connector(app.connector.get_worker_connector())
+
+    async def scenario() -> None:
+        worker = PgstageWorker(app=worker_app, wait=True, listen_notify=False)
+
+        def a_quiet_loop_and_a_broken_one():
+            quiet = asyncio.create_task(asyncio.Event().wait(), name="quiet")
+            return [quiet, asyncio.create_task(broken(), name="broken")]
+
+        monkeypatch.setattr(worker, "_start_side_tasks", a_quiet_loop_and_a_broken_one)
+        async with worker_app.open_async():
+            await asyncio.wait_for(worker.run(), timeout=30)
+
+    with pytest.raises(WorkerStopped, match="its broken loop failed"):
+        asyncio.run(scenario())
