@@ -34,39 +34,56 @@ def admit(user, **kwargs):
     )
 
 
+def in_thread(name: str, outcome: dict[str, object], call) -> threading.Thread:
+    """Start ``call`` on a thread of its own (its own connection); its result, or what it
+    raised, lands in ``outcome[name]``."""
+
+    def run() -> None:
+        try:
+            outcome[name] = call()
+        except BaseException as exc:
+            outcome[name] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, name=name)
+    thread.start()
+    return thread
+
+
+def pause_before_commit(monkeypatch, *, thread_name: str | None = None):
+    """Make an admission (on ``thread_name``, or any) pause inside its transaction, past
+    its guard and INSERT + charge (at the enqueue of its process_job), until resumed:
+    returns the events (paused, resume)."""
+    paused, resume = threading.Event(), threading.Event()
+    real_enqueue = admission.enqueue_process
+
+    def slow_enqueue(job_id, **kwargs):
+        if thread_name is None or threading.current_thread().name == thread_name:
+            paused.set()
+            resume.wait(timeout=20)
+        return real_enqueue(job_id, **kwargs)
+
+    monkeypatch.setattr(admission, "enqueue_process", slow_enqueue)
+    return paused, resume
+
+
 def test_two_concurrent_delta_admits_cannot_overdraw_the_balance(clean_queue, monkeypatch):
     user = funded_user(credits=2)
     parent = admit(user)
     assert processing.analysis_job_process(job_id=parent.id) == "complete"
     assert credit_balance(user_id=user.pk) == 1  # enough for exactly one more analysis
 
-    # Tab A's admission pauses inside its transaction, after its INSERT + charge
-    # statement (at the enqueue of its process_job), as a slow request would.
-    inserted, resume = threading.Event(), threading.Event()
-    real_enqueue = admission.enqueue_process
-
-    def slow_enqueue(job_id, **kwargs):
-        if threading.current_thread().name == "tab-a":
-            inserted.set()
-            resume.wait(timeout=20)
-        return real_enqueue(job_id, **kwargs)
-
-    monkeypatch.setattr(admission, "enqueue_process", slow_enqueue)
+    # Tab A's admission pauses inside its transaction, as a slow request would.
+    inserted, resume = pause_before_commit(monkeypatch, thread_name="tab-a")
     outcome: dict[str, object] = {}
 
-    def tab(name):
-        try:
-            outcome[name] = admit(user, delta_of_job_id=parent.id)
-        except BaseException as exc:
-            outcome[name] = exc
-        finally:
-            connections.close_all()
+    def delta():
+        return admit(user, delta_of_job_id=parent.id)
 
-    a = threading.Thread(target=tab, args=("tab-a",), name="tab-a")
-    a.start()
+    a = in_thread("tab-a", outcome, delta)
     assert inserted.wait(timeout=20)
-    b = threading.Thread(target=tab, args=("tab-b",), name="tab-b")
-    b.start()
+    b = in_thread("tab-b", outcome, delta)
     b.join(timeout=3)  # a correct admission waits for tab A here (the user's lock)
     resume.set()
     a.join(timeout=20)
@@ -99,21 +116,16 @@ def test_expire_held_never_cancels_the_held_run_of_an_admission_in_flight(clean_
         finally:
             connections.close_all()
 
-    def click():
-        try:
-            outcome["admit"] = admission.analysis_job_admit(
-                user=user, title="T", doc_html=DOC_HTML, sources=SOURCES
-            )
-        except BaseException as exc:
-            outcome["admit"] = exc
-        finally:
-            connections.close_all()
-
     holder = threading.Thread(target=hold_the_users_lock)
     holder.start()
     assert holding.wait(timeout=10)
-    admit = threading.Thread(target=click)
-    admit.start()
+    admit = in_thread(
+        "admit",
+        outcome,
+        lambda: admission.analysis_job_admit(
+            user=user, title="T", doc_html=DOC_HTML, sources=SOURCES
+        ),
+    )
     # The admission created (and committed) its held run and now waits for the lock.
     for _ in range(200):
         if CoreRun.objects.exists():
@@ -145,30 +157,16 @@ def test_expire_held_never_cancels_the_held_run_of_an_admission_in_flight(clean_
 
 def test_expire_held_skips_the_held_run_an_admission_is_committing(clean_queue, monkeypatch):
     user = funded_user(credits=3)
-    inserted, resume = threading.Event(), threading.Event()
-    real_enqueue = admission.enqueue_process
-
-    def slow_enqueue(job_id, **kwargs):
-        # Past the guard (which holds the held run FOR KEY SHARE), before the commit.
-        inserted.set()
-        resume.wait(timeout=20)
-        return real_enqueue(job_id, **kwargs)
-
-    monkeypatch.setattr(admission, "enqueue_process", slow_enqueue)
+    # Past the guard (which holds the held run FOR KEY SHARE), before the commit.
+    inserted, resume = pause_before_commit(monkeypatch)
     outcome: dict[str, object] = {}
-
-    def click():
-        try:
-            outcome["admit"] = admission.analysis_job_admit(
-                user=user, title="T", doc_html=DOC_HTML, sources=SOURCES
-            )
-        except BaseException as exc:
-            outcome["admit"] = exc
-        finally:
-            connections.close_all()
-
-    admit = threading.Thread(target=click)
-    admit.start()
+    admit = in_thread(
+        "admit",
+        outcome,
+        lambda: admission.analysis_job_admit(
+            user=user, title="T", doc_html=DOC_HTML, sources=SOURCES
+        ),
+    )
     try:
         assert inserted.wait(timeout=20)
         CoreRun.objects.update(created_at=CoreRun.objects.get().created_at.replace(year=2000))
