@@ -14,6 +14,7 @@ import tests.queueing.tasks  # registers the test tasks in this process
 from queueing.enqueue import Policy, enqueue, queueing_lock_for
 from queueing.sweeps import run_sweep
 from tests.conftest import jobs, make_doing, recovery_ran, wait_for
+from tests.queueing.tasks import given_up
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -234,14 +235,16 @@ def poison_once():
         cursor.execute(POISON_DROP)
 
 
-def _orphan(worker_id: int, *, label: str, lock: str | None = None) -> int:
+def _orphan(
+    worker_id: int, *, label: str, lock: str | None = None, task: str = "tests.record"
+) -> int:
     """A job whose fetch committed under ``worker_id`` and whose reply never arrived."""
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO procrastinate_jobs (queue_name, task_name, args, queueing_lock, "
-            "status, worker_id) VALUES ('default', 'tests.record', "
+            "status, worker_id) VALUES ('default', %s, "
             "jsonb_build_object('label', %s::text), %s, 'doing', %s) RETURNING id",
-            [label, lock, worker_id],
+            [task, label, lock, worker_id],
         )
         return cursor.fetchone()[0]
 
@@ -267,9 +270,12 @@ def test_orphans_of_a_lost_fetch_reply_go_back_or_end_and_the_worker_goes_on(
     plain = _orphan(worker_id, label="plain")
     colliding = _orphan(worker_id, label="colliding", lock=lock)
     aborted = _orphan(worker_id, label="aborted")
+    # Aborted before it ran, and its task has a give-up hook: its domain settles.
+    hooked = _orphan(worker_id, label="hooked", task="tests.settled")
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE procrastinate_jobs SET abort_requested = true WHERE id = %s", [aborted]
+            "UPDATE procrastinate_jobs SET abort_requested = true WHERE id = ANY(%s)",
+            [[aborted, hooked]],
         )
         cursor.execute(
             "INSERT INTO procrastinate_jobs (queue_name, task_name, args, queueing_lock, "
@@ -285,11 +291,14 @@ def test_orphans_of_a_lost_fetch_reply_go_back_or_end_and_the_worker_goes_on(
         message=f"work after the failed fetch\n{worker.log()[-2000:]}",
     )
     status = {j["id"]: j["status"] for j in jobs()}
-    assert (status[plain], status[colliding], status[aborted]) == (
+    assert (status[plain], status[colliding], status[aborted], status[hooked]) == (
         "succeeded",
         "failed",
         "aborted",
+        "aborted",
     )
+    wait_for(lambda: "hooked" in given_up(effects()), message="the aborted orphan's hook")
+    assert "aborted before it ran" in given_up(effects())["hooked"]
     assert worker.alive
 
 
