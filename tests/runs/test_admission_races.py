@@ -178,3 +178,30 @@ def test_expire_held_skips_the_held_run_an_admission_is_committing(clean_queue, 
     assert isinstance(result, admission.Admission), result
     assert AnalysisJob.objects.get(pk=result.id).core_run_id == CoreRun.objects.get().pk
     assert credit_balance(user_id=user.pk) == 2
+
+
+def test_an_expired_hold_answers_503_with_retry_after_and_writes_nothing(
+    clean_queue, api, monkeypatch
+):
+    """The API's side of HoldExpired: the held run is gone by the time the admission's
+    guard runs (the expiry took it while the admission waited): a 503 the client can
+    retry, no job, no charge."""
+    from runs.core import LocalCore
+    from tests.runs.factories import payload
+
+    user = funded_user(credits=3)
+    real_create = LocalCore.create_held
+
+    def created_then_expired(self, **kwargs):
+        core_run_id = real_create(self, **kwargs)
+        CoreRun.objects.filter(pk=core_run_id).delete()  # as held_runs_expire would
+        return core_run_id
+
+    monkeypatch.setattr(LocalCore, "create_held", created_then_expired)
+    answer = api(user).post("/api/analysis-jobs", payload())
+
+    assert answer.status_code == 503, answer.content
+    assert answer.json()["error"] == "hold_expired"
+    assert int(answer.headers["Retry-After"]) > 0
+    assert not AnalysisJob.objects.exists()
+    assert credit_balance(user_id=user.pk) == 3
