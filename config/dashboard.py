@@ -28,9 +28,10 @@ from accounts.models import User
 from config.metrics import record_admission_rejection
 from pipeline import selectors as pipeline_selectors
 from pipeline.exceptions import AnfrageNotFound, FileTooLarge, PipelineError
+from pipeline.limits import MAX_FILE_BYTES
 from pipeline.models import Anfrage
 from pipeline.selectors import StageStatus
-from pipeline.services import MAX_FILE_BYTES, Upload, anfrage_submit
+from pipeline.submit import Upload, anfrage_submit
 from runs import admission as runs_admission
 from runs import selectors as runs_selectors
 from runs.api import MAX_DOC_CHARS, MAX_SOURCE_TEXT_CHARS, SOURCE_KEY_PATTERN

@@ -30,7 +30,7 @@ from pipeline.models import (
 )
 from pipeline.replay import pipeline_stage_replay
 from pipeline.selectors import PENDING, catalog_for
-from pipeline.services import stage_key
+from pipeline.stages import stage_key
 from queueing.admin import ReadOnlyModelAdmin, jobs_link
 
 #: How many refusal reasons one message lists (the rest are counted).

@@ -35,7 +35,7 @@ from pipeline.exceptions import (
 from pipeline.limits import MAX_FILE_BYTES, MAX_FILES, MAX_TITLE
 from pipeline.models import Anfrage, ExtractionWarning, FileFormat, Position, Stage, Unit
 from pipeline.selectors import anfrage_detail, anfrage_get, anfrage_overview
-from pipeline.services import anfrage_submit_allowed, anfrage_submit_staged
+from pipeline.submit import anfrage_submit_allowed, anfrage_submit_staged
 from pipeline.uploads import StagingUploadHandler, StreamedUpload
 
 router = Router(tags=["pipeline"])

@@ -9,7 +9,7 @@ class PipelineConfig(AppConfig):
 
     def ready(self) -> None:
         from pipeline import checks  # noqa: F401  (registers system checks)
-        from pipeline.services import STAGE_KEY
+        from pipeline.stages import STAGE_KEY
         from queueing.logs import register_key_format
 
         # Stage keys name their tenant: job log lines show it.

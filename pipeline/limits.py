@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 MAX_FILES = 20
 MAX_FILE_BYTES = 5 * 1024 * 1024
 MAX_TITLE = 200
@@ -12,3 +14,6 @@ MAX_REQUEST_BYTES = MAX_FILES * MAX_FILE_BYTES + 256 * 1024
 MAX_POSITIONS = 10_000
 #: Unreadable lines kept as warnings per inquiry; the rest are counted in one more.
 MAX_WARNINGS = 1_000
+#: What PostgreSQL text cannot hold (NUL, lone surrogates): replaced in names and in an
+#: extractor's output, which must fit its columns whatever a plugged extractor returns.
+UNSTORABLE = re.compile("[\x00\ud800-\udfff]")

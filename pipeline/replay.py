@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from django.db import connection, transaction
 from django.utils import timezone
 
+from pipeline.audit import audit_entry_create
 from pipeline.exceptions import ReplayRefused
 from pipeline.models import Anfrage, Stage
 from pipeline.queries import QUERIES
 from pipeline.selectors import anfrage_get, parse_stage
-from pipeline.services import audit_entry_create, pipeline_stage_enqueue
+from pipeline.stages import pipeline_stage_enqueue
 from queueing.ledger import LedgerStatus
 
 

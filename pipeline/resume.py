@@ -29,9 +29,10 @@ from django.conf import settings
 from django.db import connection
 from django.db.transaction import TransactionManagementError
 
+from pipeline.audit import audit_entry_create
 from pipeline.models import Anfrage, Stage
 from pipeline.queries import QUERIES
-from pipeline.services import STAGE_KEY, audit_entry_create, pipeline_stage_enqueue
+from pipeline.stages import STAGE_KEY, pipeline_stage_enqueue
 from queueing.enqueue import Policy, queueing_lock_for
 
 #: The sweep's period; its cron is derived from it.

@@ -28,7 +28,7 @@ from django.db import connection, transaction
 from pipeline import storage
 from pipeline.queries import QUERIES
 from pipeline.resume import RESUME_PERIOD_SECONDS, ResumeOutcome, anfrage_resume, candidate_params
-from pipeline.services import STAGING_LOCK
+from pipeline.submit import STAGING_LOCK
 from queueing import locks
 from queueing.sweeps import SweepContext, SweepResult, declare_sweep, sweep_rows
 

@@ -1,7 +1,7 @@
 """The four stage tasks. Thin: each takes an inquiry id and runs its stage's service.
 
 A job of each carries the singleton key ``stage:tenant:anfrage`` under the EXCLUSIVE
-policy (``services.pipeline_stage_enqueue``); the stage ledger makes a duplicate run a
+policy (``stages.pipeline_stage_enqueue``); the stage ledger makes a duplicate run a
 no-op even if a job escaped that (e.g. one recovered after its worker died).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pipeline import sweeps  # noqa: F401  (declares the resume and staging cleanup sweeps)
 from pipeline.models import Stage
-from pipeline.services import TASK_NAMES, pipeline_stage_run
+from pipeline.stages import TASK_NAMES, pipeline_stage_run
 from queueing.app import task
 
 

@@ -39,7 +39,8 @@ from bench.tasks import (
 from bench.wire import WireCounter
 from bench.workers import BenchError, GroupSpec, WorkerGroup, counted_batch, run_batch, running
 from pipeline.models import Stage
-from pipeline.services import TASK_NAMES, Upload, anfrage_submit
+from pipeline.stages import TASK_NAMES
+from pipeline.submit import Upload, anfrage_submit
 from queueing.enqueue import Policy, enqueue
 
 PLAIN_QUEUE = "bench_plain"

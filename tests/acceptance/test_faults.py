@@ -34,7 +34,7 @@ from django.db import connection, connections
 import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
 from accounts.services import tenant_get_or_create
 from pipeline.models import PipelineRun
-from pipeline.services import Upload, anfrage_submit
+from pipeline.submit import Upload, anfrage_submit
 from queueing.enqueue import Policy, enqueue
 from queueing.sweeps import request_sweep, sweeps
 from tests.acceptance.slow_sweeps import EFFECTS_DDL

@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 
 from accounts.services import tenant_get_or_create, user_get_or_create
-from pipeline.services import Upload, anfrage_submit
+from pipeline.submit import Upload, anfrage_submit
 from queueing.sweeps import run_sweep
 from runs.admission import analysis_job_admit
 from runs.credits import credit_grant

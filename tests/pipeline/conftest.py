@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.models import Anfrage, Stage
-from pipeline.services import Upload, anfrage_submit, pipeline_stage_run
+from pipeline.stages import pipeline_stage_run
+from pipeline.submit import Upload, anfrage_submit
 from tests.conftest import run_concurrently
 from tests.factories import TenantFactory, UserFactory
 from tests.pipeline.extractors import ScriptedExtractor

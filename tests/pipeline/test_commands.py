@@ -9,7 +9,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from pipeline.models import Anfrage, AuditEntry, PipelineRun
-from pipeline.services import LEDGER
+from pipeline.stages import LEDGER
 from tests.conftest import jobs
 from tests.pipeline.conftest import ITEMS_CSV, ITEMS_TXT, run_stages, submit
 

@@ -103,7 +103,7 @@ def test_database_errors_stay_in_the_log(client, user, monkeypatch):
     def broken(*args, **kwargs):
         raise DataError('value too long for type character varying(32) in "anfrage_positions"')
 
-    monkeypatch.setattr("pipeline.services.replace_children", broken)
+    monkeypatch.setattr("pipeline.stages.replace_children", broken)
     with pytest.raises(DataError):
         run_stages(anfrage.id, stages=(Stage.EXTRACT,))
 

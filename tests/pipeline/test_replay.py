@@ -36,11 +36,11 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from pipeline import services
+from pipeline import stages
 from pipeline.exceptions import AnfrageNotFound, ReplayRefused, StageInputStale, UnknownStage
 from pipeline.models import AuditEntry, PipelineRun, Position, Stage
 from pipeline.replay import pipeline_stage_replay
-from pipeline.services import LEDGER, StageOutcome, pipeline_stage_run
+from pipeline.stages import LEDGER, StageOutcome, pipeline_stage_run
 from tests.conftest import jobs, run_concurrently, wait_for
 from tests.pipeline.conftest import in_background, run_stages, submit
 
@@ -205,7 +205,7 @@ def during_feasibility(monkeypatch):
     """Run ``hook`` while feasibility computes (after its claim, before it commits)."""
 
     def install(hook):
-        work = services._STAGES[Stage.FEASIBILITY]
+        work = stages._STAGES[Stage.FEASIBILITY]
 
         def compute(anfrage, inputs):
             result = work.compute(anfrage, inputs)
@@ -213,7 +213,7 @@ def during_feasibility(monkeypatch):
             return result
 
         monkeypatch.setitem(
-            services._STAGES, Stage.FEASIBILITY, dataclasses.replace(work, compute=compute)
+            stages._STAGES, Stage.FEASIBILITY, dataclasses.replace(work, compute=compute)
         )
 
     return install
@@ -302,7 +302,7 @@ def test_a_cascading_replay_reopens_a_stage_whose_closing_transaction_commits_me
     anfrage = submit(tenant)
     run_stages(anfrage.id, (Stage.INTAKE, Stage.EXTRACT))
     at_close, release = threading.Event(), threading.Event()
-    work = services._STAGES[Stage.FEASIBILITY]
+    work = stages._STAGES[Stage.FEASIBILITY]
 
     def write(anfrage, result):
         # Inside feasibility's closing transaction: extract's row is share-locked, the
@@ -311,7 +311,7 @@ def test_a_cascading_replay_reopens_a_stage_whose_closing_transaction_commits_me
         at_close.set()
         assert release.wait(timeout=30), "the test never released the closing transaction"
 
-    monkeypatch.setitem(services._STAGES, Stage.FEASIBILITY, dataclasses.replace(work, write=write))
+    monkeypatch.setitem(stages._STAGES, Stage.FEASIBILITY, dataclasses.replace(work, write=write))
     stage, stage_outcome = in_background(
         lambda: pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.FEASIBILITY)
     )

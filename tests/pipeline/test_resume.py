@@ -53,10 +53,10 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.test.utils import CaptureQueriesContext
 
-from pipeline import resume, services
+from pipeline import resume, stages
 from pipeline.models import Anfrage, AuditEntry, PipelineRun, Stage
 from pipeline.replay import pipeline_stage_replay
-from pipeline.services import LEDGER, pipeline_stage_run
+from pipeline.stages import LEDGER, pipeline_stage_run
 from queueing.sweeps import SweepResult, run_sweep
 from tests.conftest import jobs, run_concurrently
 from tests.invariants import LIVENESS
@@ -456,7 +456,7 @@ def test_an_inquiry_is_open_exactly_while_a_stage_is_left_to_run(tenant):
 def test_calculate_leaves_the_inquiry_open_when_an_earlier_stage_was_reopened(tenant, monkeypatch):
     anfrage = submit(tenant)
     run_stages(anfrage.id, (Stage.INTAKE, Stage.EXTRACT, Stage.FEASIBILITY))
-    work = services._STAGES[Stage.CALCULATE]
+    work = stages._STAGES[Stage.CALCULATE]
 
     def compute(anfrage, inputs):
         # Meanwhile an operator replays extract without --cascade.
@@ -465,9 +465,7 @@ def test_calculate_leaves_the_inquiry_open_when_an_earlier_stage_was_reopened(te
         )
         return work.compute(anfrage, inputs)
 
-    monkeypatch.setitem(
-        services._STAGES, Stage.CALCULATE, dataclasses.replace(work, compute=compute)
-    )
+    monkeypatch.setitem(stages._STAGES, Stage.CALCULATE, dataclasses.replace(work, compute=compute))
     assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.CALCULATE) == "completed"
     anfrage.refresh_from_db()
     assert anfrage.quote_total is not None and anfrage.completed_at is None

@@ -15,7 +15,7 @@ from django.utils import timezone
 from pipeline import storage
 from pipeline.models import Anfrage, PipelineRun, Stage
 from pipeline.replay import pipeline_stage_replay
-from pipeline.services import STAGING_LOCK
+from pipeline.submit import STAGING_LOCK
 from queueing import locks
 from queueing.exceptions import DoNotRetry
 from queueing.sweeps import run_sweep

@@ -25,7 +25,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from pipeline.models import Anfrage, Catalog, PipelineRun, Position, Stage
-from pipeline.services import pipeline_stage_enqueue
+from pipeline.stages import pipeline_stage_enqueue
 from queueing.sweeps import run_sweep
 from tests.conftest import jobs, run_concurrently, wait_for
 from tests.factories import TenantFactory

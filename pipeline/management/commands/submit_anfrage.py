@@ -14,7 +14,7 @@ from accounts.validation import TENANT_SLUG_MAX, text_argument
 from pipeline.exceptions import PipelineError
 from pipeline.limits import MAX_FILE_BYTES, MAX_FILES
 from pipeline.selectors import tenant_by_slug
-from pipeline.services import Upload, anfrage_submit
+from pipeline.submit import Upload, anfrage_submit
 from queueing.display import format_table
 
 

@@ -43,7 +43,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from pipeline import services, storage
+from pipeline import stages, storage
 from pipeline.exceptions import (
     BinaryFile,
     EmptyFile,
@@ -64,14 +64,8 @@ from pipeline.models import (
     Stage,
 )
 from pipeline.replay import pipeline_stage_replay
-from pipeline.services import (
-    LEDGER,
-    StageOutcome,
-    Upload,
-    anfrage_submit,
-    pipeline_stage_enqueue,
-    pipeline_stage_run,
-)
+from pipeline.stages import LEDGER, StageOutcome, pipeline_stage_enqueue, pipeline_stage_run
+from pipeline.submit import Upload, anfrage_submit
 from queueing.exceptions import DoNotRetry, RetryLater
 from queueing.ledger import Ledger
 from tests.conftest import jobs, run_concurrently, wait_for
@@ -185,13 +179,13 @@ def test_infeasible_positions_are_not_priced(tenant):
 def test_a_stage_error_marks_the_run_failed_and_the_retry_takes_over(tenant, monkeypatch):
     anfrage = submit(tenant)
     run_stages(anfrage.id, [Stage.INTAKE])
-    real = services._stage_job
+    real = stages._stage_job
 
     def broken(**kwargs):
         raise ConnectionError("queue unreachable")
 
     # The next stage's job is written with the stage's success: fail it there.
-    monkeypatch.setattr(services, "_stage_job", broken)
+    monkeypatch.setattr(stages, "_stage_job", broken)
     with pytest.raises(ConnectionError):
         pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT)
     run = PipelineRun.objects.get(anfrage=anfrage, stage="extract")
@@ -199,16 +193,16 @@ def test_a_stage_error_marks_the_run_failed_and_the_retry_takes_over(tenant, mon
     assert run.error == "ConnectionError: queue unreachable"
     # The closing transaction rolled back: no positions, no next job.
     assert not Position.objects.filter(anfrage=anfrage).exists()
-    monkeypatch.setattr(services, "_stage_job", real)
+    monkeypatch.setattr(stages, "_stage_job", real)
     assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT) == "completed"
     assert runs(anfrage)["extract"] == ("success", 2)
 
 
 def test_intake_retry_after_a_failure_stores_each_file_once(tenant, monkeypatch, storage_root):
     anfrage = submit(tenant, {"items.txt": ITEMS_TXT, "list.csv": ITEMS_CSV})
-    real = services._stage_job
+    real = stages._stage_job
     monkeypatch.setattr(
-        services,
+        stages,
         "_stage_job",
         lambda **kw: (_ for _ in ()).throw(ConnectionError("down")),
     )
@@ -217,7 +211,7 @@ def test_intake_retry_after_a_failure_stores_each_file_once(tenant, monkeypatch,
     # The bytes are on disk (idempotent), but no row or audit entry committed.
     assert not AnfrageFile.objects.exists()
     assert not AuditEntry.objects.filter(action="file.stored").exists()
-    monkeypatch.setattr(services, "_stage_job", real)
+    monkeypatch.setattr(stages, "_stage_job", real)
     pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.INTAKE)
     files = list(AnfrageFile.objects.filter(anfrage=anfrage))
     assert len(files) == 2

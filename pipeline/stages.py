@@ -1,4 +1,4 @@
-"""Writes of the pipeline: submitting an inquiry and running a stage (replays: ``replay.py``).
+"""Running a stage of an inquiry (submitting one: ``submit.py``; replays: ``replay.py``).
 
 Every stage runs the same protocol (:func:`pipeline_stage_run`):
 
@@ -21,33 +21,23 @@ import enum
 import hashlib
 import json
 import logging
-import math
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from functools import partial
-from pathlib import PurePath
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from accounts.models import Tenant
-from accounts.validation import InvalidText, storable_text
 from pipeline import storage
+from pipeline.audit import audit_entry_create
 from pipeline.catalog import check_position, price_position
 from pipeline.exceptions import (
-    FileTooLarge,
-    InvalidTitle,
-    NoFiles,
     PipelineError,
     StageInputChanged,
     StageInputStale,
     StageSuperseded,
-    TooManyFiles,
-    TooManyInquiries,
     TooManyPositions,
     UnparseableFile,
 )
@@ -56,15 +46,13 @@ from pipeline.extract import (
     ParsedPosition,
     SourceFile,
     decode,
-    format_by_name,
     get_extractor,
     inspect_upload,
 )
-from pipeline.limits import MAX_FILE_BYTES, MAX_FILES, MAX_POSITIONS, MAX_TITLE, MAX_WARNINGS
+from pipeline.limits import MAX_POSITIONS, MAX_WARNINGS, UNSTORABLE
 from pipeline.models import (
     Anfrage,
     AnfrageFile,
-    AuditEntry,
     ExtractionWarning,
     FileFormat,
     PipelineRun,
@@ -74,8 +62,6 @@ from pipeline.models import (
 )
 from pipeline.queries import QUERIES
 from pipeline.selectors import catalog_for, parse_stage
-from pipeline.storage import StagedFile
-from queueing import locks
 from queueing.enqueue import Enqueued, Policy, enqueue, job_params
 from queueing.exceptions import DoNotRetry, LeaseLost, RetryLater
 from queueing.keys import KeyFormat
@@ -88,26 +74,12 @@ logger = logging.getLogger(__name__)
 STAGE_KEY = KeyFormat(parts=("stage", "tenant", "anfrage"))
 LEDGER = Ledger(model=PipelineRun, key_fields=("tenant", "anfrage", "stage"))
 TASK_NAMES = {stage: f"pipeline.{stage.value}" for stage in Stage}
-#: Serialises staging a blob (submit) with deleting it (the staging cleanup sweep).
-STAGING_LOCK = locks.namespace("pipeline_staging")
-#: Serialises a tenant's submits, so its hourly bound holds under concurrency.
-SUBMIT_LOCK = locks.namespace("pipeline_submit")
-SUBMIT_WINDOW = datetime.timedelta(hours=1)
 #: Bounds of the position and warning columns an extractor's output goes into.
 MAX_STORED_QUANTITY = Decimal(10) ** 12
 MAX_STORED_INT = 2**31 - 1
 MAX_LINE_CHARS = 1000
 MAX_ERROR_CHARS = 2000
-#: What PostgreSQL text cannot hold (NUL, lone surrogates): replaced in names and in an
-#: extractor's output, which must fit its columns whatever a plugged extractor returns.
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 WORKER_ACTOR = "worker"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Upload:
-    filename: str
-    data: bytes
 
 
 class StageOutcome(enum.StrEnum):
@@ -149,193 +121,12 @@ def _stage_job(*, anfrage: Anfrage, stage: Stage) -> dict[str, Any]:
     )
 
 
-def audit_entry_create(
-    *,
-    tenant_id: int,
-    entity_type: str,
-    entity_id: int,
-    action: str,
-    actor: str,
-    payload: dict[str, Any] | None = None,
-) -> AuditEntry:
-    """Append one audit entry (joins the caller's transaction; entries are never updated)."""
-    return AuditEntry.objects.create(
-        tenant_id=tenant_id,
-        entity_type=entity_type,
-        entity_id=entity_id,
-        action=action,
-        actor=actor[:150],
-        payload=payload or {},
-    )
-
-
-def _clean_filename(name: str) -> str:
-    """The file's own name (no directories), storable, at most 255 characters."""
-    name = PurePath((name or "").replace("\\", "/")).name
-    return _UNSTORABLE.sub("\ufffd", name).strip()[:255] or "upload.txt"
-
-
-def _checked_count(count: int) -> None:
-    if not count:
-        raise NoFiles()
-    if count > MAX_FILES:
-        raise TooManyFiles(f"{count} files; at most {MAX_FILES} per inquiry")
-
-
-def _checked_title(title: str) -> str:
-    try:
-        return storable_text((title or "").strip(), field="title", max_length=MAX_TITLE)
-    except InvalidText as exc:
-        raise InvalidTitle(str(exc)) from None
-
-
-def anfrage_submit_allowed(*, tenant: Tenant) -> None:
-    """Raise :class:`TooManyInquiries` while the tenant is at its hourly bound
-    (``MAX_INQUIRIES_PER_TENANT_PER_HOUR``; 0 turns it off). A read without a lock, so a
-    request can be refused before its upload is read; :func:`anfrage_submit` checks
-    again under the tenant's lock."""
-    limit = int(settings.MAX_INQUIRIES_PER_TENANT_PER_HOUR)
-    if limit <= 0:
-        return
-    now = timezone.now()
-    # One indexed probe of the limit-th newest inquiry in the window (whatever the limit):
-    # when it exists the limit is reached, and the window frees a place when it leaves.
-    limit_th = (
-        Anfrage.objects.filter(tenant=tenant, created_at__gt=now - SUBMIT_WINDOW)
-        .order_by("-created_at")
-        .values_list("created_at", flat=True)[limit - 1 : limit]
-    )
-    oldest = next(iter(limit_th), None)
-    if oldest is not None:
-        wait = oldest + SUBMIT_WINDOW - now
-        raise TooManyInquiries(
-            f"the tenant submitted {limit} inquiries in the last hour, its limit; try again later",
-            retry_after=max(1, math.ceil(wait.total_seconds())),
-        )
-
-
-def anfrage_submit(
-    *, tenant: Tenant, uploads: Sequence[Upload], title: str = "", actor: str
-) -> Anfrage:
-    """Create an inquiry from bytes in memory (commands, tests) and enqueue its intake.
-
-    Every file is checked first (not empty, not binary, a known format, at least one
-    readable line): bad input raises an ``InvalidUpload`` and writes nothing. Then, as
-    :func:`anfrage_submit_staged`, under the tenant's hourly bound.
-    """
-    _checked_count(len(uploads))
-    title = _checked_title(title)
-    extractor = get_extractor()
-    manifest = []
-    for upload in uploads:
-        filename = _clean_filename(upload.filename)
-        if len(upload.data) > MAX_FILE_BYTES:
-            raise FileTooLarge(
-                f"file {filename!r} has {len(upload.data)} bytes; at most {MAX_FILE_BYTES}"
-            )
-        source = inspect_upload(filename, upload.data)
-        extraction = extractor.extract(source)
-        if not extraction.positions:
-            raise _unparseable(filename, extraction)
-        manifest.append(
-            {
-                "filename": filename,
-                "sha256": storage.sha256_hex(upload.data),
-                "size": len(upload.data),
-                "format": source.format.value,
-            }
-        )
-    blobs = {m["sha256"]: u.data for m, u in zip(manifest, uploads, strict=True)}
-    return _anfrage_create(
-        tenant=tenant,
-        manifest=manifest,
-        title=title,
-        actor=actor,
-        stage={sha256: partial(storage.stage_upload, data) for sha256, data in blobs.items()},
-    )
-
-
-def anfrage_submit_staged(
-    *, tenant: Tenant, files: Sequence[StagedFile], title: str = "", actor: str
-) -> Anfrage:
-    """Create an inquiry from uploads already on disk (``pipeline.uploads`` streamed,
-    hashed and checked them: count, size, extension, no NUL byte, not empty) and enqueue
-    its intake. The request's work stays proportional to its size: decoding and parsing
-    are intake's and extract's, which refuse an unreadable file for good.
-
-    Bad input raises an ``InvalidUpload`` and writes nothing; the rest as
-    :func:`anfrage_submit`.
-    """
-    _checked_count(len(files))
-    title = _checked_title(title)
-    manifest = []
-    for file in files:
-        filename = _clean_filename(file.filename)
-        if file.size > MAX_FILE_BYTES:
-            raise FileTooLarge(f"file {filename!r} has {file.size} bytes; at most {MAX_FILE_BYTES}")
-        by_name = format_by_name(filename)
-        manifest.append(
-            {
-                "filename": filename,
-                "sha256": file.sha256,
-                "size": file.size,
-                "format": by_name.value if by_name else None,
-            }
-        )
-    return _anfrage_create(
-        tenant=tenant,
-        manifest=manifest,
-        title=title,
-        actor=actor,
-        stage={f.sha256: partial(storage.stage_file, f.path, f.sha256) for f in files},
-    )
-
-
-def _unparseable(filename: str, extraction: Extraction) -> UnparseableFile:
+def unparseable(filename: str, extraction: Extraction) -> UnparseableFile:
     problems = "; ".join(f"line {w.line_no}: {w.message}" for w in extraction.warnings[:3])
     return UnparseableFile(
         f"file {filename!r}: no line reads as a requested item"
         + (f" ({problems})" if problems else "")
     )
-
-
-def _anfrage_create(
-    *,
-    tenant: Tenant,
-    manifest: list[dict[str, Any]],
-    title: str,
-    actor: str,
-    stage: dict[str, Callable[[], object]],
-) -> Anfrage:
-    """One transaction: under the tenant's lock its hourly bound is checked (so two
-    concurrent submits cannot both take its last slot); the bytes are staged
-    content-addressed under each blob's advisory lock (idempotent; before the row is
-    visible, so intake always finds them); the row, its audit entry and the intake job
-    commit together."""
-    with transaction.atomic():
-        locks.xact_lock(SUBMIT_LOCK, tenant.id)
-        anfrage_submit_allowed(tenant=tenant)
-        # The staging cleanup takes the blob's lock before it deletes a blob nobody
-        # references, so it can never delete one that this inquiry (committing below)
-        # needs. Sorted, so two submits lock in one order.
-        for sha256, write in sorted(stage.items()):
-            locks.xact_lock(STAGING_LOCK, sha256)
-            write()
-        anfrage = Anfrage.objects.create(
-            tenant=tenant, title=title or manifest[0]["filename"], uploads=manifest
-        )
-        audit_entry_create(
-            tenant_id=tenant.id,
-            entity_type="anfrage",
-            entity_id=anfrage.id,
-            action="anfrage.submitted",
-            actor=actor,
-            payload={
-                "files": [{"filename": m["filename"], "sha256": m["sha256"]} for m in manifest]
-            },
-        )
-        pipeline_stage_enqueue(anfrage=anfrage, stage=Stage.INTAKE)
-    return anfrage
 
 
 def _digest(value: Any) -> str:
@@ -427,7 +218,7 @@ def _extract_compute(anfrage: Anfrage, files: list[AnfrageFile]) -> tuple[list, 
         )
         extraction = extractor.extract(source)
         if not extraction.positions:
-            raise _unparseable(file.filename, extraction)
+            raise unparseable(file.filename, extraction)
         for parsed in extraction.positions:
             row, notes = _position_row(parsed, index=len(positions) + 1)
             if row is not None:
@@ -459,7 +250,7 @@ def _column(model: type, name: str) -> int:
 
 def _fit(value: object, *, model: type, field: str, cut: list[str]) -> str:
     """``value`` as storable text that fits ``model.field``; a cut is noted in ``cut``."""
-    text = _UNSTORABLE.sub("\ufffd", str(value if value is not None else ""))
+    text = UNSTORABLE.sub("\ufffd", str(value if value is not None else ""))
     limit = _column(model, field)
     if len(text) > limit:
         cut.append(f"{field} cut to {limit} characters")
@@ -492,7 +283,7 @@ def _position_row(parsed: ParsedPosition, *, index: int) -> tuple[Position | Non
         source_file_id=parsed.file_id,
         source_line=max(0, min(int(parsed.line_no), MAX_STORED_INT)),
         label=_fit(parsed.label, model=Position, field="label", cut=cut),
-        raw=_UNSTORABLE.sub("\ufffd", str(parsed.raw))[:MAX_LINE_CHARS],
+        raw=UNSTORABLE.sub("\ufffd", str(parsed.raw))[:MAX_LINE_CHARS],
         quantity=quantity.quantize(Decimal("0.001")),
         unit=parsed.unit,
         item=item,
@@ -506,7 +297,7 @@ def _warning_row(file_id: int | None, line_no: int, line: str, message: str) -> 
     return ExtractionWarning(
         source_file_id=file_id,
         line_no=max(0, min(int(line_no), MAX_STORED_INT)),
-        line=_UNSTORABLE.sub("\ufffd", str(line))[:MAX_LINE_CHARS],
+        line=UNSTORABLE.sub("\ufffd", str(line))[:MAX_LINE_CHARS],
         message=_fit(message, model=ExtractionWarning, field="message", cut=[]),
     )
 
