@@ -86,8 +86,8 @@ EXAMPLE_POSITION = {
     "length_mm": 6000,
     "feasible": True,
     "reason": "",
-    "unit_price": "237.00",
-    "total": "2844.00",
+    "unit_price": "216.00",
+    "total": "2592.00",
 }
 
 
@@ -177,7 +177,7 @@ class AnfrageOut(Schema):
                     "positions_next": None,
                     "warnings": [],
                     "warnings_next": None,
-                    "quote_total": "2844.00",
+                    "quote_total": "2592.00",
                     "currency": "EUR",
                 }
             ]
@@ -208,7 +208,7 @@ class AnfrageSummaryOut(Schema):
                     "created_at": "2025-01-31T08:00:00Z",
                     "complete": True,
                     "stages": EXAMPLE_STAGES,
-                    "quote_total": "2844.00",
+                    "quote_total": "2592.00",
                     "currency": "EUR",
                 }
             ]
