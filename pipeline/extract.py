@@ -62,6 +62,8 @@ LENGTH_UNITS = {"mm": Decimal(1), "cm": Decimal(10), "m": Decimal(1000)}
 MAX_QUANTITY = Decimal("999999999")
 MAX_LENGTH_MM = 1_000_000
 MAX_ITEM_CHARS = 300
+#: How far from a line's end its piece length may begin (", L = 1.000.000,5 mm").
+LENGTH_WINDOW = 40
 
 # --- numbers: German (1.234,5) and English (1,234.5) forms, decided per number
 
@@ -450,7 +452,9 @@ def parse_item_line(line: str) -> dict:
     unit, factor = parse_unit(unit_word)
     quantity = _checked_quantity(qty, unit, factor, notes)
     length_mm = None
-    length = _LENGTH.search(rest)
+    # A length is short: looking for it in the line's last characters only keeps the
+    # search linear whatever the line holds (a number token may span a whole line).
+    length = _LENGTH.search(rest, max(0, len(rest) - LENGTH_WINDOW))
     if length:
         length_mm = parse_length(length.group("len"), length.group("lunit"), notes)
         rest = rest[: length.start()]

@@ -54,7 +54,7 @@ def test_thousands_separators_in_both_locales(line, quantity, unit, item):
     ],
 )
 def test_an_ambiguous_quantity_is_read_as_thousands_and_warned_about(line, quantity):
-    source, result = extract("items.txt", f"{line}\n")
+    _, result = extract("items.txt", f"{line}\n")
     (position,) = result.positions
     assert position.quantity == Decimal(quantity)
     (warning,) = result.warnings
@@ -185,7 +185,9 @@ def test_the_minimum_quantity_of_metre_priced_pieces_counts_metres():
 
 
 def test_a_csv_with_a_quoted_header_is_read():
-    text = '"Position";"Menge";"Einheit";"Bezeichnung";"Länge"\n"1";"4";"Stk";"Träger HEA 200";"6 m"\n'
+    text = (
+        '"Position";"Menge";"Einheit";"Bezeichnung";"Länge"\n"1";"4";"Stk";"Träger HEA 200";"6 m"\n'
+    )
     _, result = extract("liste.csv", text)
     assert [(p.label, p.quantity, p.item, p.length_mm) for p in result.positions] == [
         ("1", Decimal(4), "Träger HEA 200", 6000)
