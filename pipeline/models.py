@@ -127,11 +127,8 @@ class PipelineRun(LedgerEntry):
 
     @property
     def display_status(self) -> str:
-        """The status as operators read it: a failed stage the resume sweep gave up on
-        says so."""
-        if self.status == LedgerStatus.FAILED and self.gave_up_at is not None:
-            return "failed (gave up)"
-        return self.status
+        """The status as operators read it (:func:`display_status`)."""
+        return display_status(status=self.status, error=self.error, gave_up=self.gave_up_at)
 
 
 class AnfrageFile(models.Model):
@@ -288,3 +285,20 @@ class CatalogItem(models.Model):
 
     def __str__(self) -> str:
         return f"{self.code} ({self.catalog})"
+
+
+#: How a replay's reason begins (``pipeline_runs.error``): a stage a replay reset or
+#: queued, that has not run since (its next claim clears ``error``).
+REPLAY_REASON_PREFIX = "replay requested by"
+#: The status shown for such a stage: it waits for the replay's job, it did not fail.
+WAITING_FOR_REPLAY = "waiting (replay)"
+
+
+def display_status(*, status: str, error: str, gave_up: object) -> str:
+    """A ledger status as operators read it: a stage a replay reset or queued is
+    *waiting (replay)*, a failed stage the resume sweep gave up on says so."""
+    if status == LedgerStatus.FAILED and error.startswith(REPLAY_REASON_PREFIX):
+        return WAITING_FOR_REPLAY
+    if status == LedgerStatus.FAILED and gave_up is not None:
+        return "failed (gave up)"
+    return status

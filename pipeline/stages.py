@@ -371,7 +371,7 @@ def _calculate_compute(
         if position.feasible is None:
             raise StageInputChanged(
                 f"position {position.position_index} has no feasibility verdict; "
-                "replay feasibility with --cascade"
+                "replay feasibility and the stages after it"
             )
         if not position.feasible:
             position.unit_price = position.total = None
@@ -381,7 +381,7 @@ def _calculate_compute(
             raise StageInputChanged(
                 f"catalog item {position.catalog_item!r} of position "
                 f"{position.position_index} is no longer in the catalog; "
-                "replay feasibility with --cascade"
+                "replay feasibility and the stages after it"
             )
         price = price_position(
             entry, quantity=position.quantity, unit=position.unit, length_mm=position.length_mm

@@ -86,9 +86,11 @@ WORDS += ["S355J2", "verzinkt", "Schraube", "M12", "Edelstahl", "1.4301", "flat"
 UNIT_SPELLINGS = sorted(UNITS)
 LENGTHS = [", 6 m", "; 6000 mm", " L=6000 mm", " length 6 m", " je 3 m", ", 2,5 m", ""]
 # What may stand outside the item in a line that became a position (checked after the
-# item is cut out): the label, the quantity, its unit, a length, and separators.
+# item is cut out): the label, the quantity, its unit, a length, and punctuation that
+# separates them from the item (", ", "; ", " - ").
 _PREFIX = re.compile(
-    r"(?:pos(?:ition)?\.? ?\d+[a-z]? ?[:.)-]? )?[\d.,'\u00a0\u202f ]+ ?(?:[x\u00d7]|\w+\.?)? ?",
+    r"(?:pos(?:ition)?\.? ?\d+[a-z]? ?[:.)-]? )?"
+    r"[\d.,'\u00a0\u202f ]+ ?(?:[x\u00d7]|\w+\.?)?[ ,;-]*",
     re.IGNORECASE,
 )
 _SUFFIX = re.compile(
