@@ -55,7 +55,7 @@ POSITION_FIELDS = [
     "quantity",
     "unit",
     "item",
-    "material",
+    "material_shown",
     "length_mm",
     "feasible",
     "reason",

@@ -195,6 +195,26 @@ class Position(models.Model):
     def __str__(self) -> str:
         return f"#{self.anfrage_id}.{self.position_index} {self.quantity} {self.unit} {self.item}"
 
+    @property
+    def material_assumed(self) -> bool:
+        """Feasibility chose the material: the inquiry named none."""
+        return bool(self.catalog_material) and not self.material
+
+    @property
+    def material_shown(self) -> str:
+        """The one material every view shows (dashboard, API, ``pipeline_status``, admin):
+        the catalog's, which the price is for, once feasibility chose it — ``S235
+        (assumed)`` when the inquiry named none, ``S235 (steel)`` when it named it in other
+        words; before that (or when no catalog item matched) the inquiry's own word."""
+        code = self.catalog_material
+        if not code:
+            return self.material
+        if self.material_assumed:
+            return f"{code} (assumed)"
+        if "".join(self.material.split()).lower() != "".join(code.split()).lower():
+            return f"{code} ({self.material})"
+        return code
+
 
 class ExtractionWarning(models.Model):
     """A line extract could not read; replaced together with the positions."""
