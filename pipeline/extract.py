@@ -13,6 +13,11 @@ Formats (German and English units: pcs/Stk/Stück, m/lfm, mm, cm, kg, t):
   ``menge``/``einheit``/``bezeichnung`` too; ``;``, ``,`` or tab separated);
 * Markdown: list items (``-``, ``*``, ``+``, ``1.``) in the text format; other lines are
   prose and ignored.
+
+Numbers are read in their German or English form, decided per number (:func:`read_number`);
+what a line leaves open (an ambiguous number, a length column without a unit, a rounded
+length) keeps the position and adds a warning on its line. Every pattern runs on
+whitespace-collapsed text, in time linear in the line (docs/pipeline.md has the rules).
 """
 
 from __future__ import annotations
@@ -75,6 +80,8 @@ _SEPARATORS = ".," + GROUP_ONLY
 _NUMBER = rf"\d+(?:[{_SEPARATORS}]\d+)*"
 _NUMBER_TOKEN = re.compile(_NUMBER)
 _GROUP_ONLY = re.compile(f"[{GROUP_ONLY}]")
+#: A whitespace run that stays as it is when blanks are collapsed: one grouping space.
+_LONE_GROUPING = frozenset("\u00a0\u202f")
 _GROUPED_DECIMAL = re.compile(r"(?P<integer>[\d']+)(?:[.,](?P<fraction>\d+))?")
 
 
@@ -232,11 +239,6 @@ def _ungrouped(integer: str, separator: str, shown: str) -> str:
     if not 1 <= len(groups[0]) <= 3 or any(len(g) != 3 for g in groups[1:]):
         raise LineError(f"{shown!r} is not a number (thousands are groups of three digits)")
     return "".join(groups)
-
-
-def parse_number(text: str) -> Decimal:
-    """:func:`read_number`'s value (for callers that need no note)."""
-    return read_number(text).value
 
 
 def get_extractor() -> Extractor:
@@ -420,7 +422,7 @@ def _checked_item(item: str, notes: list[str]) -> str:
 def _collapse(text: str) -> str:
     """``text`` stripped, each run of whitespace one space (a lone no-break space stays:
     it groups digits). Every pattern that reads a line runs on this."""
-    return _BLANKS.sub(lambda m: m.group() if m.group() in GROUP_ONLY else " ", text).strip()
+    return _BLANKS.sub(lambda m: m.group() if m.group() in _LONE_GROUPING else " ", text).strip()
 
 
 def parse_item_line(line: str) -> dict:
