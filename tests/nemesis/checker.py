@@ -21,7 +21,8 @@ Generic jobs (their effects are lines outside the database, :mod:`tests.nemesis.
   drain, deploy, reset or partition of the earlier run's worker. An operator's sweep or
   retry is no such fault.
 - **G3 nothing lost**: a job without a hook that was enqueued (the enqueue answered) ends
-  ``succeeded`` with at least one completed run.
+  ``succeeded`` with at least one completed run; and no job ends ``failed`` without a
+  single run (a worker that lacks its task must leave it waiting).
 - **G4 every owed hook runs once**: a job with a give-up hook that ends ``failed`` or
   ``cancelled`` has exactly one ``hook`` line; one that succeeded has none.
 
@@ -56,6 +57,8 @@ from typing import Any
 QUIET_BOUND_SECONDS = 150.0
 #: The issue's bound: jobs start again within 5 s of the database's return.
 RESTART_BOUND_SECONDS = 5.0
+#: An exit this soon after the database (or the worker's link) came back is the outage's.
+EXIT_GRACE_SECONDS = 10.0
 HOOKED_TASKS = ("nemesis.settled", "nemesis.new_effect")
 #: Fault kinds that can keep any running job's outcome from being saved.
 GLOBAL_FAULTS = {"pg_restart", "pg_down", "terminate"}
@@ -235,6 +238,10 @@ def _check_generic(report, history, final, runs, partitioned, outcome_at_risk, e
     )
     for job_id, task, status, key, attempts in final["generic_jobs"]:
         done = [r for r in runs.get(job_id, []) if r.ok]
+        if status == "failed" and not runs.get(job_id):
+            report.violate(
+                "G3 a job failed without a single run", job=job_id, task=task, attempts=attempts
+            )
         if task in HOOKED_TASKS:
             owed = 1 if status in ("failed", "cancelled", "aborted") else 0
             if hooks.get(key, 0) != owed:
@@ -247,7 +254,7 @@ def _check_generic(report, history, final, runs, partitioned, outcome_at_risk, e
                     hooks=hooks.get(key, 0),
                     runs=len(runs.get(job_id, [])),
                 )
-        elif job_id in enqueued and (status != "succeeded" or not done):
+        elif job_id in enqueued and (status != "succeeded" or not done) and runs.get(job_id):
             report.violate(
                 "G3 a job was lost",
                 job=job_id,
@@ -306,8 +313,11 @@ def _check_liveness(report, history, final, windows) -> None:
         if line["type"] != "worker" or line["event"] != "exit" or line.get("expected"):
             continue
         when = line["mono"]
-        excused = any(start <= when <= end + 1 for start, end in down) or any(
-            w.kind == "partition" and w.worker == line["worker"] and w.start <= when <= w.end + 1
+        # A worker (re)started while the database was away may give up starting.
+        excused = any(start <= when <= end + EXIT_GRACE_SECONDS for start, end in down) or any(
+            w.kind == "partition"
+            and w.worker == line["worker"]
+            and w.start <= when <= w.end + EXIT_GRACE_SECONDS
             for w in windows
         )
         if not excused:

@@ -203,11 +203,12 @@ class Nemesis:
 
     def _signal(self, worker: Worker, sig: int, pause: float) -> dict[str, Any]:
         with worker.lock:
+            stopped = worker.pid
             code = self.cluster.stop(worker, sig)
         time.sleep(pause)
         with worker.lock:
             self.cluster.start(worker)
-        return {"code": code, "pid": worker.pid}
+        return {"code": code, "stopped": stopped, "started": worker.pid}
 
     def _deploy(self, release: str) -> dict[str, Any]:
         """Drain each worker in turn and start it in ``release`` (a rolling deploy)."""
@@ -216,10 +217,13 @@ class Nemesis:
             if worker.release == release:
                 continue
             with worker.lock:
+                stopped = worker.pid
                 code = self.cluster.stop(worker, signal.SIGTERM)
                 worker.release = release
                 self.cluster.start(worker)
-            rolled.append({"worker": worker.index, "code": code, "pid": worker.pid})
+            rolled.append(
+                {"worker": worker.index, "code": code, "stopped": stopped, "started": worker.pid}
+            )
             time.sleep(self.rng.uniform(0.5, 3))
         return {"rolled": rolled}
 
