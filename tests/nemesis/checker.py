@@ -26,7 +26,8 @@ Generic jobs (their effects are lines outside the database, :mod:`tests.nemesis.
 - **G4 every owed hook runs once**: a job with a give-up hook that ends ``failed`` or
   ``cancelled`` has exactly one ``hook`` line; one that succeeded has none.
 
-Domains (final read): the invariants 1-10 of ``tests/invariants.py`` (settled: every
+Domains: the safety invariants of ``tests/invariants.py`` every 5 s while faults run
+(``check`` lines), and on the final read the invariants 1-10 (settled: every
 terminal analysis saved, every run judged, nothing waiting), its liveness checks 11,
 and two more fenced effects: a complete analysis is never refunded, and an inquiry whose
 extract succeeded holds exactly its positions (a doubled stage would double them; the
@@ -185,7 +186,7 @@ def check(history: list[dict]) -> Report:
 
     runs = runs_of(history)
     _check_generic(report, history, final, runs, partitioned, outcome_at_risk, exited)
-    _check_domains(report, final)
+    _check_domains(report, history, final)
     _check_liveness(report, history, final, windows)
     report.measures["runs"] = sum(len(r) for r in runs.values())
     report.measures["faults"] = _count(w.kind for w in windows)
@@ -268,7 +269,13 @@ def _check_generic(report, history, final, runs, partitioned, outcome_at_risk, e
 _GENERIC_OPS = ("effect", "settled", "new_effect")
 
 
-def _check_domains(report, final) -> None:
+def _check_domains(report, history, final) -> None:
+    for line in history:
+        if line["type"] == "check":
+            for name, rows in line["violations"].items():
+                report.violate(f"invariant {name} (while faults ran)", rows=rows, at=line["mono"])
+    checks = next((line for line in history if line["type"] == "invariant_checks"), None)
+    report.measures["invariant_checks"] = checks["count"] if checks else 0
     for name, rows in final["invariants"].items():
         report.violate(f"invariant {name}", rows=rows)
     for name, rows in final["extra_safety"].items():

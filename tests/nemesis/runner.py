@@ -19,6 +19,7 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -114,10 +115,12 @@ def run(args: argparse.Namespace) -> tuple[Report, Path]:
             rng=random.Random(seeds.random()),
             config=NemesisConfig(kinds=tuple(args.kinds.split(",")), scale=args.scale),
         )
+        monitor = InvariantMonitor(history)
         try:
             cluster.start_all()
             workload.start()
             nemesis.start()
+            monitor.start()
             time.sleep(args.seconds)
             nemesis.join()
             last_fault = time.monotonic()
@@ -126,6 +129,7 @@ def run(args: argparse.Namespace) -> tuple[Report, Path]:
             time.sleep(3)
             workload.join()
             quiet = _wait_quiet(unfinished, last_fault)
+            monitor.join()
             history.record("quiet", seconds=quiet)
             database_returns = [
                 line["wall"]
@@ -154,6 +158,42 @@ def run(args: argparse.Namespace) -> tuple[Report, Path]:
     report = check(read_history(history.path))
     (run_dir / "report.json").write_text(json.dumps(asdict(report), indent=2, default=str))
     return report, history.path
+
+
+class InvariantMonitor:
+    """The safety invariants (tests/invariants.py, ``ALWAYS``) hold at every moment: checked
+    every few seconds while faults run; each check that finds a violation is recorded."""
+
+    def __init__(self, history: History, every: float = 5.0) -> None:
+        self.history = history
+        self.every = every
+        self.checks = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="invariants")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+        self.history.record("invariant_checks", count=self.checks)
+
+    def _run(self) -> None:
+        from django.db import connection
+
+        from tests.invariants import violations
+
+        while not self._stop.wait(self.every):
+            try:
+                found = violations()
+            except Exception:
+                connection.close()  # the database is away: nothing to check
+                continue
+            self.checks += 1
+            if found:
+                self.history.record("check", violations=found)
+        connection.close()
 
 
 def _wait_quiet(unfinished, since: float) -> float | None:

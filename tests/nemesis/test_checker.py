@@ -157,3 +157,5 @@ def test_domain_invariants_from_the_final_read_are_violations():
         ),
     ]
     assert properties(history) == ["invariant", "a"]
+    during = {"type": "check", "mono": 5.0, "violations": {"4. per user": [[7, 2]]}}
+    assert properties([*history, during]) == ["invariant", "invariant", "a"]
