@@ -11,7 +11,9 @@ Kinds (:data:`KINDS`):
 - ``deploy``: a rolling deploy — one worker after the other is drained (SIGTERM) and
   started in the other release (old → new; once all are new, back to the old one);
 - ``pg_restart``: a fast restart of PostgreSQL;
-- ``pg_down``: PostgreSQL stopped (refusing connections) for 1 to 150 s;
+- ``pg_down``: PostgreSQL stopped (refusing connections) for 1 to 150 s; after it and
+  after a restart, half the time, an operator's sweep (``sweep stalled_jobs`` or
+  ``sweep --all``) 0 to 5 s after the database returned, as operators do;
 - ``terminate``: a storm of ``pg_terminate_backend`` on the workers' sessions, every
   0.5 s for 3 to 30 s;
 - ``partition``: one worker's proxy stops forwarding (half-open) for 5 to 120 s;
@@ -174,8 +176,15 @@ class Nemesis:
         elif kind in DATABASE_KINDS:
             resources = {"database"}
             seconds = 0.0 if kind == "pg_restart" else self._duration(1, 150)
-            fields = {"seconds": seconds}
-            action = lambda: self._database_away(seconds)  # noqa: E731
+            # Half the time an operator reacts to the outage with a sweep, 0 to 5 s after.
+            reaction = None
+            if self.rng.random() < 0.5:
+                reaction = (
+                    self.rng.choice(["sweep_stalled", "sweep_all"]),
+                    round(self.rng.uniform(0, 5), 2),
+                )
+            fields = {"seconds": seconds, "reaction": reaction}
+            action = lambda: self._database_away(seconds, reaction)  # noqa: E731
         elif kind == "terminate":
             resources = {"terminate"}
             seconds = self._duration(3, 30)
@@ -234,8 +243,9 @@ class Nemesis:
         finally:
             worker.proxy.heal()
 
-    def _database_away(self, seconds: float) -> dict[str, Any]:
-        """A fast shutdown (every session ends), ``seconds`` refusing connections, start."""
+    def _database_away(self, seconds: float, reaction: tuple[str, float] | None) -> None:
+        """A fast shutdown (every session ends), ``seconds`` refusing connections, start;
+        then, when ``reaction`` says so, an operator's sweep that many seconds later."""
         self.server.stop()
         stopped = time.monotonic()
         self.history.record("database", event="down")
@@ -244,7 +254,15 @@ class Nemesis:
         finally:
             self.server.start()
             self.history.record("database", event="up", after=time.monotonic() - stopped)
-        return None
+        if reaction is not None:
+            name, pause = reaction
+            time.sleep(pause)
+            self._fault(
+                "operator",
+                set(),
+                {"action": name, "after_outage": True},
+                lambda: self._operator(name, 0.0),
+            )
 
     def _storm(self, seconds: float) -> dict[str, Any]:
         deadline = time.monotonic() + seconds

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import sys
 import tempfile
 import threading
@@ -210,8 +211,15 @@ def _wait_quiet(unfinished, since: float) -> float | None:
     return None
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
+    # Stopped from outside (a test's timeout, a supervisor): stop the workers and the
+    # server on the way out, as at the end of a run.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     report, path = run(args)
     print(json.dumps(report.measures, indent=2, default=str))
     replay = (

@@ -7,7 +7,7 @@ not behind the workers' proxies). Each operation is recorded ``invoke`` → ``ok
 - ``submit``: an inquiry through all four pipeline stages (``anfrage_submit``);
 - ``admit``: an analysis (``analysis_job_admit``), processed by the workers;
 - ``save``: a client save of a terminal analysis (``analysis_run_save``);
-- ``effect``: a generic job that logs its effects outside the database (one in five
+- ``effect``: a generic job that logs its effects outside the database (one in four
   holds 5 to 45 s, so that it spans faults and recoveries);
 - ``settled``: a generic job with a give-up hook, failing for good when ``fail``;
 - ``new_effect``: a job of the task only the new release has (when the config asks).
@@ -177,8 +177,8 @@ class Workload:
     def effect(self) -> None:
         from tests.nemesis.tasks import EFFECT
 
-        # One in five runs long: long enough to span a fault and the recovery after it.
-        long = self.rng.random() < 0.2
+        # One in four runs long: long enough to span a fault and the recovery after it.
+        long = self.rng.random() < 0.25
         hold = round(self.rng.uniform(5, 45) if long else self.rng.uniform(0.1, 3), 2)
         self._enqueue("effect", EFFECT, {"key": self._key("effect"), "hold": hold})
 
