@@ -43,11 +43,17 @@ def run_nemesis(tmp_path: Path, *, seed: int, seconds: float, scale: float, **ex
     if extra.get("new_task"):
         args.append("--new-task")
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    result = subprocess.run(
-        args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=seconds + 600
+    process = subprocess.Popen(
+        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    print(result.stdout[-6000:])
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    try:
+        out, err = process.communicate(timeout=seconds + 420)
+    except subprocess.TimeoutExpired:
+        process.terminate()  # the runner stops its workers and its server on SIGTERM
+        out, err = process.communicate(timeout=120)
+        pytest.fail(f"the nemesis run did not end in time\n{out[-6000:]}{err[-3000:]}")
+    print(out[-6000:])
+    assert process.returncode == 0, out[-6000:] + err[-3000:]
 
 
 def permanent_seeds() -> list:
@@ -60,12 +66,12 @@ def permanent_seeds() -> list:
     return params
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(720)
 def test_a_short_seeded_run_finds_no_violation(tmp_path):
     run_nemesis(tmp_path, **SHORT_RUN)
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("entry", permanent_seeds())
 def test_a_seed_that_once_found_a_violation(tmp_path, entry):
     run_nemesis(
