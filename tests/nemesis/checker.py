@@ -52,9 +52,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-#: The last fault's end to quiet: stall threshold and one recovery (6.5 s), a sweep tick
-#: and its grace (30 s + 5 s) twice (a stage resumed, then its analysis saved), and a
-#: retry chain at the test's capped backoff (8 attempts, at most 5 s apart).
+#: The last fault's end to quiet: the stall threshold and one recovery (6.5 s), the
+#: analysis_resume sweep's grace and period (60 + 30 s: a lost analysis task found again),
+#: and a retry chain at the workers' capped backoff (8 attempts at most 5 s apart).
 QUIET_BOUND_SECONDS = 150.0
 #: The issue's bound: jobs start again within 5 s of the database's return.
 RESTART_BOUND_SECONDS = 5.0
