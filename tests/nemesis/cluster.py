@@ -44,7 +44,7 @@ WORKER_SETTINGS = {
     "RETRY_CAP_SECONDS": "5",
     "SWEEP_GRACE_SECONDS": "5",
     "PIPELINE_RESUME_GRACE_SECONDS": "5",
-    "PIPELINE_LEASE_SECONDS": "15",
+    "PIPELINE_LEASE_SECONDS": "30",
     "MAX_INQUIRIES_PER_TENANT_PER_HOUR": "100000",
     "MAX_QUEUED_ANALYSES_PER_USER": "1000",
     "CORE_DAILY_BUDGET": "100000",
@@ -101,6 +101,7 @@ class Cluster:
             proxy = Proxy(self.loop, upstream_port=database_port, name=f"proxy-{index}")
             proxy.start()
             self.workers.append(Worker(index=index, release=release, proxy=proxy))
+        self.closed = False
         self._watching = threading.Event()
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="supervisor")
 
@@ -120,7 +121,10 @@ class Cluster:
         }
 
     def start(self, worker: Worker) -> None:
-        """Start ``worker`` (a new process of its release); returns once it runs."""
+        """Start ``worker`` (a new process of its release); nothing once shut down (a fault
+        still running then must not leave a worker behind)."""
+        if self.closed:
+            return
         worker.generation += 1
         log = self.run_dir / f"worker-{worker.index}.{worker.generation}.log"
         handle = open(log, "w")  # noqa: SIM115 - the child holds it
@@ -203,6 +207,7 @@ class Cluster:
             time.sleep(0.2)
 
     def shutdown(self) -> None:
+        self.closed = True
         self._watching.clear()
         if self._watcher.is_alive():
             self._watcher.join(timeout=5)

@@ -146,6 +146,8 @@ def run(args: argparse.Namespace) -> tuple[Report, Path]:
                 },
             )
         finally:
+            nemesis.stop.set()
+            workload.stop.set()
             cluster.shutdown()
             from django.db import connections
 
