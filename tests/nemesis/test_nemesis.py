@@ -61,7 +61,7 @@ def permanent_seeds() -> list:
     for entry in tomllib.loads(SEEDS_FILE.read_text())["seed"]:
         marks = []
         if entry.get("defect"):
-            marks.append(pytest.mark.xfail(reason=f"known defect {entry['defect']}"))
+            marks.append(pytest.mark.xfail(reason=f"known defect: {entry['defect']}"))
         params.append(pytest.param(entry, id=f"seed-{entry['seed']}", marks=marks))
     return params
 
