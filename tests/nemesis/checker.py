@@ -48,15 +48,20 @@ Liveness, timed from the end of the last fault (every fault heals what it did):
 from __future__ import annotations
 
 import itertools
+import json
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from tests.nemesis.history import read_history
 
 #: The last fault's end to quiet: the stall threshold and one recovery (6.5 s), the
 #: analysis_resume sweep's grace and period (60 + 30 s: a lost analysis task found again),
 #: and a retry chain at the workers' capped backoff (8 attempts at most 5 s apart).
 QUIET_BOUND_SECONDS = 150.0
-#: The issue's bound: jobs start again within 5 s of the database's return.
+#: Jobs start again within 5 s of the database's return: the outage recovery's target.
 RESTART_BOUND_SECONDS = 5.0
 #: An exit this soon after the database (or the worker's link) came back is the outage's.
 EXIT_GRACE_SECONDS = 10.0
@@ -334,3 +339,19 @@ def _check_liveness(report, history, final, windows) -> None:
                 pid=line["pid"],
                 code=line["code"],
             )
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.nemesis.checker HISTORY``: judge a recorded history again."""
+    if len(argv) != 1:
+        print("usage: python -m tests.nemesis.checker HISTORY.jsonl")
+        return 2
+    report = check(read_history(Path(argv[0])))
+    print(json.dumps(report.measures, indent=2, default=str))
+    for violation in report.violations:
+        print("- " + json.dumps(violation, default=str)[:1000])
+    return 1 if report.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
