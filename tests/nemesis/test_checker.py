@@ -139,12 +139,17 @@ def test_a_job_that_failed_without_running_or_never_completed_is_lost():
 def test_not_quiet_a_late_restart_and_an_exit_with_the_database_up_are_violations():
     history = [
         *WORKERS,
+        *fault("pg_down", 4.0, 10.0, 3),
         {"type": "database", "event": "up", "mono": 10.0},
-        {"type": "worker", "event": "exit", "worker": 1, "pid": 200, "code": 1, "mono": 30.0},
+        # Exits while the database was away are measured, not violations.
+        {"type": "worker", "event": "exit", "worker": 0, "pid": 100, "code": 1, "mono": 9.0},
+        {"type": "worker", "event": "exit", "worker": 1, "pid": 200, "code": 1, "mono": 13.0},
         *final(restarts=[{"wall": 0, "seconds": 9.5, "jobs": 3}], generic_jobs=[]),
     ]
     history[-2]["seconds"] = None
     assert properties(history) == ["L1", "L2", "L3"]
+    ordered = sorted(history, key=lambda line: line["mono"])
+    assert check(ordered).measures["exits_while_unreachable_after_seconds"] == [5.0]
 
 
 def test_domain_invariants_from_the_final_read_are_violations():
