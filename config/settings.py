@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
@@ -133,7 +134,38 @@ def _database_url() -> str:
     return url
 
 
-DATABASES = {"default": env.db_url_config(_database_url())}
+def database_config(url: str) -> dict:
+    """``settings.DATABASES["default"]`` for ``url``, as django-environ parses it; except
+    that for a URL that lists several servers (``postgresql://u@h1:5432,h2:5432/db``:
+    libpq tries them in turn and takes the first that accepts writes) ``HOST`` and
+    ``PORT`` are libpq's own lists — django-environ gives every host the one port when only
+    some hosts name one, and keeps an IPv6 address's brackets, which libpq's host list
+    refuses — and ``target_session_attrs`` is ``read-write`` unless the URL says
+    otherwise. Django's connections, the worker's pool and its LISTEN connection all take
+    these parameters (``procrastinate.contrib.django.utils.connector_params``)."""
+    config = env.db_url_config(url)
+    servers = urlsplit(url).netloc.rpartition("@")[2]
+    if "," in servers:
+        from psycopg import ProgrammingError
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:  # the servers alone: no password, and query options are django-environ's
+            params = conninfo_to_dict(f"postgresql://{servers}/")
+        except ProgrammingError as exc:
+            raise ImproperlyConfigured(f"DATABASE_URL's servers {servers!r}: {exc}") from None
+        ports = params.get("port", "")
+        if not all(p == "" or (p.isdigit() and 0 < int(p) < 65536) for p in ports.split(",")):
+            raise ImproperlyConfigured(
+                f"DATABASE_URL's servers {servers!r}: a port is not a number from 1 to 65535"
+            )
+        config["HOST"] = params.get("host", "")
+        config["PORT"] = ports
+        # Every pgstage process writes: without it, libpq would settle for a standby.
+        config.setdefault("OPTIONS", {}).setdefault("target_session_attrs", "read-write")
+    return config
+
+
+DATABASES = {"default": database_config(_database_url())}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {})
