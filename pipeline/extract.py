@@ -16,8 +16,9 @@ Formats (German and English units: pcs/Stk/Stück, m/lfm, mm, cm, kg, t):
 
 Numbers are read in their German or English form, decided per number (:func:`read_number`);
 what a line leaves open (an ambiguous number, a length column without a unit, a rounded
-length) keeps the position and adds a warning on its line. Every pattern runs on
-whitespace-collapsed text, in time linear in the line (docs/pipeline.md has the rules).
+length) keeps the position and adds a warning on its line. The patterns that search a
+line run on whitespace-collapsed text, each in time linear in the line (docs/pipeline.md
+has the rules).
 """
 
 from __future__ import annotations
