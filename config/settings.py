@@ -198,7 +198,7 @@ STORAGES = {
     "staticfiles": {"BACKEND": "config.storage.StaticFilesStorage"},
 }
 
-# Domain settings (DESIGN §6).
+# Domain settings (docs/runs.md, docs/pipeline.md).
 SWEEP_GRACE_SECONDS = env("SWEEP_GRACE_SECONDS")
 DOC_HTML_TRIM_HOURS = env("DOC_HTML_TRIM_HOURS")
 RELEASE_RETRY_WINDOW_SECONDS = env("RELEASE_RETRY_WINDOW_SECONDS")
