@@ -121,19 +121,18 @@ TEMPLATES = [
 ]
 
 
-def _database_url() -> str:
+def _database() -> dict:
     url = os.environ.get("DATABASE_URL", "").strip()
     if url:
-        return url
-    from config.embedded import embedded_database_url
+        return env.db_url_config(url)
+    # The embedded server (config.embedded), started by the first connection: a command
+    # that needs no database starts nothing. Its processes' children reuse the server.
+    from config.embedded import DATABASE_NAME
 
-    url = embedded_database_url(DATA_DIR / "pg")
-    # Child processes (workers started by tests or the demo) reuse the same server.
-    os.environ["DATABASE_URL"] = url
-    return url
+    return {"ENGINE": "config.embedded", "NAME": DATABASE_NAME, "USER": "postgres"}
 
 
-DATABASES = {"default": env.db_url_config(_database_url())}
+DATABASES = {"default": _database()}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {})
