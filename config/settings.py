@@ -121,18 +121,19 @@ TEMPLATES = [
 ]
 
 
-def _database() -> dict:
+def _database_url() -> str:
     url = os.environ.get("DATABASE_URL", "").strip()
     if url:
-        return env.db_url_config(url)
-    # The embedded server (config.embedded), started by the first connection: a command
-    # that needs no database starts nothing. Its processes' children reuse the server.
+        return url
+    # The embedded server (config.embedded, below): its backend starts it on the first
+    # connection and fills in where it listens, so a command that needs no database starts
+    # nothing. The processes a command starts (workers) reuse the server.
     from config.embedded import DATABASE_NAME
 
-    return {"ENGINE": "config.embedded", "NAME": DATABASE_NAME, "USER": "postgres"}
+    return f"postgresql://postgres@/{DATABASE_NAME}"
 
 
-DATABASES = {"default": _database()}
+DATABASES = {"default": env.db_url_config(_database_url())}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {})
@@ -152,6 +153,8 @@ if env("DATABASE_TRANSACTION_POOLING"):
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
     DATABASES["default"]["OPTIONS"]["prepare_threshold"] = None
 DATABASES["default"]["TEST"] = {"NAME": env.str("TEST_DATABASE_NAME", default="") or None}
+if not os.environ.get("DATABASE_URL", "").strip():
+    DATABASES["default"]["ENGINE"] = "config.embedded"
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_USER_MODEL = "accounts.User"
