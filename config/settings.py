@@ -220,6 +220,8 @@ PIPELINE_MAX_RESUMES = env("PIPELINE_MAX_RESUMES")
 METRICS_TOKEN = env("METRICS_TOKEN")
 # The site's own families on /metrics, beside the framework's (queueing.metrics).
 QUEUEING_METRICS_SOURCES = ["config.metrics.SiteMetrics"]
+# Above the framework's Sweeps page: the analyses whose run is not saved yet.
+QUEUEING_SWEEPS_SUMMARY = "config.sweeps_summary.unsaved_runs_summary"
 CORE_AVAILABLE = env("CORE_AVAILABLE")
 CORE_DAILY_BUDGET = env("CORE_DAILY_BUDGET")
 # Resource bounds (429 beyond them): a user's analyses waiting or running, a tenant's

@@ -16,6 +16,7 @@ the wheel it built instead of the published one. The pipeline must complete once
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -40,6 +41,35 @@ FENCE = re.compile(r"^```(?P<info>[^\n]*)\n(?P<body>.*?)^```$", re.MULTILINE | r
 WHEELHOUSE = ROOT / ".data" / "wheelhouse"
 PIP = (sys.executable, "-m", "pip")
 LOCAL = ("--find-links", str(WHEELHOUSE))
+
+
+#: Section 7's endpoints, asked through Django's test client in the new project.
+PROBE = """
+import json
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.test.utils import setup_test_environment
+from queueing.metrics import snapshot_take
+
+setup_test_environment()
+snapshot_take()  # what the metrics_snapshot sweep does once a minute
+client = Client()
+answers = {
+    "healthz": client.head("/healthz").status_code,
+    "readyz": client.get("/readyz").status_code,
+}
+client.force_login(get_user_model().objects.create_superuser("root", "", "pw"))
+answers["jobs"] = client.get("/admin/procrastinate/procrastinatejob/").status_code
+answers["sweeps"] = client.get("/admin/procrastinate/procrastinatejob/sweeps/").status_code
+metrics = client.get("/metrics")
+answers["metrics"] = metrics.status_code
+text = metrics.content.decode()
+ledger = 'pgstage_ledger_entries{ledger="letters.letterstage",status="%s"} %s'
+answers["ledger_success"] = ledger % ("success", "2.0") in text
+answers["ledger_failed"] = ledger % ("failed", "1.0") in text
+answers["workers_alive"] = 'pgstage_workers{state="alive"} 1.0' in text
+print(json.dumps(answers))
+"""
 
 
 @dataclass(frozen=True)
@@ -214,6 +244,19 @@ def test_the_page_runs_from_the_built_wheel_in_a_fresh_project(tmp_path, fresh_d
             out = run(["python", "manage.py", "sweep", "letters_resume"], cwd=project, env=env)
             assert "letters_resume" in out
             assert letters() == [sent, failed]
+        # The admin, health and metrics of section 7, while the worker runs.
+        out = run(["python", "manage.py", "shell"], cwd=project, env=env, stdin=PROBE)
+        answers = json.loads(out.strip().splitlines()[-1])
+        assert answers == {
+            "healthz": 200,
+            "readyz": 200,
+            "jobs": 200,
+            "sweeps": 200,
+            "metrics": 200,
+            "ledger_success": True,
+            "ledger_failed": True,
+            "workers_alive": True,
+        }, answers
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=60) == 0, worker_log.read_text()
         log = worker_log.read_text()
