@@ -8,12 +8,14 @@ FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
 RUN python -m venv /venv
-# Dependencies first, in their own layer: a code change does not reinstall them.
+# Dependencies first, in their own layer: a code change does not reinstall them. The
+# framework and the reference site's libraries (the `demo` extra); not the embedded
+# PostgreSQL, which a container with DATABASE_URL never starts.
 COPY pyproject.toml README.md ./
 RUN mkdir accounts config pipeline queueing runs \
     && touch accounts/__init__.py config/__init__.py pipeline/__init__.py \
              queueing/__init__.py runs/__init__.py \
-    && /venv/bin/pip install -e . \
+    && /venv/bin/pip install -e ".[demo]" \
     && rm -rf accounts config pipeline queueing runs
 COPY . .
 # collectstatic reads the settings, which need a DATABASE_URL (unused here: unset, the

@@ -25,14 +25,30 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) .env
 
+## The embedded PostgreSQL (DATABASE_URL unset): the test targets start it when it is not
+## running and stop it afterwards; one that was running already is left running.
+PGDATA_DIR = $${PGSTAGE_DATA_DIR:-.data}/pg
+EMBEDDED_START = $(BIN)/python -c 'import sys; from pathlib import Path; \
+	from config.embedded import embedded_database_url; embedded_database_url(Path(sys.argv[1]))'
+define with_embedded
+	@started=; if [ -z "$$DATABASE_URL" ] && ! { [ -f $(PGDATA_DIR)/postmaster.pid ] && \
+		kill -0 $$(head -1 $(PGDATA_DIR)/postmaster.pid) 2>/dev/null; }; then \
+		echo "starting the embedded PostgreSQL under $(PGDATA_DIR) for the tests"; \
+		$(EMBEDDED_START) $(PGDATA_DIR) && started=1; fi; \
+	$(1); status=$$?; \
+	if [ -n "$$started" ]; then kill -INT $$(head -1 $(PGDATA_DIR)/postmaster.pid) && \
+		echo "embedded PostgreSQL stopped (the tests started it)"; fi; \
+	exit $$status
+endef
+
 ## The whole suite, slow fault-injection tests included (they run real workers);
 ## the browser tests need Chromium and run in `make e2e`.
 test: install
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not e2e"
+	$(call with_embedded,$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not e2e")
 
 ## Everything but the slow fault-injection tests.
 test-fast: install
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow and not e2e"
+	$(call with_embedded,$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow and not e2e")
 
 ## The nemesis (tests/nemesis): random faults drawn from a seed against real workers, a
 ## recorded history and a checker. `make nemesis SEED=… SECONDS=…` replays a seed (the
@@ -89,8 +105,8 @@ bench: install
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 stop-db:
-	@if [ -f .data/pg/postmaster.pid ]; then \
-		kill -INT $$(head -1 .data/pg/postmaster.pid) && echo "embedded PostgreSQL stopped"; \
+	@if [ -f $(PGDATA_DIR)/postmaster.pid ]; then \
+		kill -INT $$(head -1 $(PGDATA_DIR)/postmaster.pid) && echo "embedded PostgreSQL stopped"; \
 	else echo "embedded PostgreSQL is not running"; fi
 
 clean:

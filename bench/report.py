@@ -230,8 +230,8 @@ def markdown(document: dict[str, Any], rows: Sequence[Row]) -> str:
         "## Other benchmarks",
         "",
         "`python -m bench.writes_per_job` counts `analysis_runs` tuple writes per finished "
-        "job (DESIGN §5, invariant 6) for the backstop design against the eager one it "
-        "replaced; see docs/runs.md.",
+        "job ([invariant 6](design.md#invariants)) for the backstop design against the eager "
+        "one it replaced; see [runs](runs.md).",
         "",
     ]
     return "\n".join(lines)

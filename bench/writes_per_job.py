@@ -1,8 +1,8 @@
 """Tuple writes on ``analysis_runs`` per finished job: the backstop design against the
 eager two-writer design it replaced.
 
-Scenario (DESIGN §5, invariant 6): N finished jobs; a browser saves a share of them in
-time (``POST /api/analysis-runs``, here the same service), the grace period passes
+Scenario (invariant 6, docs/design.md#invariants): N finished jobs; a browser saves a
+share of them in time (``POST /api/analysis-runs``, here the same service), the grace period passes
 (rows back-dated), and the ``unsaved_runs`` sweep records the rest; then every enqueued
 judge job runs. Writes are PostgreSQL's own counters, ``pg_stat_user_tables.n_tup_ins +
 n_tup_upd`` for ``analysis_runs``, read before and after each phase. The eager design

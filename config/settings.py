@@ -126,12 +126,12 @@ def _database_url() -> str:
     url = os.environ.get("DATABASE_URL", "").strip()
     if url:
         return url
-    from config.embedded import embedded_database_url
+    # The embedded server (config.embedded, below): its backend starts it on the first
+    # connection and fills in where it listens, so a command that needs no database starts
+    # nothing. The processes a command starts (workers) reuse the server.
+    from config.embedded import DATABASE_NAME
 
-    url = embedded_database_url(DATA_DIR / "pg")
-    # Child processes (workers started by tests or the demo) reuse the same server.
-    os.environ["DATABASE_URL"] = url
-    return url
+    return f"postgresql://postgres@/{DATABASE_NAME}"
 
 
 def database_config(url: str) -> dict:
@@ -185,6 +185,8 @@ if env("DATABASE_TRANSACTION_POOLING"):
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
     DATABASES["default"]["OPTIONS"]["prepare_threshold"] = None
 DATABASES["default"]["TEST"] = {"NAME": env.str("TEST_DATABASE_NAME", default="") or None}
+if not os.environ.get("DATABASE_URL", "").strip():
+    DATABASES["default"]["ENGINE"] = "config.embedded"
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_USER_MODEL = "accounts.User"
@@ -230,7 +232,7 @@ STORAGES = {
     "staticfiles": {"BACKEND": "config.storage.StaticFilesStorage"},
 }
 
-# Domain settings (DESIGN §6).
+# Domain settings (docs/runs.md, docs/pipeline.md).
 SWEEP_GRACE_SECONDS = env("SWEEP_GRACE_SECONDS")
 DOC_HTML_TRIM_HOURS = env("DOC_HTML_TRIM_HOURS")
 RELEASE_RETRY_WINDOW_SECONDS = env("RELEASE_RETRY_WINDOW_SECONDS")
@@ -250,6 +252,8 @@ PIPELINE_MAX_RESUMES = env("PIPELINE_MAX_RESUMES")
 METRICS_TOKEN = env("METRICS_TOKEN")
 # The site's own families on /metrics, beside the framework's (queueing.metrics).
 QUEUEING_METRICS_SOURCES = ["config.metrics.SiteMetrics"]
+# Above the framework's Sweeps page: the analyses whose run is not saved yet.
+QUEUEING_SWEEPS_SUMMARY = "config.sweeps_summary.unsaved_runs_summary"
 CORE_AVAILABLE = env("CORE_AVAILABLE")
 CORE_DAILY_BUDGET = env("CORE_DAILY_BUDGET")
 # Resource bounds (429 beyond them): a user's analyses waiting or running, a tenant's

@@ -1,5 +1,6 @@
 """Inquiries (Anfragen), their stage ledger, files, positions, warnings, catalogs and the
-audit log (DESIGN §3). Models hold fields and constraints; services hold the writes."""
+audit log (docs/design.md#pipeline). Models hold fields and constraints; services hold the
+writes."""
 
 from __future__ import annotations
 

@@ -10,8 +10,9 @@ from django.db import connections
 @register()
 def check_database(app_configs, **kwargs):
     errors = []
-    engine = connections["default"].settings_dict.get("ENGINE", "")
-    if "postgresql" not in engine:
+    # The backend's vendor, not its ENGINE path: a project's own PostgreSQL backend (a
+    # subclass of Django's) counts.
+    if connections["default"].vendor != "postgresql":
         errors.append(
             Error(
                 "pgstage needs PostgreSQL: advisory locks, partial unique indexes and "

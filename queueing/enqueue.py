@@ -3,7 +3,7 @@
 ``enqueue`` inserts the procrastinate job with one statement on Django's connection, so it
 commits or rolls back with the surrounding ``transaction.atomic()`` — in a request, in a
 command, and inside a running task (where procrastinate's own ``defer()`` would go through
-the worker's pool and commit on its own, DESIGN §8).
+the worker's pool and commit on its own: docs/design.md#procrastinate-traps).
 
 Policies (pg-boss's names):
 

@@ -343,7 +343,7 @@ class AnalysisRunAdmin(ReadOnlyModelAdmin):
 
     @admin.display(description="saved by", ordering="saved_by")
     def saved(self, obj: AnalysisRun) -> str:
-        # A legacy NULL counts as a client save (DESIGN §4).
+        # A legacy NULL counts as a client save (docs/design.md#row-durability).
         return obj.saved_by or "legacy (client)"
 
     @admin.display(description="procrastinate")

@@ -126,8 +126,8 @@ def analysis_runs_for_user(*, user: User, limit: int = 50) -> QuerySet[AnalysisR
 
 
 def unsaved_jobs() -> QuerySet[AnalysisJob]:
-    """Finished analyses whose result is in no run yet (DESIGN §4: a job counts as saved
-    when its run holds it or a newer job), the seed's ghost runs. The candidates are the
+    """Finished analyses whose result is in no run yet (a job counts as saved when its run
+    holds it or a newer job: docs/design.md#row-durability), the ghost runs. The candidates are the
     jobs not flagged ``run_saved`` (recording a run flags its job), read through the
     backstop's partial index, so counting them costs what is unsaved, not the table; an
     older job of a run whose newer job was saved is not flagged until the sweep meets it,

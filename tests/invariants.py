@@ -1,8 +1,8 @@
-"""DESIGN §5: the invariants the reliability scenarios assert after every run.
+"""docs/design.md#invariants: the invariants the reliability scenarios assert after every run.
 
 Each check is one SQL query returning the offending rows, so a failure names them.
 ``settled=True`` adds the checks that hold once work has quiesced (every job finished,
-grace passed and the sweeps ran). :func:`liveness_violations` are DESIGN §5.11: nothing
+grace passed and the sweeps ran). :func:`liveness_violations` are invariant 11: nothing
 waits for ever — every unfinished thing has a live job or is due for a named sweep, and
 a thing past due is a violation. They hold at any moment while workers run.
 """
@@ -180,8 +180,8 @@ def liveness_violations(
     slack_seconds: float = 5.0,
     workers_up_seconds: float | None = None,
 ) -> dict[str, list[tuple]]:
-    """DESIGN §5.11 at this moment. The periods default to the settings of this process;
-    a scenario whose workers run with other settings passes theirs.
+    """Invariant 11 (docs/design.md#invariants) at this moment. The periods default to the
+    settings of this process; a scenario whose workers run with other settings passes theirs.
 
     ``workers_up_seconds`` (how long workers have been running) adds "every sweep has a
     live tick" for each sweep whose period fits in that time: its latest tick is at most

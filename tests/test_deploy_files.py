@@ -27,6 +27,8 @@ def test_the_image_runs_gunicorn_as_a_non_root_user():
         'CMD ["python", "-m", "gunicorn", "-c", "python:queueing.gunicorn", "config.wsgi"]' in final
     )
     assert "collectstatic" in dockerfile
+    # The distribution is the framework: the site's libraries come from its extra.
+    assert 'pip install -e ".[demo]"' in dockerfile
     assert "HEALTHCHECK" in final and "/healthz" in final
 
 

@@ -7,16 +7,67 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from config.embedded import DATABASE_NAME, embedded_database_url
+from tests.conftest import ROOT
 
-pytestmark = pytest.mark.slow
+
+def stop(data_dir: Path) -> None:
+    pid_file = data_dir / "postmaster.pid"
+    if pid_file.exists():
+        os.kill(int(pid_file.read_text().split()[0]), signal.SIGINT)
+        deadline = time.monotonic() + 20
+        while pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
+def manage_embedded(data: Path, *args: str) -> subprocess.CompletedProcess:
+    """``manage.py`` with DATABASE_URL unset and its data directory under ``data``."""
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env["PGSTAGE_DATA_DIR"] = str(data)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_a_command_that_needs_no_database_starts_no_server(tmp_path):
+    done = manage_embedded(tmp_path, "help")
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "pg").exists()
+    assert "embedded PostgreSQL" not in done.stderr
+
+
+@pytest.mark.slow
+def test_the_command_that_starts_the_server_says_it_is_left_running(tmp_path):
+    data_dir = tmp_path / "pg"
+    try:
+        first = manage_embedded(tmp_path, "showmigrations", "queueing")
+        assert first.returncode == 0, first.stderr
+        assert "0001_exclusive_singleton_index" in first.stdout
+        assert (data_dir / "postmaster.pid").exists()
+        assert "embedded PostgreSQL this command started is still running" in first.stderr
+        assert "make stop-db" in first.stderr
+        # The next command reuses it, and has nothing to say about it.
+        second = manage_embedded(tmp_path, "showmigrations", "queueing")
+        assert second.returncode == 0, second.stderr
+        assert "embedded PostgreSQL" not in second.stderr
+    finally:
+        stop(data_dir)
+
+
+@pytest.mark.slow
 def test_embedded_server_starts_creates_the_database_and_is_reused(tmp_path):
     data_dir = tmp_path / "pg"
     url = embedded_database_url(data_dir)
@@ -29,9 +80,4 @@ def test_embedded_server_starts_creates_the_database_and_is_reused(tmp_path):
         assert embedded_database_url(data_dir) == url
         assert (data_dir / "postmaster.pid").read_text().split()[0] == pid
     finally:
-        pid_file = data_dir / "postmaster.pid"
-        if pid_file.exists():
-            os.kill(int(pid_file.read_text().split()[0]), signal.SIGINT)
-            deadline = time.monotonic() + 20
-            while pid_file.exists() and time.monotonic() < deadline:
-                time.sleep(0.1)
+        stop(data_dir)

@@ -1,5 +1,5 @@
 """Fault scenarios with real worker processes, each ending with every safety and liveness
-invariant asserted (DESIGN §5).
+invariant asserted (docs/design.md#invariants).
 
 Fault model — what dies, stalls or races, and the scenario that covers it:
 

@@ -1,5 +1,5 @@
 """The reliability scenario: both domains under real workers, one of them SIGKILLed
-mid-flight and another SIGTERMed, then recovery; every DESIGN §5 invariant is asserted
+mid-flight and another SIGTERMed, then recovery; every invariant of docs/design.md is asserted
 while work is in flight and once it has settled.
 
 Time is moved by back-dating rows (heartbeats, leases, grace windows), never by sleeping.

@@ -13,6 +13,7 @@ from queueing.enqueue import Policy, enqueue
 from queueing.sweeps import SweepContext, SweepResult, declare_sweep, sweep_rows, sweeps
 from tests.conftest import jobs
 from tests.factories import UserFactory
+from tests.queueing import tasks  # noqa: F401  (registers tests.record for enqueue)
 from tests.queueing.models import Swept
 
 pytestmark = pytest.mark.django_db

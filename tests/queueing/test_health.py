@@ -161,9 +161,20 @@ def test_worker_health_fails_without_a_local_worker(state_dir):
         call_command("worker_health")
 
 
-def test_worker_health_refuses_a_bad_max_age(state_dir):
-    with pytest.raises(CommandError, match="positive"):
-        call_command("worker_health", max_age=0)
+@pytest.mark.parametrize(
+    "max_age", [0, -1, "nan", "inf", "-inf", "1e308", float("nan"), 10**400, "x", "", None]
+)
+def test_worker_health_refuses_a_bad_max_age(state_dir, max_age):
+    """Called as a command would be (the parser) and from code (call_command's keyword):
+    a clear error either way, never a traceback."""
+    if max_age is None:
+        with pytest.raises(CommandError, match="max-age"):
+            call_command("worker_health", "--max-age")
+        return
+    with pytest.raises(CommandError, match="max-age"):
+        call_command("worker_health", f"--max-age={max_age}")
+    with pytest.raises(CommandError, match="max-age"):
+        call_command("worker_health", max_age=max_age)
 
 
 def test_a_heartbeat_row_is_what_a_real_worker_writes():

@@ -180,3 +180,53 @@ def test_a_real_worker_logs_json_lines_per_job(clean_queue, start_worker):
     failure = next(e for e in events() if e["event"] == "failed")
     assert failure["error"] == "ValueError: the input is broken"
     assert "Traceback" in failure["exception"]
+
+
+def access_record() -> logging.LogRecord:
+    """A record as gunicorn's access logger makes it: the format string and its atoms."""
+    atoms = {
+        "h": "10.0.0.7",
+        "m": "GET",
+        "U": "/readyz",
+        "q": "",
+        "s": "503",
+        "B": 139,
+        "D": 4121,
+        "a": "kube-probe/1.30",
+        "f": "-",
+        "r": "GET /readyz HTTP/1.1",
+    }
+    return logging.LogRecord(
+        "gunicorn.access", logging.INFO, __file__, 1, '%(h)s "%(r)s" %(s)s', (atoms,), None
+    )
+
+
+def test_an_access_line_carries_the_request_as_fields_in_json():
+    out = json.loads(JsonFormatter().format(access_record()))
+    assert out["logger"] == "gunicorn.access"
+    assert out["message"] == "GET /readyz 503"
+    assert {k: out[k] for k in ("method", "path", "query", "status", "bytes", "duration")} == {
+        "method": "GET",
+        "path": "/readyz",
+        "query": None,
+        "status": 503,
+        "bytes": 139,
+        "duration": 0.004121,
+    }
+    assert out["remote"] == "10.0.0.7"
+    assert out["user_agent"] == "kube-probe/1.30"
+    assert out["referer"] is None
+
+
+def test_an_access_line_carries_the_request_as_fields_in_plain_text():
+    line = PlainFormatter().format(access_record())
+    assert "INFO gunicorn.access: GET /readyz 503 " in line
+    assert "status=503" in line and "duration=0.004s" in line and "bytes=139" in line
+    assert "user_agent=kube-probe/1.30" in line
+    assert "referer=" not in line and "query=" not in line
+
+
+def test_other_records_with_a_mapping_are_left_alone():
+    rec = logging.LogRecord("app", logging.INFO, __file__, 1, "%(a)s", ({"a": "x"},), None)
+    assert json.loads(JsonFormatter().format(rec))["message"] == "x"
+    assert PlainFormatter().format(rec).endswith("app: x")

@@ -1,8 +1,9 @@
 """A hypothesis state machine over the analyses' services and the framework under them:
 admit (first-pass and delta), process, fail, crash, save, stale save, sweep, promote,
 cancel (the analysis or its task), a core outage, and moving the clock — every safety
-invariant of DESIGN §5 after every step, and after settling, every settled and liveness
-invariant. ``STATEFUL_EXAMPLES`` (15) sets how many runs of up to 30 steps it tries.
+invariant of docs/design.md#invariants after every step, and after settling, every
+settled and liveness invariant. ``STATEFUL_EXAMPLES`` (15) sets how many runs of up to
+30 steps it tries.
 
 Jobs run in this process through the same pieces a worker uses: procrastinate's fetch,
 the task's own retry strategy, the worker's fenced finish and retry statements, and the

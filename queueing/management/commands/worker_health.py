@@ -4,12 +4,31 @@ watchdog script. Read-only; safe to run every few seconds."""
 
 from __future__ import annotations
 
+import argparse
+import math
+
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from queueing import worker_state
 from queueing.display import format_table
 from queueing.health import local_worker_health, stall_threshold
+
+#: The largest --max-age: a week (a heartbeat older than that is no heartbeat).
+MAX_AGE_LIMIT_SECONDS = 7 * 24 * 3600
+
+
+def max_age_seconds(value: object) -> float:
+    """``--max-age``: a finite number of seconds, above 0 and at most a week."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not math.isfinite(seconds) or not 0 < seconds <= MAX_AGE_LIMIT_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: give a positive number of seconds, at most {MAX_AGE_LIMIT_SECONDS}"
+        )
+    return seconds
 
 
 class Command(BaseCommand):
@@ -21,7 +40,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument(
             "--max-age",
-            type=float,
+            type=max_age_seconds,
             default=None,
             help="seconds a heartbeat may be old (default: STALLED_WORKER_SECONDS)",
         )
@@ -29,9 +48,12 @@ class Command(BaseCommand):
     def handle(self, *args, max_age: float | None = None, **options):
         threshold = stall_threshold()
         if max_age is not None:
-            if max_age <= 0:
-                raise CommandError("--max-age must be a positive number of seconds.")
-            threshold = type(threshold)(seconds=max_age)
+            # call_command() passes the value without the parser: check it here too.
+            try:
+                seconds = max_age_seconds(max_age)
+            except argparse.ArgumentTypeError as exc:
+                raise CommandError(f"--max-age {exc}") from None
+            threshold = type(threshold)(seconds=seconds)
         try:
             beats = local_worker_health()
         except DatabaseError as exc:

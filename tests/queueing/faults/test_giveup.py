@@ -9,8 +9,9 @@ The job is saved ``failed`` in one transaction, and its task's give-up hook runs
 in another (in the maintenance thread, possibly queued behind a sweep run). Nothing records
 that a failed job still owes its hook, and nothing runs it later: stalled recovery only
 looks at ``doing`` jobs. So whatever ends the worker between the two commits leaves a
-``failed`` job whose domain row never settles (DESIGN §5, 13: "a job that fails for good
-leaves its domain row terminal") — test_a_worker_killed_between_the_failure_and_its_hook.
+``failed`` job whose domain row never settles (docs/design.md#invariants, 13: "a job
+that fails for good leaves its domain row terminal") —
+test_a_worker_killed_between_the_failure_and_its_hook.
 
 No process even has to die: when the reply to the COMMIT that saved ``failed`` is lost,
 the worker saves again, finds the job no longer ``doing``, takes it for "recovered

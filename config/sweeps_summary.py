@@ -1,36 +1,26 @@
-"""Template helpers of the operators' pages (the project-level admin templates).
+"""What the framework's Sweeps page shows above its table for this site: the finished
+analyses with no run yet (``QUEUEING_SWEEPS_SUMMARY`` names :func:`unsaved_runs_summary`).
 
-They live in ``config`` because the Sweeps page is the framework's (``queueing``, which
+It lives in ``config`` because the Sweeps page is the framework's (``queueing``, which
 knows no domain) while what it shows about analyses is the domain's (``runs``).
 """
 
 from __future__ import annotations
 
-from django import template
 from django.conf import settings
+from django.template.loader import render_to_string
 from django.urls import reverse
 
 from runs.selectors import UNSAVED_AGE_BUCKETS, unsaved_counts_by_age
 
-register = template.Library()
-
 AGE_LABELS = {"under_1h": "under an hour old", "under_24h": "under a day", "over_24h": "older"}
 
 
-@register.filter
-def env_name(setting: str | None) -> str:
-    """The environment variable behind a Django setting (they differ for a few)."""
-    if not setting:
-        return ""
-    return settings.SETTING_ENVIRONMENT_NAMES.get(setting, setting)
-
-
-@register.inclusion_tag("admin/runs/unsaved_runs_summary.html")
-def unsaved_runs_summary() -> dict:
+def unsaved_runs_summary() -> str:
     """Finished analyses with no run yet, by age, with links to the filtered job list."""
     counts = unsaved_counts_by_age()
     changelist = reverse("admin:runs_analysisjob_changelist")
-    return {
+    context = {
         "total": sum(counts.values()),
         "overdue": sum(n for bucket, n in counts.items() if bucket != UNSAVED_AGE_BUCKETS[0]),
         "grace": int(settings.SWEEP_GRACE_SECONDS),
@@ -40,3 +30,4 @@ def unsaved_runs_summary() -> dict:
             for bucket in UNSAVED_AGE_BUCKETS[1:]
         ],
     }
+    return render_to_string("admin/runs/unsaved_runs_summary.html", context)
