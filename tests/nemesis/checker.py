@@ -263,7 +263,12 @@ def _check_generic(report, history, final, runs, partitioned, outcome_at_risk, e
                     hooks=hooks.get(key, 0),
                     runs=len(runs.get(job_id, [])),
                 )
-        elif job_id in enqueued and (status != "succeeded" or not done) and runs.get(job_id):
+        elif (
+            job_id in enqueued
+            and status not in ("todo", "doing")  # unfinished: L1 says so
+            and (status != "succeeded" or not done)
+            and runs.get(job_id)
+        ):
             report.violate(
                 "G3 a job was lost",
                 job=job_id,
