@@ -20,9 +20,10 @@ Generic jobs (their effects are lines outside the database, :mod:`tests.nemesis.
   terminated sessions, a lock on ``procrastinate_jobs`` (statement timeout), or a kill,
   drain, deploy, reset or partition of the earlier run's worker. An operator's sweep or
   retry is no such fault.
-- **G3 nothing lost**: a job without a hook that was enqueued (the enqueue answered) ends
-  ``succeeded`` with at least one completed run; and no job ends ``failed`` without a
-  single run (a worker that lacks its task must leave it waiting).
+- **G3 nothing lost**: every job without a hook that was enqueued (the enqueue answered)
+  and is over ended ``succeeded``, with at least one completed run; and no job ends
+  ``failed`` without a single run (a worker that lacks its task must leave it waiting). A
+  job still waiting or running at the end is unfinished: L1 says so.
 - **G4 every owed hook runs once**: a job with a give-up hook that ends ``failed`` or
   ``cancelled`` has its hook committed exactly once (``hook_committed``: the hook's
   transaction, which deletes its owed row, committed); one that succeeded has none. A hook
