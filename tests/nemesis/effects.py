@@ -18,7 +18,8 @@ _handle = None
 
 
 def log_effect(event: str, *, task: str, key: str, job_id: int | None) -> None:
-    """Append one effect line (``start``, ``end``, ``error``, ``hook``) of this process."""
+    """Append one effect line (``start``, ``end``, ``error``, ``hook``,
+    ``hook_committed``) of this process."""
     global _handle
     if _handle is None:
         directory = Path(os.environ["NEMESIS_EFFECTS_DIR"])

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+from django.db import transaction
+
 from queueing.app import task
 from queueing.backoff import JitteredBackoff
 from tests.nemesis.effects import log_effect
@@ -36,9 +38,20 @@ def effect(context, key: str, hold: float = 0.5) -> None:
     run_effect(context, task_name=EFFECT, key=key, hold=hold)
 
 
+def log_hook(task_name: str, key: str) -> None:
+    """A give-up hook's effects: ``hook`` when it runs, ``hook_committed`` when the
+    transaction it runs in (which also deletes its owed row) commits. A hook whose
+    transaction rolled back is run again (``queueing.giveup``): once per commit is the
+    promise."""
+    log_effect("hook", task=task_name, key=key, job_id=None)
+    transaction.on_commit(
+        lambda: log_effect("hook_committed", task=task_name, key=key, job_id=None)
+    )
+
+
 def settle(*, reason: str, key: str, **_: object) -> None:
-    """The give-up hook: its effect is a ``hook`` line (no job id: hooks get the args)."""
-    log_effect("hook", task=SETTLED, key=key, job_id=None)
+    """The give-up hook (no job id: hooks get the job's args)."""
+    log_hook(SETTLED, key)
 
 
 @task(name=SETTLED, pass_context=True, on_give_up=settle, retry=QUICK_GIVE_UP)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from queueing.app import task
-from tests.nemesis.effects import log_effect
-from tests.nemesis.tasks import QUICK_GIVE_UP, run_effect
+from tests.nemesis.tasks import QUICK_GIVE_UP, log_hook, run_effect
 
 NEW_EFFECT = "nemesis.new_effect"
 
 
 def settle_new(*, reason: str, key: str, **_: object) -> None:
-    log_effect("hook", task=NEW_EFFECT, key=key, job_id=None)
+    log_hook(NEW_EFFECT, key)
 
 
 @task(name=NEW_EFFECT, pass_context=True, on_give_up=settle_new, retry=QUICK_GIVE_UP)

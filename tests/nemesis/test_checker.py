@@ -114,13 +114,16 @@ def test_a_hook_runs_once_for_a_job_that_gave_up_and_never_for_one_that_succeede
         effect("start", 2, 100, 2.0, key="b"),
         effect("end", 2, 100, 2.5, key="b"),
     ]
-    once = [*ran, effect("hook", None, 100, 3.0, key="a"), *final(generic_jobs=jobs)]
+    once = [*ran, effect("hook_committed", None, 100, 3.0, key="a"), *final(generic_jobs=jobs)]
     assert properties([*WORKERS, *once]) == []
-    twice = [effect("hook", None, 200, 4.0, key="a"), *once]
+    twice = [effect("hook_committed", None, 200, 4.0, key="a"), *once]
     assert properties([*WORKERS, *twice]) == ["G4"]
+    # A hook whose transaction rolled back runs again: one commit is what counts.
+    rolled_back = [effect("hook", None, 100, 2.8, key="a"), effect("hook", None, 100, 2.9, key="a")]
+    assert properties([*WORKERS, *rolled_back, *once]) == []
     never = [*ran, *final(generic_jobs=jobs)]
     assert properties([*WORKERS, *never]) == ["G4"]
-    wrong = [effect("hook", None, 100, 3.0, key="b"), *once]
+    wrong = [effect("hook_committed", None, 100, 3.0, key="b"), *once]
     assert properties([*WORKERS, *wrong]) == ["G4"]
 
 

@@ -34,6 +34,18 @@ SOURCES = [
     {"key": "1", "title": "Steel", "doi": "10.1000/steel.1", "text": "Steel carries load."},
     {"key": "2", "title": "Coatings", "doi": "10.1000/coat.2", "text": "Coatings extend life."},
 ]
+OPEN_INQUIRIES = """
+    SELECT count(*) FROM anfragen a
+     WHERE (SELECT count(*) FROM pipeline_runs r
+             WHERE r.anfrage_id = a.id AND r.status = 'success') < 4
+       AND NOT EXISTS (SELECT 1 FROM pipeline_runs r
+                        WHERE r.anfrage_id = a.id AND r.gave_up_at IS NOT NULL)"""
+OPEN_ANALYSES = """
+    SELECT count(*) FROM analysis_jobs
+     WHERE status IN ('queued', 'pending', 'running') AND deleted_at IS NULL"""
+OPEN_JOBS = """
+    SELECT count(*) FROM procrastinate_jobs
+     WHERE task_name LIKE 'nemesis.%%' AND status IN ('todo', 'doing')"""
 TENANTS = ("nemesis-a", "nemesis-b")
 USERS = (("nemesis-a", "alice"), ("nemesis-a", "bob"), ("nemesis-b", "carol"))
 CREDITS = 100_000
@@ -45,6 +57,12 @@ class WorkloadConfig:
     pause: float = 0.4
     #: Enqueue jobs of the task only the new release has.
     new_task: bool = False
+    #: Clients wait while this much of their work is unfinished (a closed loop, as users
+    #: who wait for their results): the offered load never outgrows what three workers
+    #: do between faults, so a backlog at the end is the faults', not the workload's.
+    open_inquiries: int = 8
+    open_analyses: int = 6
+    open_jobs: int = 20
 
 
 def operate(history: History, op: str, func: Callable[[], Any], **fields: Any) -> Any:
@@ -115,10 +133,23 @@ class Workload:
         self.keys += 1
         return f"{prefix}-{self.keys}"
 
+    def _open(self, sql: str) -> int:
+        """How much of one kind of work is unfinished (0 when the database is away: the
+        operation then fails and is recorded as such)."""
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, [])
+                return cursor.fetchone()[0]
+        except django.db.Error:
+            connection.close()
+            return 0
+
     def submit(self) -> None:
         from accounts.models import Tenant
         from pipeline.submit import Upload, anfrage_submit
 
+        if self._open(OPEN_INQUIRIES) >= self.config.open_inquiries:
+            return
         slug = self.rng.choice(TENANTS)
         title = self._key("inquiry")
 
@@ -133,6 +164,8 @@ class Workload:
         from accounts.models import User
         from runs.admission import analysis_job_admit
 
+        if self._open(OPEN_ANALYSES) >= self.config.open_analyses:
+            return
         username = self.rng.choice(USERS)[1]
         title = self._key("paper")
 
@@ -165,6 +198,8 @@ class Workload:
     def _enqueue(self, op: str, task: str, args: dict[str, Any]) -> None:
         from queueing.enqueue import enqueue
 
+        if self._open(OPEN_JOBS) >= self.config.open_jobs:
+            return
         operate(
             self.history,
             op,
