@@ -9,7 +9,8 @@ Revoking needs the change permission on tokens; posted without it, an action is 
 from __future__ import annotations
 
 from django.contrib import admin
-from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
 
@@ -46,6 +47,14 @@ class TenantAdmin(RefusedActions, admin.ModelAdmin):
     @admin.display(description="users", ordering="user_count")
     def users(self, obj: Tenant) -> int:
         return obj.user_count
+
+
+admin.site.unregister(Group)
+
+
+@admin.register(Group)
+class PgstageGroupAdmin(RefusedActions, GroupAdmin):
+    """Django's own group admin, whose delete refused is a 403 as everywhere else."""
 
 
 @admin.register(User)
