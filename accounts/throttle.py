@@ -3,7 +3,7 @@ pages) and wrong, revoked or unknown API tokens.
 
 An address that failed ``AUTH_FAILURE_LIMIT`` times within ``AUTH_FAILURE_WINDOW_SECONDS``
 is refused (429, with ``Retry-After``) until its window ends, even with the right
-credentials, so guessing stops paying off. The counts live in PostgreSQL (one row per
+credentials, so guessing stops paying off; 0 for either setting turns the limit off. The counts live in PostgreSQL (one row per
 scope and address), so every web process sees the same counts and a restart forgets
 none. Rows of ended windows are pruned a few at a time by later failures: the table only
 grows with failures, and every failure prunes.
@@ -67,7 +67,10 @@ def client_address(request: HttpRequest) -> str:
 
 
 def auth_throttle_check(*, scope: str, address: str) -> Throttled | None:
-    """None while ``address`` may try again, else how long it must wait. One read."""
+    """None while ``address`` may try again, else how long it must wait. One read
+    (none while the limit is off: ``AUTH_FAILURE_LIMIT`` 0)."""
+    if _limit() <= 0:
+        return None
     row = (
         AuthFailure.objects.filter(scope=scope, address=address)
         .values_list("failures", "window_start")
