@@ -30,6 +30,7 @@ from django.test.client import BOUNDARY, MULTIPART_CONTENT, encode_multipart
 from django.utils import timezone
 
 from accounts.services import api_token_create
+from config.checks import BOUNDS
 from pipeline.exceptions import TooManyInquiries
 from pipeline.models import Anfrage
 from runs import processing
@@ -209,6 +210,10 @@ ZERO_IS_OFF = [
     ("MAX_QUEUED_ANALYSES_PER_USER", three_admissions, [201, 201, 201]),
     ("MAX_INQUIRIES_PER_TENANT_PER_HOUR", three_inquiries, [201, 201, 201]),
 ]
+
+
+def test_the_table_holds_every_bound():
+    assert {setting for setting, _, _ in ZERO_IS_OFF} == set(BOUNDS)
 
 
 @pytest.mark.parametrize(
