@@ -3,10 +3,10 @@ pages) and wrong, revoked or unknown API tokens.
 
 An address that failed ``AUTH_FAILURE_LIMIT`` times within ``AUTH_FAILURE_WINDOW_SECONDS``
 is refused (429, with ``Retry-After``) until its window ends, even with the right
-credentials, so guessing stops paying off; 0 for either setting turns the limit off. The counts live in PostgreSQL (one row per
-scope and address), so every web process sees the same counts and a restart forgets
-none. Rows of ended windows are pruned a few at a time by later failures: the table only
-grows with failures, and every failure prunes.
+credentials, so guessing stops paying off; 0 for either setting turns the limit off.
+The counts live in PostgreSQL (one row per scope and address), so every web process sees
+the same counts and a restart forgets none. Rows of ended windows are pruned a few at a
+time by later failures: the table only grows with failures, and every failure prunes.
 """
 
 from __future__ import annotations
