@@ -10,7 +10,6 @@ both are refused here, naming the field.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import stat
@@ -121,24 +120,6 @@ def int_argument(*, minimum: int = 1, maximum: int = MAX_ID) -> Callable[[str], 
             raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
         if not minimum <= number <= maximum:
             raise argparse.ArgumentTypeError(f"must be from {minimum} to {maximum}, got {number}")
-        return number
-
-    return parse
-
-
-def float_argument(*, minimum: float, maximum: float) -> Callable[[str], float]:
-    """An argparse type: a finite number from ``minimum`` to ``maximum`` (``nan``,
-    ``inf`` and ``1e308`` are refused, not carried into arithmetic that overflows)."""
-
-    def parse(value: str) -> float:
-        try:
-            number = float(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-        if not math.isfinite(number) or not minimum <= number <= maximum:
-            raise argparse.ArgumentTypeError(
-                f"must be from {minimum:g} to {maximum:g}, got {value}"
-            )
         return number
 
     return parse
