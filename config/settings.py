@@ -90,6 +90,7 @@ MIDDLEWARE = [
     # Outermost: every error answer under /api/ leaves in the API's error shape.
     "config.api.api_error_middleware",
     "django.middleware.security.SecurityMiddleware",
+    "config.middleware.content_security_policy",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "config.middleware.DatabaseUnavailableMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -175,6 +176,15 @@ CSRF_TRUSTED_ORIGINS = env("CSRF_TRUSTED_ORIGINS")
 if env("TRUST_X_FORWARDED_PROTO"):
     # Behind a TLS-terminating proxy that sets (and never passes through) this header.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# Content-Security-Policy of every response (config.middleware): the dashboard's and the
+# admin's scripts, styles and images come from this origin, with no inline script or
+# style; the browser suite (tests/e2e) runs the pages under it.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'"
+)
 
 # Request bodies: JSON bodies (and form fields) up to 16 MiB, which every analysis payload
 # the schema admits fits (tests/security/test_limits.py). The inquiry upload installs its
