@@ -95,3 +95,24 @@ def auth_failure_record(*, scope: str, address: str) -> int:
     ended = AuthFailure.objects.filter(window_start__lt=cutoff).values("pk")[:PRUNE_BATCH]
     AuthFailure.objects.filter(pk__in=ended).delete()
     return failures
+
+
+def auth_failures_reset(*, address: str | None = None, scope: str | None = None) -> int:
+    """Forget the failures of ``address`` (every address when None) in ``scope`` (both
+    when None), lifting their lockout at once; returns the rows deleted. Idempotent: a
+    second call deletes nothing. A failure recorded concurrently starts a new window."""
+    rows = AuthFailure.objects.all()
+    if address is not None:
+        rows = rows.filter(address=address)
+    if scope is not None:
+        rows = rows.filter(scope=scope)
+    deleted, _ = rows.delete()
+    return deleted
+
+
+def locked_until(failure: AuthFailure) -> datetime.datetime | None:
+    """When the lockout of ``failure``'s address ends, or None when it is not locked out."""
+    if _limit() <= 0 or failure.failures < _limit():
+        return None
+    ends = failure.window_start + datetime.timedelta(seconds=_window())
+    return ends if ends > timezone.now() else None

@@ -25,7 +25,7 @@ from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
-from accounts.models import ApiToken, Tenant, User
+from accounts.models import ApiToken, AuthFailure, Tenant, User
 from accounts.services import api_token_create
 from pipeline.models import Catalog, PipelineRun
 from queueing.enqueue import enqueue
@@ -51,6 +51,7 @@ DIGESTED_TABLES = (
     "procrastinate_jobs",
     "catalogs",
     "auth_group",
+    "auth_failures",
 )
 
 
@@ -77,6 +78,8 @@ EXPECTED: dict[tuple[str, str], tuple[str, ...] | None] = {
     ("accounts.user", "delete_selected"): ("accounts.delete_user",),
     ("accounts.apitoken", "delete_selected"): ("accounts.delete_apitoken",),
     ("accounts.apitoken", "revoke"): ("accounts.change_apitoken",),
+    ("accounts.authfailure", "delete_selected"): ("accounts.delete_authfailure",),
+    ("accounts.authfailure", "reset"): ("accounts.delete_authfailure",),
     ("procrastinate.procrastinatejob", "delete_selected"): None,
     ("procrastinate.procrastinatejob", "retry"): ("procrastinate.change_procrastinatejob",),
     ("procrastinate.procrastinatejob", "cancel"): ("procrastinate.change_procrastinatejob",),
@@ -115,6 +118,8 @@ TARGETS = {
     ("pipeline.pipelinerun", "force_replay_cascade"): "succeeded_run",
     ("accounts.apitoken", "revoke"): "token",
     ("accounts.apitoken", "delete_selected"): "token",
+    ("accounts.authfailure", "reset"): "auth_failure",
+    ("accounts.authfailure", "delete_selected"): "auth_failure",
     ("accounts.user", "delete_selected"): "other_user",
     ("accounts.tenant", "delete_selected"): "empty_tenant",
     ("procrastinate.procrastinatejob", "retry"): "failed_job",
@@ -209,7 +214,11 @@ def rows(storage_root):
     RunJudgement.objects.create(
         run=AnalysisRun.objects.get(), version=1, summary={}, judged_at=timezone.now()
     )
+    failure = AuthFailure.objects.create(
+        scope="login", address="198.51.100.3", window_start=timezone.now(), failures=12
+    )
     return {
+        "auth_failure": failure.pk,
         "failed_analysis": failed_analysis.id,
         "done_job": done.id,
         "queued_job": queued.id,
@@ -273,14 +282,14 @@ def test_every_action_at_every_permission_level(client, rows, key, level):
     client.force_login(user)
     pk = target(rows, key)
     assert pk is not None, f"no row to run {key} on"
-    before = digest()
-
-    response = post_action(client, key, pk)
-
     app_label, model = key[0].split(".")
     listing = client.get(reverse(f"admin:{app_label}_{model}_changelist"))
     assert listing.status_code == 200
     offered = f'value="{key[1]}"'.encode() in listing.content
+    before = digest()
+
+    response = post_action(client, key, pk)
+
     if not allowed:
         assert response.status_code == 403
         assert digest() == before

@@ -641,6 +641,13 @@ COMMAND_CASES = [
     CommandCase("sweep-unknown", ("sweep", "\x00"), "unknown sweep|no sweep"),
     CommandCase("sweep-text-batch", ("sweep", "--all", "--batch-size", "nan"), "invalid int"),
     CommandCase("demo-text-workers", ("demo", "--workers", "inf"), "whole number"),
+    CommandCase("auth-reset-nothing", ("reset_auth_failures",), "one of the arguments"),
+    CommandCase("auth-reset-nul", ("reset_auth_failures", "--address", "1\x00"), "NUL"),
+    CommandCase("auth-reset-long", ("reset_auth_failures", "--address", "1" * 65), "at most 64"),
+    CommandCase("auth-reset-blank", ("reset_auth_failures", "--address", " "), "empty"),
+    CommandCase(
+        "auth-reset-scope", ("reset_auth_failures", "--all", "--scope", "x"), "invalid choice"
+    ),
     CommandCase("sweep-batch", ("sweep", "--all", "--batch-size", "0"), "at least 1"),
     CommandCase("sweep-huge-batch", ("sweep", "--all", "--batch-size", "9" * 20), "at most"),
     CommandCase("demo-workers", ("demo", "--workers", "0"), "from 1 to"),
