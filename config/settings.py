@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from pathlib import Path
 
 import environ
@@ -199,6 +200,10 @@ TRUSTED_PROXY_HOPS = env("TRUSTED_PROXY_HOPS")
 
 STATIC_URL = "static/"
 STATIC_ROOT = Path(env.str("STATIC_ROOT", default="") or DATA_DIR / "static")
+# Until collectstatic has run (the commands that serve pages run it: run_all, the image
+# build), STATIC_ROOT does not exist and whitenoise would warn at every start of a fresh
+# checkout (make demo, manage.py shell) about files nothing there serves.
+warnings.filterwarnings("ignore", message="No directory at: ", category=UserWarning)
 # whitenoise serves collectstatic's output from the web process itself: compressed, with
 # content-hashed names cached for a year (config.storage).
 STORAGES = {

@@ -112,3 +112,19 @@ def test_a_negative_bound_refuses_to_start():
 
     assert result.returncode != 0
     assert "site.E003" in result.stderr and "CORE_DAILY_BUDGET is negative" in result.stderr
+
+
+def test_a_fresh_checkout_starts_without_warnings(tmp_path):
+    """Before any collectstatic (STATIC_ROOT missing), loading the web stack says nothing."""
+    result = run(
+        "-W",
+        "default",
+        "-c",
+        "import django; django.setup(); "
+        "from django.core.handlers.wsgi import WSGIHandler; WSGIHandler()",
+        DJANGO_SETTINGS_MODULE="config.settings",
+        STATIC_ROOT=str(tmp_path / "never-collected"),
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
