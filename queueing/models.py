@@ -1,5 +1,6 @@
-"""The framework's permissions. queueing keeps no table of its own: this model holds no
-rows and has none; it only declares what the admin's Sweeps page checks."""
+"""The framework's permissions: this model holds no rows and has no table; it only
+declares what the admin's Sweeps page checks. (queueing's own tables — the inline sweeps'
+clock, job stalls and owed give-up hooks — are made by its migrations in SQL.)"""
 
 from __future__ import annotations
 
