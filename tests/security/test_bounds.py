@@ -37,7 +37,7 @@ from runs import processing
 from runs.credits import credit_grant
 from runs.exceptions import QueueFull
 from runs.models import AnalysisJob, CoreDailyUsage
-from tests.conftest import run_concurrently
+from tests.conftest import ROOT, run_concurrently
 from tests.factories import TenantFactory, UserFactory
 from tests.pipeline.conftest import ITEMS_TXT, submit
 from tests.runs.factories import DOC_HTML, SOURCES
@@ -212,8 +212,11 @@ ZERO_IS_OFF = [
 ]
 
 
-def test_the_table_holds_every_bound():
+def test_the_table_holds_every_bound_and_docs_security_names_each():
+    documented = (ROOT / "docs" / "security.md").read_text()
+
     assert {setting for setting, _, _ in ZERO_IS_OFF} == set(BOUNDS)
+    assert [bound for bound in BOUNDS if f"`{bound}`" not in documented] == []
 
 
 @pytest.mark.parametrize(
