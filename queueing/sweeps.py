@@ -193,7 +193,8 @@ def declare_sweep(
             batch_size=batch_size,
             grace_setting=grace_setting,
             grace_default=grace_default,
-            description=(func.__doc__ or "").strip().splitlines()[0] if func.__doc__ else "",
+            # The docstring's first paragraph, however many lines it wraps over.
+            description=" ".join((func.__doc__ or "").strip().split("\n\n")[0].split()),
             inline=inline,
             every_setting=every_setting,
             every_default=every_default,
