@@ -3,18 +3,21 @@
 Tokens are only created by ``manage.py create_api_token`` (the plaintext is shown once,
 only its hash is stored), so the admin cannot add one; it can rename or revoke one.
 Revoking needs the change permission on tokens; posted without it, an action is a 403
-(as in ``queueing.admin``, which this package may not import).
+(as in ``queueing.admin``, which this package may not import). The failed-authentication
+counts are listed with their lockouts, and resetting one needs the delete permission.
 """
 
 from __future__ import annotations
 
 from django.contrib import admin
-from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
 
-from accounts.models import ApiToken, Tenant, User
+from accounts.models import ApiToken, AuthFailure, Tenant, User
 from accounts.services import api_token_revoke
+from accounts.throttle import auth_failures_reset, locked_until
 
 
 class RefusedActions:
@@ -48,6 +51,14 @@ class TenantAdmin(RefusedActions, admin.ModelAdmin):
         return obj.user_count
 
 
+admin.site.unregister(Group)
+
+
+@admin.register(Group)
+class PgstageGroupAdmin(RefusedActions, GroupAdmin):
+    """Django's own group admin, whose delete refused is a 403 as everywhere else."""
+
+
 @admin.register(User)
 class PgstageUserAdmin(RefusedActions, UserAdmin):
     list_display = ["username", "email", "tenant", "is_staff", "is_active", "last_login"]
@@ -78,3 +89,36 @@ class ApiTokenAdmin(RefusedActions, admin.ModelAdmin):
         revoked = sum(api_token_revoke(token_id=pk) for pk in queryset.values_list("pk", flat=True))
         already = queryset.count() - revoked
         self.message_user(request, f"Revoked {revoked} token(s); {already} were already revoked.")
+
+
+@admin.register(AuthFailure)
+class AuthFailureAdmin(RefusedActions, admin.ModelAdmin):
+    """Failed logins and token authentications per client address, and whether each is
+    locked out now. *Reset* forgets an address's failures, lifting its lockout at once
+    (also ``manage.py reset_auth_failures``); it needs the delete permission."""
+
+    list_display = ["address", "scope", "failures", "window_start", "locked"]
+    list_filter = ["scope"]
+    search_fields = ["address"]
+    ordering = ["-failures", "address"]
+    readonly_fields = ["scope", "address", "window_start", "failures"]
+    actions = ["reset"]
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    @admin.display(description="locked out until")
+    def locked(self, obj: AuthFailure) -> str:
+        until = locked_until(obj)
+        return "-" if until is None else until.isoformat(timespec="seconds")
+
+    @admin.action(
+        description="Reset: forget the failures, lifting the lockout", permissions=["delete"]
+    )
+    def reset(self, request, queryset):
+        pairs = list(queryset.values_list("address", "scope"))
+        reset = sum(auth_failures_reset(address=a, scope=s) for a, s in pairs)
+        self.message_user(request, f"Reset {reset} address(es); they may sign in again.")

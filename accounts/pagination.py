@@ -73,22 +73,28 @@ def _encode_value(value: Any) -> Any:
 
 
 def _decode_value(model: type[Model], field: str, raw: Any) -> Any:
+    """The value of ``field`` that ``raw`` encodes, only if this module would have
+    written ``raw`` for it: a value of another type, out of range or not in the
+    canonical form (``_encode_value`` of the decoded value is ``raw`` again) is refused."""
     internal = model._meta.get_field(field).get_internal_type()
+    value: Any
     try:
-        if internal in ("DateTimeField",):
+        if internal == "DateTimeField" and isinstance(raw, str):
             value = datetime.datetime.fromisoformat(raw)
-            if value.tzinfo is None:
+            # The database hands out UTC; another offset could leave its range (year 0).
+            if value.utcoffset() != datetime.timedelta(0):
                 raise ValueError
-            return value
-        if internal == "UUIDField":
-            return uuid.UUID(raw)
-        if internal in INTEGER_FIELDS:
-            if not isinstance(raw, int) or isinstance(raw, bool) or not 0 < raw < 2**63:
-                raise ValueError
-            return raw
-    except (TypeError, ValueError):
+        elif internal == "UUIDField" and isinstance(raw, str):
+            value = uuid.UUID(raw)
+        elif internal in INTEGER_FIELDS and type(raw) is int and 0 < raw < 2**63:
+            value = raw
+        else:
+            raise InvalidCursor()
+    except (TypeError, ValueError, OverflowError):
         raise InvalidCursor() from None
-    raise InvalidCursor()
+    if _encode_value(value) != raw:
+        raise InvalidCursor()
+    return value
 
 
 def encode_cursor(row: Model, order: Sequence[str]) -> str:

@@ -3,10 +3,10 @@ pages) and wrong, revoked or unknown API tokens.
 
 An address that failed ``AUTH_FAILURE_LIMIT`` times within ``AUTH_FAILURE_WINDOW_SECONDS``
 is refused (429, with ``Retry-After``) until its window ends, even with the right
-credentials, so guessing stops paying off. The counts live in PostgreSQL (one row per
-scope and address), so every web process sees the same counts and a restart forgets
-none. Rows of ended windows are pruned a few at a time by later failures: the table only
-grows with failures, and every failure prunes.
+credentials, so guessing stops paying off; 0 for either setting turns the limit off.
+The counts live in PostgreSQL (one row per scope and address), so every web process sees
+the same counts and a restart forgets none. Rows of ended windows are pruned a few at a
+time by later failures: the table only grows with failures, and every failure prunes.
 """
 
 from __future__ import annotations
@@ -67,7 +67,10 @@ def client_address(request: HttpRequest) -> str:
 
 
 def auth_throttle_check(*, scope: str, address: str) -> Throttled | None:
-    """None while ``address`` may try again, else how long it must wait. One read."""
+    """None while ``address`` may try again, else how long it must wait. One read
+    (none while the limit is off: ``AUTH_FAILURE_LIMIT`` 0)."""
+    if _limit() <= 0:
+        return None
     row = (
         AuthFailure.objects.filter(scope=scope, address=address)
         .values_list("failures", "window_start")
@@ -92,3 +95,24 @@ def auth_failure_record(*, scope: str, address: str) -> int:
     ended = AuthFailure.objects.filter(window_start__lt=cutoff).values("pk")[:PRUNE_BATCH]
     AuthFailure.objects.filter(pk__in=ended).delete()
     return failures
+
+
+def auth_failures_reset(*, address: str | None = None, scope: str | None = None) -> int:
+    """Forget the failures of ``address`` (every address when None) in ``scope`` (both
+    when None), lifting their lockout at once; returns the rows deleted. Idempotent: a
+    second call deletes nothing. A failure recorded concurrently starts a new window."""
+    rows = AuthFailure.objects.all()
+    if address is not None:
+        rows = rows.filter(address=address)
+    if scope is not None:
+        rows = rows.filter(scope=scope)
+    deleted, _ = rows.delete()
+    return deleted
+
+
+def locked_until(failure: AuthFailure) -> datetime.datetime | None:
+    """When the lockout of ``failure``'s address ends, or None when it is not locked out."""
+    if _limit() <= 0 or failure.failures < _limit():
+        return None
+    ends = failure.window_start + datetime.timedelta(seconds=_window())
+    return ends if ends > timezone.now() else None

@@ -10,7 +10,9 @@ both are refused here, naming the field.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import stat
 from collections.abc import Callable
 
 from django.contrib.auth.validators import UnicodeUsernameValidator
@@ -121,3 +123,18 @@ def int_argument(*, minimum: int = 1, maximum: int = MAX_ID) -> Callable[[str], 
         return number
 
     return parse
+
+
+def read_bounded(path: str, *, max_bytes: int) -> bytes:
+    """The content of the regular file at ``path``, read with a bound: at most
+    ``max_bytes`` + 1 bytes are ever read, so a device (``/dev/zero``, whose ``stat()``
+    size is 0), a file that grows while it is read or a FIFO never fills memory or
+    blocks. ``ValueError`` (the reason) for anything else; ``OSError`` as ``open`` raises it."""
+    # O_NONBLOCK: opening a FIFO does not wait for a writer (no effect on a regular file).
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path} has more than {max_bytes} bytes; at most {max_bytes} per file")
+    return data

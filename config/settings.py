@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -93,6 +94,7 @@ MIDDLEWARE = [
     # Every error answer under /api/ leaves in the API's error shape.
     "config.api.api_error_middleware",
     "django.middleware.security.SecurityMiddleware",
+    "config.middleware.content_security_policy",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "queueing.middleware.DatabaseUnavailableMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -212,6 +214,15 @@ if env("TRUST_X_FORWARDED_PROTO"):
     # Behind a TLS-terminating proxy that sets (and never passes through) this header.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
+# Content-Security-Policy of every response (config.middleware): the dashboard's and the
+# admin's scripts, styles and images come from this origin, with no inline script or
+# style; the browser suite (tests/e2e) runs the pages under it.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'"
+)
+
 # Request bodies: JSON bodies (and form fields) up to 16 MiB, which every analysis payload
 # the schema admits fits (tests/security/test_limits.py). The inquiry upload installs its
 # own streaming handler (pipeline.uploads), which refuses too many or too large files.
@@ -225,6 +236,10 @@ TRUSTED_PROXY_HOPS = env("TRUSTED_PROXY_HOPS")
 
 STATIC_URL = "static/"
 STATIC_ROOT = Path(env.str("STATIC_ROOT", default="") or DATA_DIR / "static")
+# Until collectstatic has run (the commands that serve pages run it: run_all, the image
+# build), STATIC_ROOT does not exist and whitenoise would warn at every start of a fresh
+# checkout (make demo, manage.py shell) about files nothing there serves.
+warnings.filterwarnings("ignore", message="No directory at: ", category=UserWarning)
 # whitenoise serves collectstatic's output from the web process itself: compressed, with
 # content-hashed names cached for a year (config.storage).
 STORAGES = {

@@ -37,7 +37,7 @@ from pipeline.models import (
 from pipeline.replay import pipeline_stage_replay
 from pipeline.selectors import PENDING, catalog_for
 from pipeline.stages import stage_key
-from queueing.admin import ReadOnlyModelAdmin, jobs_link
+from queueing.admin import ActionPermissionsMixin, ReadOnlyModelAdmin, jobs_link
 
 #: How many refusal reasons one message lists (the rest are counted).
 MAX_REASONS = 5
@@ -379,7 +379,7 @@ class CatalogItemInline(admin.StackedInline):
 
 
 @admin.register(Catalog)
-class CatalogAdmin(admin.ModelAdmin):
+class CatalogAdmin(ActionPermissionsMixin, admin.ModelAdmin):
     """A tenant's catalog is its configuration: operators edit it here. The ``validity``
     column validates it as the feasibility and calculate stages will read it."""
 

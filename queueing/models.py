@@ -1,6 +1,7 @@
-"""The framework's permissions. This model is unmanaged: it has no table and holds no
-rows; it only declares what the admin's Sweeps page (``run_sweeps``) and ``/metrics``
-(``view_metrics``) check."""
+"""The framework's permissions: this model holds no rows and has no table; it only
+declares what the admin's Sweeps page (``run_sweeps``) and ``/metrics`` (``view_metrics``)
+check. (queueing's own tables — the inline sweeps' clock, job stalls, owed give-up hooks
+and the metrics snapshot — are made by its migrations in SQL.)"""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ inside one transaction under a transaction-level try-lock ``queueing_sweep:<name
 runs never overlap (the second skips), a run that dies takes its lock with it (its
 connection closes and PostgreSQL ends the transaction), and no backlog of jobs delays it.
 Each run records itself in ``pgstage_inline_sweeps``; after a gap longer than the sweep's
-grace less one heartbeat (the database, or every worker, was away:
+grace less one and a half heartbeats (the database, or every worker, was away:
 ``Sweep.resume_gap_seconds``) it records that it *resumed*, and hands that moment to the
 sweep (``SweepContext.resumed_at``): stalled recovery counts a worker's silence from it,
 since nobody could beat during the gap, nor could recovery watch.
@@ -193,7 +193,8 @@ def declare_sweep(
             batch_size=batch_size,
             grace_setting=grace_setting,
             grace_default=grace_default,
-            description=(func.__doc__ or "").strip().splitlines()[0] if func.__doc__ else "",
+            # The docstring's first paragraph, however many lines it wraps over.
+            description=" ".join((func.__doc__ or "").strip().split("\n\n")[0].split()),
             inline=inline,
             every_setting=every_setting,
             every_default=every_default,

@@ -147,13 +147,14 @@ class AnalysisJobAdmin(ReadOnlyModelAdmin):
     def jobs(self, obj: AnalysisJob) -> str:
         return jobs_link(PROCESS_JOB_KEY.build(job=obj.pk))
 
-    def has_refund_permission(self, request) -> bool:
+    def has_credits_permission(self, request) -> bool:
+        # The actions that write the credit ledger: a refund, or the charge of a new job.
         return self.has_operate_permission(request) and request.user.has_perm(
             "runs.add_creditentry"
         )
 
     @admin.action(
-        description="Cancel selected queued jobs (refunds their credit)", permissions=["refund"]
+        description="Cancel selected queued jobs (refunds their credit)", permissions=["credits"]
     )
     def cancel_queued(self, request, queryset):
         # Only queued jobs can be cancelled; the others are counted, not locked.
@@ -195,7 +196,7 @@ class AnalysisJobAdmin(ReadOnlyModelAdmin):
         )
 
     @admin.action(
-        description="Refund selected finished jobs (once per job)", permissions=["refund"]
+        description="Refund selected finished jobs (once per job)", permissions=["credits"]
     )
     def refund(self, request, queryset):
         note = f"refunded by admin:{request.user.get_username()}"
@@ -234,7 +235,7 @@ class AnalysisJobAdmin(ReadOnlyModelAdmin):
 
     @admin.action(
         description="Retry selected failed jobs as new jobs of their runs (audited; previewed)",
-        permissions=["operate"],
+        permissions=["credits"],
     )
     def retry_failed(self, request, queryset):
         """First a preview page (each job: what its retry would replace in the user's run,

@@ -417,9 +417,9 @@ def list_verdicts(
     header names the next page."""
     with _refusals():
         job = selectors.analysis_job_for_user(user=request.auth, job_id=job_id)
-    if job.status != JobStatus.COMPLETE:
-        return []
     citations = selectors.job_citations(job_id=job.pk)
+    if job.status != JobStatus.COMPLETE:
+        citations = citations.none()  # still pages it: a malformed cursor is a 400
     items = page_response(request, response, citations, order=VERDICT_ORDER, query=query)
     return [_verdict_out(c) for c in items]
 

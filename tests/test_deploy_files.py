@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import configparser
 import re
+import subprocess
 
 import yaml
 
@@ -64,3 +65,19 @@ def test_pgbouncer_pools_by_transaction():
     config.read(ROOT / "deploy" / "pgbouncer" / "pgbouncer.ini")
     assert config["pgbouncer"]["pool_mode"] == "transaction"
     assert "extra_float_digits" in config["pgbouncer"]["ignore_startup_parameters"]
+
+
+def test_test_tool_caches_are_neither_committed_nor_shipped():
+    tracked = subprocess.run(
+        ["git", "ls-files", ".schemathesis", ".hypothesis"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    ignored = (ROOT / ".gitignore").read_text().split()
+    shipped = (ROOT / ".dockerignore").read_text().split()
+
+    assert tracked == ""
+    assert {".schemathesis/", ".hypothesis/"} <= set(ignored)
+    assert {".schemathesis", ".hypothesis"} <= set(shipped)

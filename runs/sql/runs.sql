@@ -5,15 +5,15 @@
 -- then nothing was written. The budget row is locked only for this statement, so
 -- concurrent admissions of a tenant never wait on each other's whole transaction, and
 -- never overshoot the budget. Keyed by tenant: one cannot exhaust another's budget.
+-- A budget of 0 is no bound (the runs are still counted).
 WITH budget AS (
     INSERT INTO core_daily_usage AS u (tenant_id, day, used)
     SELECT usr.tenant_id, (now() AT TIME ZONE 'UTC')::date, 1
       FROM users usr
      WHERE usr.id = %(user_id)s
        AND usr.tenant_id IS NOT NULL
-       AND %(budget)s > 0
     ON CONFLICT (tenant_id, day) DO UPDATE SET used = u.used + 1
-     WHERE u.used < %(budget)s
+     WHERE %(budget)s <= 0 OR u.used < %(budget)s
     RETURNING used
 )
 INSERT INTO core_runs (run_id, user_id, state, sources, error, created_at)

@@ -15,26 +15,16 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from django.db import connections
 
 from runs.credits import credit_grant
 from tests.conftest import ROOT
+from tests.e2e.conftest import CHROMIUM
 from tests.factories import TenantFactory, UserFactory
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 SCREENSHOTS = Path(os.environ.get("E2E_SCREENSHOTS") or ROOT / "test-output")
 PASSWORD = "correct horse battery staple"
 INQUIRY = ROOT / "config" / "demo_data" / "steel-beams.txt"
@@ -49,28 +39,6 @@ pytestmark = [
         "(apt-get update && apt-get install -y chromium)",
     ),
 ]
-
-
-@pytest.fixture
-def browser_page(monkeypatch) -> Iterator:
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls
-    # between browser steps are still plain synchronous code.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.set_default_timeout(15_000)
-            yield page
-        finally:
-            browser.close()
-            # While Playwright's event loop is set, Django keys its connections by
-            # context rather than by thread: close the ones this test opened that way.
-            connections.close_all()
 
 
 @pytest.fixture

@@ -149,3 +149,11 @@ def test_sweep_command_prints_counts_and_refuses_bad_names(capsys):
         call_command("sweep")
     call_command("sweep", "--all", "--dry-run")
     assert "dry run: nothing was written" in capsys.readouterr().out
+
+
+def test_every_sweep_is_described_by_its_docstrings_whole_first_paragraph():
+    from queueing.sweeps import sweeps
+
+    cut = {name: s.description for name, s in sweeps().items() if not s.description.endswith(".")}
+
+    assert cut == {}

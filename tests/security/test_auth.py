@@ -10,15 +10,22 @@ Fault model:
   (``test_a_session_still_needs_its_csrf_token``);
 * a token guesser: refused from the limit on, even with a right token, per address; other
   addresses unaffected (``test_wrong_tokens_are_limited_per_address``);
-* a password guesser on either login page (``test_failed_logins_are_limited_per_address``).
+* a password guesser on either login page (``test_failed_logins_are_limited_per_address``);
+* a locked-out address (its own user, or everyone behind the same proxy): an operator
+  sees it in the admin and lifts it there or with a command
+  (``test_an_operator_sees_a_lockout_in_the_admin_and_resets_it``,
+  ``test_an_operator_lists_and_resets_a_lockout_with_a_command``).
 """
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
+from django.core.management import call_command
 from django.test import Client
+from django.utils import timezone
 
 from accounts.models import AuthFailure
 from config.metrics import ADMISSION_REJECTIONS
@@ -121,3 +128,55 @@ def test_failed_logins_are_limited_per_address(settings, url, form):
     assert "_auth_user_id" not in client.session
     other = Client(REMOTE_ADDR="198.51.100.2")
     assert other.post(url, {"username": "root", "password": "right"}).status_code == 302
+
+
+def lock_out(client: Client, password: str = "right") -> None:
+    root = UserFactory(username="root", is_staff=True, is_superuser=True)
+    root.set_password(password)
+    root.save()
+    for _ in range(2):
+        client.post("/accounts/login/", {"username": "root", "password": "nope"})
+    assert (
+        client.post("/accounts/login/", {"username": "root", "password": password}).status_code
+        == 429
+    )
+
+
+def test_an_operator_sees_a_lockout_in_the_admin_and_resets_it(settings, admin_client):
+    settings.AUTH_FAILURE_LIMIT = 2
+    locked = Client(REMOTE_ADDR="198.51.100.7")
+    lock_out(locked)
+
+    listing = admin_client.get("/admin/accounts/authfailure/")
+    assert b"198.51.100.7" in listing.content and b"Locked out until" in listing.content
+    pk = AuthFailure.objects.get(address="198.51.100.7").pk
+    response = admin_client.post(
+        "/admin/accounts/authfailure/", {"action": "reset", "_selected_action": [pk]}
+    )
+
+    assert response.status_code == 302
+    assert not AuthFailure.objects.exists()
+    right = locked.post("/accounts/login/", {"username": "root", "password": "right"})
+    assert right.status_code == 302
+
+
+def test_an_operator_lists_and_resets_a_lockout_with_a_command(settings):
+    settings.AUTH_FAILURE_LIMIT = 2
+    locked = Client(REMOTE_ADDR="198.51.100.8")
+    lock_out(locked)
+    AuthFailure.objects.create(scope="token", address="192.0.2.1", window_start=timezone.now())
+
+    listed, reset, again = io.StringIO(), io.StringIO(), io.StringIO()
+    call_command("reset_auth_failures", "--list", stdout=listed)
+    call_command("reset_auth_failures", "--address", "198.51.100.8", stdout=reset)
+    call_command("reset_auth_failures", "--address", "198.51.100.8", stdout=again)
+
+    assert "198.51.100.8\tlogin\t2 failure(s)" in listed.getvalue()
+    assert "locked out until" in listed.getvalue()
+    assert "forgot 1 failure count(s) of 198.51.100.8" in reset.getvalue()
+    assert "forgot 0" in again.getvalue()
+    assert list(AuthFailure.objects.values_list("address", flat=True)) == ["192.0.2.1"]
+    assert (
+        locked.post("/accounts/login/", {"username": "root", "password": "right"}).status_code
+        == 302
+    )

@@ -12,7 +12,10 @@ Fault model:
   (``test_a_tenants_inquiries_per_hour_are_bounded``,
   ``test_the_hourly_bound_holds_when_submits_race``);
 * one tenant spends the core's daily budget: the others keep theirs
-  (``test_the_core_budget_is_kept_per_tenant``).
+  (``test_the_core_budget_is_kept_per_tenant``);
+* an operator sets a bound to 0: it is off, for every bound — 0 never means "refuse
+  everything" (``test_every_bound_at_0_is_off``; the budget still counts,
+  ``test_a_budget_of_0_still_counts_the_runs``).
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ from django.test.client import BOUNDARY, MULTIPART_CONTENT, encode_multipart
 from django.utils import timezone
 
 from accounts.services import api_token_create
+from config.checks import BOUNDS
 from pipeline.exceptions import TooManyInquiries
 from pipeline.models import Anfrage
 from runs import processing
 from runs.credits import credit_grant
 from runs.exceptions import QueueFull
 from runs.models import AnalysisJob, CoreDailyUsage
-from tests.conftest import run_concurrently
+from tests.conftest import ROOT, run_concurrently
 from tests.factories import TenantFactory, UserFactory
 from tests.pipeline.conftest import ITEMS_TXT, submit
 from tests.runs.factories import DOC_HTML, SOURCES
@@ -163,3 +167,75 @@ def test_the_core_budget_is_kept_per_tenant(settings, tenant):
         ("acme", 2),
         ("globex", 1),
     ]
+
+
+def three_failures_then_the_right_token(tenant) -> list[int]:
+    _, token = funded("tess", tenant)
+    client = Client(REMOTE_ADDR="203.0.113.9")
+    wrong = [client.get("/api/anfragen", HTTP_AUTHORIZATION="Bearer pgs_guess") for _ in range(3)]
+    right = client.get("/api/anfragen", HTTP_AUTHORIZATION=f"Bearer {token}")
+    return [r.status_code for r in [*wrong, right]]
+
+
+def three_wrong_passwords_then_the_right_one(tenant) -> list[int]:
+    user = UserFactory(username="lena", tenant=tenant)
+    user.set_password("right")
+    user.save()
+    client = Client(REMOTE_ADDR="198.51.100.9")
+    login = "/accounts/login/"
+    wrong = [client.post(login, {"username": "lena", "password": "no"}) for _ in range(3)]
+    right = client.post(login, {"username": "lena", "password": "right"})
+    return [r.status_code for r in [*wrong, right]]
+
+
+def three_admissions(tenant) -> list[int]:
+    _, token = funded("adam", tenant)
+    return [admit(token).status_code for _ in range(3)]
+
+
+def three_inquiries(tenant) -> list[int]:
+    _, token = funded("ida", tenant)
+    return [upload(token).status_code for _ in range(3)]
+
+
+#: Every bound of docs/security.md, set to 0, and three calls that a bound of 1 would
+#: refuse from the second on (as the tests above show with their bounds): 0 turns each
+#: one off.
+ZERO_IS_OFF = [
+    ("AUTH_FAILURE_LIMIT", three_failures_then_the_right_token, [401, 401, 401, 200]),
+    ("AUTH_FAILURE_WINDOW_SECONDS", three_failures_then_the_right_token, [401, 401, 401, 200]),
+    ("AUTH_FAILURE_LIMIT", three_wrong_passwords_then_the_right_one, [200, 200, 200, 302]),
+    ("AUTH_FAILURE_WINDOW_SECONDS", three_wrong_passwords_then_the_right_one, [200, 200, 200, 302]),
+    ("CORE_DAILY_BUDGET", three_admissions, [201, 201, 201]),
+    ("MAX_QUEUED_ANALYSES_PER_USER", three_admissions, [201, 201, 201]),
+    ("MAX_INQUIRIES_PER_TENANT_PER_HOUR", three_inquiries, [201, 201, 201]),
+]
+
+
+def test_the_table_holds_every_bound_and_docs_security_names_each():
+    documented = (ROOT / "docs" / "security.md").read_text()
+
+    assert {setting for setting, _, _ in ZERO_IS_OFF} == set(BOUNDS)
+    assert [bound for bound in BOUNDS if f"`{bound}`" not in documented] == []
+
+
+@pytest.mark.parametrize(
+    ("setting", "calls", "statuses"),
+    ZERO_IS_OFF,
+    ids=[f"{setting}-{calls.__name__}" for setting, calls, _ in ZERO_IS_OFF],
+)
+def test_every_bound_at_0_is_off(settings, tenant, setting, calls, statuses):
+    # The bound under test is 0; the others are wide enough not to be the one to refuse.
+    for bound, _, _ in ZERO_IS_OFF:
+        setattr(settings, bound, 1000)
+    setattr(settings, setting, 0)
+
+    assert calls(tenant) == statuses
+
+
+def test_a_budget_of_0_still_counts_the_runs(settings, tenant):
+    settings.CORE_DAILY_BUDGET = 0
+    _, token = funded("cora", tenant)
+
+    assert [admit(token).status_code for _ in range(2)] == [201, 201]
+    assert CoreDailyUsage.objects.get(tenant=tenant).used == 2

@@ -11,11 +11,17 @@ Fault model:
   (``test_an_inquirys_positions_come_a_page_at_a_time``,
   ``test_a_jobs_verdicts_come_a_page_at_a_time``);
 * a cursor handed to another tenant's user reads only their own rows
-  (``test_a_cursor_reads_only_the_callers_rows``).
+  (``test_a_cursor_reads_only_the_callers_rows``);
+* a forged cursor — a value of another type (float, bool, null, list), out of range
+  (2**63, -1, 0), or not in the form the API writes (a NUL, another date or UUID
+  spelling): 400 ``invalid_cursor`` on every list, never a 500 and never rows
+  (``test_every_list_answers_400_to_a_forged_cursor``).
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 
 import pytest
@@ -135,3 +141,65 @@ def test_a_cursor_reads_only_the_callers_rows(user):
         [theirs.id] if theirs.id < first.json()[0]["id"] else []
     )
     assert Anfrage.objects.count() == 4
+
+
+def cursor_of(values: list) -> str:
+    return base64.urlsafe_b64encode(json.dumps(values).encode()).decode().rstrip("=")
+
+
+UUID_TEXT = "0b9e6d0e-6f0a-4c8e-9d0e-1b2c3d4e5f60"
+DATE = "2026-01-01T00:00:00+00:00"
+#: Forged values for a list ordered by (created_at, id) — id an integer or a UUID —
+#: each of a wrong type, out of range or not in the form the API writes.
+FORGED_PAIRS = [
+    [DATE, 1.5],
+    [DATE, True],
+    [DATE, 2**63],
+    [DATE, -1],
+    [DATE, 0],
+    [DATE, None],
+    [DATE, [1]],
+    [DATE, {"a": 1}],
+    [DATE, "1"],
+    [DATE, UUID_TEXT.upper()],
+    [DATE, "{" + UUID_TEXT + "}"],
+    [DATE, UUID_TEXT + "\x00"],
+    ["2026-01-01T00:00:00\x00+00:00", 1],
+    ["2026-01-01\x0000:00:00+00:00", 1],
+    ["2026-01-01 00:00:00+00:00", 1],
+    ["2026-01-01T00:00:00Z", 1],
+    ["2026-01-01T00:00:00", 1],
+    ["0001-01-01T00:00:00-23:59", 1],
+    [1.5, 1],
+    [True, 1],
+    [None, None],
+]
+#: Forged values for a list ordered by one integer column.
+FORGED_SINGLES = [[1.5], [True], [2**63], [-1], [0], ["1"], [None], [[1]], ["\x00"], [1e308]]
+
+
+def forged_cases():
+    pairs = ["/api/anfragen", "/api/analysis-jobs", "/api/analysis-runs"]
+    singles = [
+        "/api/anfragen/{anfrage}/positions",
+        "/api/anfragen/{anfrage}/warnings",
+        "/api/analysis-jobs/{job}/verdicts",
+    ]
+    for path in pairs:
+        for values in FORGED_PAIRS:
+            yield pytest.param(path, values, id=f"{path}-{values!r}")
+    for path in singles:
+        for values in FORGED_SINGLES:
+            yield pytest.param(path, values, id=f"{path}-{values!r}")
+
+
+@pytest.mark.parametrize(("path", "values"), list(forged_cases()))
+def test_every_list_answers_400_to_a_forged_cursor(user, path, values):
+    anfrage = submit(user.tenant, {"f.txt": "1 pcs beam\n"})
+    job = analysis_job_admit(user=user, title="T", doc_html=DOC_HTML, sources=SOURCES)
+    url = path.format(anfrage=anfrage.id, job=job.id)
+
+    response = Client().get(f"{url}?cursor={cursor_of(values)}", headers=auth_header(user))
+
+    assert response.status_code == 400, response.content
+    assert response.json()["error"] == "invalid_cursor"

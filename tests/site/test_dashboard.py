@@ -7,6 +7,7 @@ import re
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
 
 from pipeline.models import Anfrage
 from runs.admission import analysis_job_admit
@@ -270,3 +271,34 @@ def test_upload_form_refuses_bad_files_and_writes_nothing(client, alice):
     assert 400 <= response.status_code < 500
     assert 'id="upload-errors"' in response.content.decode()
     assert not Anfrage.objects.exists()
+
+
+#: What a strict Content-Security-Policy refuses to run or apply: inline scripts, inline
+#: style elements and attributes, inline event handlers.
+INLINE = re.compile(r"<script(?![^>]*\bsrc=)[^>]*>|<style\b|\sstyle=|\son[a-z]+=", re.I)
+
+
+def test_every_page_carries_the_policy_and_nothing_inline(client, alice, tenant, admin_client):
+    job = admit(alice, "T")
+    anfrage = inquiry(tenant, "Beams")
+    client.force_login(alice)
+    pages = [
+        (client, "/dashboard/"),
+        (client, f"/dashboard/inquiries/{anfrage.pk}"),
+        (client, f"/dashboard/analyses/{job.pk}"),
+        (admin_client, "/admin/"),
+        (admin_client, "/admin/runs/analysisjob/"),
+        (admin_client, "/admin/pipeline/pipelinerun/"),
+        (admin_client, "/admin/accounts/user/"),
+    ]
+    anonymous = Client()
+    pages.append((anonymous, "/accounts/login/"))
+    pages.append((anonymous, "/admin/login/"))
+
+    for who, url in pages:
+        response = who.get(url)
+        assert response.status_code == 200, url
+        policy = response["Content-Security-Policy"]
+        assert "script-src 'self'" in policy and "style-src 'self'" in policy, url
+        assert "'unsafe-inline'" not in policy
+        assert INLINE.findall(response.content.decode()) == [], url

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from accounts.validation import TENANT_SLUG_MAX, text_argument
+from accounts.validation import TENANT_SLUG_MAX, read_bounded, text_argument
 from pipeline.exceptions import PipelineError
-from pipeline.limits import MAX_FILE_BYTES, MAX_FILES
+from pipeline.limits import MAX_FILE_BYTES, MAX_FILES, MAX_TITLE
 from pipeline.selectors import tenant_by_slug
 from pipeline.submit import Upload, anfrage_submit
 from queueing.display import format_table
@@ -28,7 +28,12 @@ class Command(BaseCommand):
             type=text_argument(max_length=TENANT_SLUG_MAX),
             help="tenant slug",
         )
-        parser.add_argument("--title", default="", help="title (default: the first file name)")
+        parser.add_argument(
+            "--title",
+            default="",
+            type=text_argument(max_length=MAX_TITLE),
+            help="title (default: the first file name)",
+        )
         parser.add_argument("files", nargs="+", metavar="FILE")
 
     def handle(self, *args, tenant: str, title: str, files: list[str], **options):
@@ -42,18 +47,13 @@ class Command(BaseCommand):
             )
         uploads = []
         for name in files:
-            path = Path(name)
             try:
-                # Checked before reading: an oversized file is never read into memory.
-                size = path.stat().st_size
-                if size > MAX_FILE_BYTES:
-                    raise CommandError(
-                        f"{name} has {size} bytes; at most {MAX_FILE_BYTES} per file; "
-                        "nothing was created"
-                    )
-                uploads.append(Upload(filename=path.name, data=path.read_bytes()))
+                data = read_bounded(name, max_bytes=MAX_FILE_BYTES)
+            except ValueError as exc:
+                raise CommandError(f"{exc}; nothing was created") from exc
             except OSError as exc:
                 raise CommandError(f"cannot read {name}: {exc.strerror}; check the path") from exc
+            uploads.append(Upload(filename=Path(name).name, data=data))
         try:
             anfrage = anfrage_submit(
                 tenant=tenant_row, uploads=uploads, title=title, actor="command:submit_anfrage"

@@ -14,12 +14,14 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from accounts.models import User
+from accounts.validation import USERNAME_MAX, int_argument, text_argument
 from queueing.display import format_table, progress
 from runs.exceptions import RunsError
 from runs.operations import RetryOutcome, analysis_job_retry
 from runs.selectors import retryable_failed_jobs
 
 ACTOR = "command:replay_failed_analyses"
+MAX_LIMIT = 100_000
 _AGO = re.compile(r"^(?P<n>\d{1,6})(?P<unit>[mhd])$")
 _UNITS = {"m": "minutes", "h": "hours", "d": "days"}
 
@@ -28,7 +30,10 @@ def parse_since(value: str, *, now: datetime.datetime) -> datetime.datetime:
     """``2h``/``30m``/``7d`` ago, an ISO date (midnight UTC) or an ISO date and time."""
     text = value.strip()
     if match := _AGO.match(text):
-        return now - datetime.timedelta(**{_UNITS[match["unit"]]: int(match["n"])})
+        try:
+            return now - datetime.timedelta(**{_UNITS[match["unit"]]: int(match["n"])})
+        except OverflowError:
+            raise CommandError(f"--since {value!r}: reaches before the year 1") from None
     try:
         moment = parse_datetime(text)
         day = None if moment else parse_date(text)
@@ -50,14 +55,16 @@ class Command(BaseCommand):
     help = "Retry the failed analyses (optionally of --user, ended --since), with a progress bar."
 
     def add_arguments(self, parser):
-        parser.add_argument("--user", help="only this username")
+        parser.add_argument(
+            "--user", type=text_argument(max_length=USERNAME_MAX), help="only this username"
+        )
         parser.add_argument("--since", help="only jobs that ended since: 2h, 7d, 2025-01-31…")
         parser.add_argument("--dry-run", action="store_true", help="list them, change nothing")
-        parser.add_argument("--limit", type=int, default=10_000, help="at most N jobs")
+        parser.add_argument(
+            "--limit", type=int_argument(maximum=MAX_LIMIT), default=10_000, help="at most N jobs"
+        )
 
     def handle(self, *args, user, since, dry_run: bool, limit: int, **options):
-        if limit < 1:
-            raise CommandError("--limit must be at least 1.")
         user_id = None
         if user is not None:
             user_id = User.objects.filter(username=user).values_list("pk", flat=True).first()
