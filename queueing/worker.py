@@ -431,7 +431,7 @@ class PgstageWorker(procrastinate_worker.Worker):
 
         async def sweep_all() -> None:
             for sweep in inline:
-                await self._in_maintenance_thread(sweeps.run_sweep_exclusively, sweep.name)
+                await self._in_maintenance_thread(sweeps.run_sweep, sweep.name)
 
         if not inline:
             await asyncio.Event().wait()  # nothing to run; a side task must not end

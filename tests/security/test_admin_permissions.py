@@ -107,7 +107,7 @@ ACTIONS = [
         "todo_job",
     ),
 ]
-SWEEP_ACTIONS = ["run", "dry_run", "enqueue"]
+SWEEP_ACTIONS = ["run", "dry_run"]
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from django.db import connection, transaction
 import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
 from queueing.checks import check_database
 from queueing.enqueue import Policy, enqueue
-from queueing.sweeps import run_sweep_exclusively
+from queueing.sweeps import run_sweep
 from tests.conftest import jobs, make_doing, recovery_ran, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -45,7 +45,7 @@ def _sweep_after_outage(*, worker_id: int, heartbeat_age: float, outage: float) 
                 [heartbeat_age, worker_id],
             )
             recovery_ran(last_run_ago=outage + 1, resumed_ago=3600)
-            if run_sweep_exclusively("stalled_jobs") is not None:
+            if run_sweep("stalled_jobs") is not None:
                 return
         # The worker's own maintenance loop held the try-lock: try again.
 
