@@ -22,8 +22,10 @@ Why it is built the way it is:
   workers' maintenance loop, ``manage.py sweep``, the admin or an operator's retry all go
   through one clock and try-lock (``queueing.sweeps.watch``): after a PostgreSQL restart,
   a crash restart or a failover (which do not all move ``pg_postmaster_start_time()``),
-  every heartbeat is old, yet the workers are alive and beat again within a second. A
-  worker that stays silent after recovery resumes is recovered one threshold later.
+  every heartbeat is old, yet the workers are alive and beat again within one heartbeat
+  interval of the database's return (``queueing.worker``: the heartbeat has a connection
+  of its own). A worker that stays silent for a whole threshold after recovery resumed
+  (at least two heartbeats, ``queueing.W001``) is dead, and is recovered then.
 * procrastinate issues 1446/1543: a stalled job whose queueing lock a fresh ``todo`` job
   now holds cannot go back to ``todo`` (unique violation). The fresh job will do the same
   work, so the stalled one ends ``failed`` ("superseded"), in its own savepoint.

@@ -59,6 +59,7 @@ from queueing.app import periodic, task
 from queueing.enqueue import Enqueued, Policy, enqueue
 from queueing.exceptions import UnknownSweep
 from queueing.keys import KeyFormat
+from queueing.outage import beat_resume_seconds
 from queueing.sql import queries
 
 logger = logging.getLogger(__name__)
@@ -145,14 +146,19 @@ class Sweep:
     @property
     def resume_gap_seconds(self) -> float:
         """An inline sweep *resumes* (``Watch.resumed_at``) when its previous run is
-        older than this: the grace less one and a half heartbeats. A live worker's last
-        beat is at most one heartbeat (and a late beat's half) older than the moment the
-        database (or every worker) went away, so an unwatched gap any shorter, plus that,
-        stays within the grace: no live worker is ever taken for dead across a gap. System
+        older than this: the grace less one and a half heartbeats, less the liveness
+        bound. A live worker's last beat is at most one heartbeat (and a late beat's half)
+        older than the moment the database (or every worker) went away, and its next beat
+        lands at most ``beat_resume_seconds`` after the database is back; so an unwatched
+        gap any shorter, plus both, stays within the grace: no live worker is ever taken
+        for dead across a gap. After a longer one, silence counts from the resumption, and
+        the grace (at least two heartbeats, ``queueing.W001``) covers the bound. System
         check ``queueing.E003`` keeps the period at most half of it, so runs that follow
         each other (a slow run included) never count as a gap."""
-        beat = float(getattr(settings, "QUEUEING_HEARTBEAT_SECONDS", 10))
-        return self.grace_seconds - 1.5 * beat
+        return resume_gap_seconds(
+            grace=self.grace_seconds,
+            heartbeat=float(getattr(settings, "QUEUEING_HEARTBEAT_SECONDS", 10)),
+        )
 
     @property
     def task_name(self) -> str:
@@ -176,6 +182,11 @@ class Sweep:
             dry_run=dry_run,
             watch=watch,
         )
+
+
+def resume_gap_seconds(*, grace: float, heartbeat: float) -> float:
+    """See :attr:`Sweep.resume_gap_seconds` (and system check ``queueing.E003``)."""
+    return grace - 1.5 * heartbeat - beat_resume_seconds(heartbeat)
 
 
 _registry: dict[str, Sweep] = {}
@@ -217,8 +228,9 @@ def declare_sweep(
         _registry[name] = sweep
 
         if inline:
-            # Not periodic: workers run it in their maintenance loop. The task lets an
-            # operator ask any worker for one run now (the admin's "queue for a worker").
+            # Not periodic: workers run it in their maintenance loop. The task lets
+            # code ask any worker for one run now (request_sweep), through run_sweep's
+            # try-lock and clock like every other run.
             @task(name=sweep.tick_name, queue=SWEEP_QUEUE, retry=False, cancellable=True)
             def inline_tick(timestamp: int = 0) -> dict[str, Any] | None:
                 result = run_sweep(name)

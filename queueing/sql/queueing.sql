@@ -270,7 +270,7 @@ RETURNING task_name, args;
 
 -- inline_sweep_clock --
 -- Under an inline sweep's try-lock: record this run; when the previous one was longer ago
--- than %(gap)s seconds (the grace less one and a half heartbeats: the database, or every
+-- than %(gap)s seconds (Sweep.resume_gap_seconds: the database, or every
 -- worker, was away), record that the sweep resumed now. Returns when it last resumed,
 -- whether that is now, and how long ago the previous run was (NULL for the first run).
 WITH previous AS (

@@ -125,7 +125,7 @@ def test_sigkilled_workers_job_is_recovered_and_completes_once(effects, task_wor
 FAST_BEATS = {
     "WORKER_HEARTBEAT_SECONDS": "0.5",
     "STALLED_WORKER_SECONDS": "3",
-    "STALLED_RECOVERY_SECONDS": "1",
+    "STALLED_RECOVERY_SECONDS": "0.8",
 }
 
 
@@ -319,7 +319,7 @@ def test_recovery_runs_beside_a_backlog_not_behind_it(effects, task_worker):
     recovery_ran(last_run_ago=0, resumed_ago=3600)
     for i in range(40):
         enqueue("tests.sleep", args={"label": f"backlog-{i}", "seconds": 0.4})
-    worker = task_worker(env={**FAST_BEATS, "STALLED_RECOVERY_SECONDS": "1"})
+    worker = task_worker(env={**FAST_BEATS, "STALLED_RECOVERY_SECONDS": "0.8"})
     wait_for(
         lambda: jobs(id=stalled.job_id)[0]["status"] != "doing",
         timeout=60,
