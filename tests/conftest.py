@@ -212,7 +212,7 @@ def jobs(**filters) -> list[dict]:
     return rows
 
 
-def make_doing(job_id: int, *, attempts: int = 0, heartbeat_age_s: int = 120) -> int:
+def make_doing(job_id: int, *, attempts: int = 0, heartbeat_age_s: float = 120) -> int:
     """A job claimed by a worker whose heartbeat is ``heartbeat_age_s`` old, while stalled
     recovery was running all along (its clock: a run just now, no gap for an hour); a test
     of a gap moves the clock after this (:func:`recovery_ran`)."""

@@ -14,7 +14,9 @@ A job runs, and
 - the server restarts (every heartbeat is old, the workers alive): acceptance,
   test_a_database_restart_loses_and_repeats_nothing; a crash restart or failover, which
   does not move the server's start time, and any other gap in recovery:
-  test_after_a_gap_recovery_waits_one_threshold_before_it_takes_anything
+  test_after_a_gap_recovery_waits_one_threshold_before_it_takes_anything; a gap just
+  short of a resumption, when the live worker's first beat after it is still due:
+  test_a_gap_too_short_to_resume_still_leaves_room_for_the_first_beat_after_it
 Recovery requeues it, and
 - a fresh job holds its queueing lock (1446/1543):
   test_fresh_job_holding_the_queueing_lock_supersedes_the_stalled_one
@@ -163,6 +165,33 @@ def test_after_a_gap_recovery_waits_one_threshold_before_it_takes_anything(clean
         cursor.execute("UPDATE pgstage_inline_sweeps SET resumed_at = resumed_at - interval '60 s'")
     assert tick()["changed"] == 1
     assert jobs()[0]["status"] == "todo"
+
+
+def test_a_gap_too_short_to_resume_still_leaves_room_for_the_first_beat_after_it(
+    clean_queue, settings
+):
+    """Beat every 10 s, dead after 30 s. The worker's last beat was 15 s (a late one's
+    1.5 heartbeats) before a 14.3 s gap; its first beat after the database's return is
+    due within the liveness bound (1 s). Recovery runs 0.2 s and 0.9 s after the return:
+    neither may take the job (before, a gap under 15 s was no resumption, and the second
+    run counted 30.2 s of silence)."""
+    settings.QUEUEING_STALLED_WORKER_SECONDS = 30
+    settings.QUEUEING_HEARTBEAT_SECONDS = 10
+    job = enqueue("tests.record", args={"label": "x"})
+    make_doing(job.job_id, heartbeat_age_s=15 + 14.3 + 0.2)
+    recovery_ran(last_run_ago=14.3 + 0.2, resumed_ago=3600)
+    assert run_sweep("stalled_jobs").selected == 0
+
+    with connection.cursor() as cursor:  # 0.7 s later: the beat is still due
+        cursor.execute(
+            "UPDATE procrastinate_workers SET last_heartbeat = last_heartbeat - interval '0.7 s'"
+        )
+        cursor.execute(
+            "UPDATE pgstage_inline_sweeps SET last_run = last_run - interval '0.7 s', "
+            "resumed_at = resumed_at - interval '0.7 s'"
+        )
+    assert run_sweep("stalled_jobs").selected == 0
+    assert jobs()[0]["status"] == "doing"
 
 
 def test_a_dead_recovery_job_never_wedges_recovery(continuous_recovery):
