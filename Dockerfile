@@ -39,4 +39,4 @@ USER pgstage
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=20s \
     CMD python -c "import os, urllib.request; urllib.request.urlopen(f'http://127.0.0.1:{os.environ.get(\"PORT\", \"8000\")}/healthz', timeout=4)"
-CMD ["python", "-m", "gunicorn", "-c", "python:config.gunicorn", "config.wsgi"]
+CMD ["python", "-m", "gunicorn", "-c", "python:queueing.gunicorn", "config.wsgi"]

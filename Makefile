@@ -9,7 +9,7 @@ PYTEST_WORKERS ?= 2
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install test test-fast e2e screenshots lint format demo worker run shell migrate stop-db bench clean
+.PHONY: install test test-fast nemesis e2e screenshots lint format demo worker run shell migrate stop-db bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,18 @@ test: install
 ## Everything but the slow fault-injection tests.
 test-fast: install
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow and not e2e"
+
+## The nemesis (tests/nemesis): random faults drawn from a seed against real workers, a
+## recorded history and a checker. `make nemesis SEED=… SECONDS=…` replays a seed (the
+## command a failing run prints adds KINDS=…, SCALE=…, NEW_TASK=1); without SEED, a new
+## one. Fault durations are the full ranges (SCALE=1); the history's path is printed.
+SECONDS ?= 600
+SCALE ?= 1
+KINDS ?=
+NEW_TASK ?=
+nemesis: install
+	$(BIN)/python -m tests.nemesis.runner $(if $(SEED),--seed $(SEED)) --seconds $(SECONDS) \
+		--scale $(SCALE) $(if $(KINDS),--kinds $(KINDS)) $(if $(NEW_TASK),--new-task)
 
 ## Browser tests: Playwright drives Debian's Chromium, installed here when missing
 ## (needs root, as on CI); screenshots land in test-output/.

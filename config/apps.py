@@ -4,7 +4,7 @@ from django.apps import AppConfig
 
 
 class SiteConfig(AppConfig):
-    """The project itself: the demo and run commands, dashboard and metrics wiring."""
+    """The reference site itself: the demo command, the dashboard and its metrics."""
 
     name = "config"
     label = "site"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
@@ -87,11 +88,13 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # Outermost: every error answer under /api/ leaves in the API's error shape.
+    # Outermost: every request's latency and final status, for /metrics.
+    "queueing.middleware.RequestMetricsMiddleware",
+    # Every error answer under /api/ leaves in the API's error shape.
     "config.api.api_error_middleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "config.middleware.DatabaseUnavailableMiddleware",
+    "queueing.middleware.DatabaseUnavailableMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -131,12 +134,43 @@ def _database_url() -> str:
     return url
 
 
-DATABASES = {"default": env.db_url_config(_database_url())}
+def database_config(url: str) -> dict:
+    """``settings.DATABASES["default"]`` for ``url``, as django-environ parses it; except
+    that for a URL that lists several servers (``postgresql://u@h1:5432,h2:5432/db``:
+    libpq tries them in turn and takes the first that accepts writes) ``HOST`` and
+    ``PORT`` are libpq's own lists — django-environ gives every host the one port when only
+    some hosts name one, and keeps an IPv6 address's brackets, which libpq's host list
+    refuses — and ``target_session_attrs`` is ``read-write`` unless the URL says
+    otherwise. Django's connections, the worker's pool and its LISTEN connection all take
+    these parameters (``procrastinate.contrib.django.utils.connector_params``)."""
+    config = env.db_url_config(url)
+    servers = urlsplit(url).netloc.rpartition("@")[2]
+    if "," in servers:
+        from psycopg import ProgrammingError
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:  # the servers alone: no password, and query options are django-environ's
+            params = conninfo_to_dict(f"postgresql://{servers}/")
+        except ProgrammingError as exc:
+            raise ImproperlyConfigured(f"DATABASE_URL's servers {servers!r}: {exc}") from None
+        ports = params.get("port", "")
+        if not all(p == "" or (p.isdigit() and 0 < int(p) < 65536) for p in ports.split(",")):
+            raise ImproperlyConfigured(
+                f"DATABASE_URL's servers {servers!r}: a port is not a number from 1 to 65535"
+            )
+        config["HOST"] = params.get("host", "")
+        config["PORT"] = ports
+        # Every pgstage process writes: without it, libpq would settle for a standby.
+        config.setdefault("OPTIONS", {}).setdefault("target_session_attrs", "read-write")
+    return config
+
+
+DATABASES = {"default": database_config(_database_url())}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {})
 # Fail fast on a server that does not answer (a web request gets a 503, see
-# config.middleware, instead of holding a thread for the kernel's TCP timeout), and notice
+# queueing.middleware, instead of holding a thread for the kernel's TCP timeout), and notice
 # a dead peer within a minute instead of when the operating system's TCP timeout fires
 # (hours): a worker thread blocked on a vanished server would hold up the worker's drain.
 DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", env("DATABASE_CONNECT_TIMEOUT"))
@@ -214,6 +248,8 @@ PIPELINE_LEASE_SECONDS = env("PIPELINE_LEASE_SECONDS")
 PIPELINE_RESUME_GRACE_SECONDS = env("PIPELINE_RESUME_GRACE_SECONDS")
 PIPELINE_MAX_RESUMES = env("PIPELINE_MAX_RESUMES")
 METRICS_TOKEN = env("METRICS_TOKEN")
+# The site's own families on /metrics, beside the framework's (queueing.metrics).
+QUEUEING_METRICS_SOURCES = ["config.metrics.SiteMetrics"]
 CORE_AVAILABLE = env("CORE_AVAILABLE")
 CORE_DAILY_BUDGET = env("CORE_DAILY_BUDGET")
 # Resource bounds (429 beyond them): a user's analyses waiting or running, a tenant's
@@ -266,7 +302,7 @@ PROCRASTINATE_ON_APP_READY = "queueing.worker.install"
 # Logs: plain lines, or one JSON object per line with LOG_FORMAT=json (queueing.logs).
 # procrastinate's worker logger feeds the job lines (start, success, retry, failure, with
 # job id, task, key, tenant and duration) and records which worker runs in this process
-# for manage.py worker_health (config.worker_state).
+# for manage.py worker_health (queueing.worker_state).
 LOG_FORMAT = env.str("LOG_FORMAT", default="plain").strip().lower()
 if LOG_FORMAT not in ("plain", "json"):
     raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: use 'plain' or 'json'")
@@ -301,7 +337,7 @@ LOGGING = {
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT},
         "jobs": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["jobs"]},
-        "worker_state": {"()": "config.worker_state.WorkerStateHandler"},
+        "worker_state": {"()": "queueing.worker_state.WorkerStateHandler"},
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {

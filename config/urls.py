@@ -18,8 +18,8 @@ from config.dashboard import (
     inquiry_detail_view,
     inquiry_submit_view,
 )
-from config.health import healthz_view, readyz_view
-from config.metrics import metrics_view
+from queueing.health import healthz_view, readyz_view
+from queueing.metrics import metrics_view
 
 register_routers()
 admin.site.site_header = admin.site.site_title = "pgstage admin"

@@ -2,21 +2,27 @@
 
 Pipeline rows are written by the stages only, so they are read-only here; the replay
 actions call the same service as ``manage.py replay_stage`` and need the change
-permission on stage runs. A stage the resume sweep gave up on shows as ``failed (gave
-up)`` (filter runs by *resume sweep*); replaying it gives it a fresh resume budget.
-Catalogs are the tenants'
-configuration and stay editable. Inquiries and runs link procrastinate's jobs of their
-stage keys (``stage:tenant:anfrage``).
+permission on stage runs. The forced replay first shows a confirmation page with what it
+will reset, and reports how many stages it reset; refusals say which action lifts them.
+A stage a replay reset or queued shows as ``waiting (replay)``; one the resume sweep gave
+up on as ``failed (gave up)`` (filter runs by *resume sweep*), and replaying it gives it
+a fresh resume budget. Catalogs are the tenants' configuration and stay editable.
+Inquiries and runs link procrastinate's jobs of their stage keys (``stage:tenant:anfrage``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.db.models import Prefetch
+from django.template.response import TemplateResponse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
-from pipeline.exceptions import PipelineError
+from pipeline.exceptions import PipelineError, ReplayRefused
 from pipeline.models import (
     Anfrage,
     AnfrageFile,
@@ -35,6 +41,8 @@ from queueing.admin import ReadOnlyModelAdmin, jobs_link
 
 #: How many refusal reasons one message lists (the rest are counted).
 MAX_REASONS = 5
+#: How much of a run's error the runs list shows (the rest is in the tooltip).
+ERROR_CHARS = 40
 
 
 def _short(text: str, chars: int = 80) -> str:
@@ -47,7 +55,7 @@ POSITION_FIELDS = [
     "quantity",
     "unit",
     "item",
-    "material",
+    "material_shown",
     "length_mm",
     "feasible",
     "reason",
@@ -126,11 +134,66 @@ class AnfrageAdmin(ReadOnlyModelAdmin):
         )
 
 
+#: What lifts a refusal, in the admin's terms (``ReplayRefused.remedy``).
+REMEDIES = {
+    "force": " (use “Force replay stage and the stages after it”)",
+    "cascade": " (use “Force replay stage and the stages after it”)",
+}
+
+
+def _refusal(exc: PipelineError) -> str:
+    remedy = exc.remedy if isinstance(exc, ReplayRefused) else ""
+    return f"{exc.detail}{REMEDIES.get(remedy, '')}"
+
+
+def _replay_targets(queryset, *, cascade: bool) -> list[PipelineRun]:
+    """The selected runs in inquiry and stage order; with ``cascade``, one per inquiry
+    (its earliest selected stage: the replay covers the stages after it)."""
+    runs = sorted(queryset, key=lambda r: (r.anfrage_id, Stage.values.index(r.stage)))
+    if not cascade:
+        return runs
+    first: dict[int, PipelineRun] = {}
+    for run in runs:
+        first.setdefault(run.anfrage_id, run)
+    return list(first.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedReplay:
+    """One row of the confirmation page: what a replay would reset, or why it is refused."""
+
+    run: PipelineRun
+    resets: tuple[str, ...] = ()
+    refused: str = ""
+
+
+def _plan(targets: list[PipelineRun], *, force: bool, cascade: bool) -> list[PlannedReplay]:
+    plans = []
+    for run in targets:
+        try:
+            result = pipeline_stage_replay(
+                tenant_id=run.tenant_id,
+                anfrage_id=run.anfrage_id,
+                stage=run.stage,
+                force=force,
+                cascade=cascade,
+                dry_run=True,
+                actor="admin:plan",
+            )
+        except PipelineError as exc:
+            plans.append(PlannedReplay(run=run, refused=_refusal(exc)))
+        else:
+            plans.append(PlannedReplay(run=run, resets=result.reopened))
+    return plans
+
+
 def _replay(modeladmin, request, queryset, *, force: bool, cascade: bool) -> None:
     actor = f"admin:{request.user.get_username()}"
-    enqueued = waiting = 0
+    queued: list[str] = []
+    waiting: list[str] = []
+    reset = 0
     refused: list[str] = []
-    for run in queryset.order_by("anfrage_id", "id"):
+    for run in _replay_targets(queryset, cascade=cascade):
         try:
             result = pipeline_stage_replay(
                 tenant_id=run.tenant_id,
@@ -141,28 +204,33 @@ def _replay(modeladmin, request, queryset, *, force: bool, cascade: bool) -> Non
                 actor=actor,
             )
         except PipelineError as exc:
-            refused.append(f"#{run.anfrage_id} {run.stage}: {exc.detail}")
+            refused.append(f"#{run.anfrage_id} {run.stage}: {_refusal(exc)}")
             continue
-        if result.enqueued:
-            enqueued += 1
-        else:
-            waiting += 1
-    if enqueued:
+        reset += len(result.reopened)
+        what = f"#{run.anfrage_id} {run.stage}" + (
+            f" (reset {', '.join(result.reopened)})" if result.reopened else ""
+        )
+        (queued if result.enqueued else waiting).append(what)
+    if queued:
         modeladmin.message_user(
-            request, f"{enqueued} stage(s) queued for replay (one job each).", messages.SUCCESS
+            request,
+            f"{len(queued)} replay(s) queued, {reset} stage(s) reset to run again: "
+            + "; ".join(queued),
+            messages.SUCCESS,
         )
     if waiting:
         modeladmin.message_user(
             request,
-            f"{waiting} stage(s) already had a job waiting or running; no second job was "
-            "queued (the replay is audited and reopened what had succeeded).",
+            f"{len(waiting)} replay(s) found a job of the stage waiting or running; no second "
+            "job was queued (the replay is audited and reset what had succeeded): "
+            + "; ".join(waiting),
             messages.INFO,
         )
     if refused:
         more = len(refused) - MAX_REASONS
         modeladmin.message_user(
             request,
-            f"{len(refused)} stage(s) refused: "
+            f"{len(refused)} replay(s) refused: "
             + "; ".join(refused[:MAX_REASONS])
             + (f"; and {more} more" if more > 0 else ""),
             messages.WARNING,
@@ -175,8 +243,23 @@ def replay_stage(modeladmin, request, queryset) -> None:
 
 
 @admin.action(description="Force replay stage and the stages after it", permissions=["operate"])
-def force_replay_cascade(modeladmin, request, queryset) -> None:
-    _replay(modeladmin, request, queryset, force=True, cascade=True)
+def force_replay_cascade(modeladmin, request, queryset) -> TemplateResponse | None:
+    """First a confirmation page that lists, per inquiry, the stages the replay resets
+    (from a dry run) and the refusals; the replay runs when the operator confirms."""
+    if request.POST.get("confirmed") == "yes":
+        _replay(modeladmin, request, queryset, force=True, cascade=True)
+        return None
+    targets = _replay_targets(queryset, cascade=True)
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": "Force replay: confirm what is reset",
+        "opts": modeladmin.model._meta,
+        "plans": _plan(targets, force=True, cascade=True),
+        "selected": [run.pk for run in queryset],
+        "action": "force_replay_cascade",
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+    }
+    return TemplateResponse(request, "admin/pipeline/pipelinerun/replay_confirmation.html", context)
 
 
 class ResumeSweepFilter(admin.SimpleListFilter):
@@ -196,16 +279,17 @@ class ResumeSweepFilter(admin.SimpleListFilter):
 
 @admin.register(PipelineRun)
 class PipelineRunAdmin(ReadOnlyModelAdmin):
+    # Narrow columns, so the list fits a 1400 px window beside its filters: the inquiry
+    # by number (its title in the tooltip), attempts and resumes in one column, the last
+    # time the run moved, and the error cut short (whole in the tooltip and on its page).
     list_display = [
         "id",
-        "anfrage",
+        "inquiry",
         "tenant",
         "stage",
         "display_status",
-        "attempts",
-        "resumes",
-        "started_at",
-        "finished_at",
+        "tries",
+        "last_moved",
         "short_error",
         "jobs",
     ]
@@ -219,9 +303,22 @@ class PipelineRunAdmin(ReadOnlyModelAdmin):
     def display_status(self, obj: PipelineRun) -> str:
         return obj.display_status
 
+    @admin.display(description="inquiry", ordering="anfrage_id")
+    def inquiry(self, obj: PipelineRun) -> str:
+        return format_html('<span title="{}">#{}</span>', obj.anfrage.title, obj.anfrage_id)
+
+    @admin.display(description="attempts / resumes")
+    def tries(self, obj: PipelineRun) -> str:
+        return f"{obj.attempts} / {obj.resumes}"
+
+    @admin.display(description="finished (or started)", ordering="finished_at")
+    def last_moved(self, obj: PipelineRun) -> str:
+        moved = obj.finished_at or obj.started_at
+        return f"{timezone.localtime(moved):%Y-%m-%d %H:%M}" if moved else ""
+
     @admin.display(description="error")
     def short_error(self, obj: PipelineRun) -> str:
-        return _short(obj.error)
+        return format_html('<span title="{}">{}</span>', obj.error, _short(obj.error, ERROR_CHARS))
 
     @admin.display(description="procrastinate")
     def jobs(self, obj: PipelineRun) -> str:

@@ -82,12 +82,14 @@ EXAMPLE_POSITION = {
     "item": "steel beam HEA 200",
     "material": "steel",
     "catalog_item": "beam",
-    "catalog_material": "steel",
+    "catalog_material": "S235",
+    "material_assumed": False,
+    "material_shown": "S235 (steel)",
     "length_mm": 6000,
     "feasible": True,
     "reason": "",
-    "unit_price": "237.00",
-    "total": "2844.00",
+    "unit_price": "216.00",
+    "total": "2592.00",
 }
 
 
@@ -124,9 +126,19 @@ class PositionOut(Schema):
     quantity: Decimal
     unit: Unit
     item: str
-    material: str
+    material: str = Field(description="The material as the inquiry names it (may be empty).")
     catalog_item: str
-    catalog_material: str
+    catalog_material: str = Field(
+        description="The catalog's material the position is checked and priced in."
+    )
+    material_assumed: bool = Field(
+        description="True when the inquiry named no material and feasibility assumed "
+        "catalog_material."
+    )
+    material_shown: str = Field(
+        description="The material as every view shows it: catalog_material, marked "
+        "'(assumed)' or followed by the inquiry's word; before feasibility, material."
+    )
     length_mm: int | None
     feasible: bool | None
     reason: str
@@ -177,7 +189,7 @@ class AnfrageOut(Schema):
                     "positions_next": None,
                     "warnings": [],
                     "warnings_next": None,
-                    "quote_total": "2844.00",
+                    "quote_total": "2592.00",
                     "currency": "EUR",
                 }
             ]
@@ -208,7 +220,7 @@ class AnfrageSummaryOut(Schema):
                     "created_at": "2025-01-31T08:00:00Z",
                     "complete": True,
                     "stages": EXAMPLE_STAGES,
-                    "quote_total": "2844.00",
+                    "quote_total": "2592.00",
                     "currency": "EUR",
                 }
             ]
@@ -339,6 +351,8 @@ def _position_out(p: Position) -> dict:
         "material": p.material,
         "catalog_item": p.catalog_item,
         "catalog_material": p.catalog_material,
+        "material_assumed": p.material_assumed,
+        "material_shown": p.material_shown,
         "length_mm": p.length_mm,
         "feasible": p.feasible,
         "reason": p.reason,

@@ -229,22 +229,39 @@ def check_position(
         and (length_mm > entry.max_length_mm)
     ):
         return refuse(f"length {length_mm} mm exceeds the maximum of {entry.max_length_mm} mm")
-    if quantity < entry.min_quantity:
+    priced = priced_quantity(entry, quantity=quantity, unit=unit, length_mm=length_mm)
+    if priced < entry.min_quantity:
+        counted = f"{quantity.normalize():f} {unit}"
+        if priced != quantity:
+            counted += f" = {priced.normalize():f} {entry.unit}"
         return refuse(
-            f"quantity {quantity.normalize():f} {unit} is below the minimum of "
-            f"{entry.min_quantity.normalize():f}"
+            f"quantity {counted} is below the minimum of "
+            f"{entry.min_quantity.normalize():f} {entry.unit}"
         )
     return Verdict(
         feasible=True, reason="ok" + note, catalog_item=entry.code, catalog_material=code
     )
 
 
+def priced_quantity(
+    entry: CatalogEntry, *, quantity: Decimal, unit: str, length_mm: int | None
+) -> Decimal:
+    """The position's quantity in the unit ``entry`` is priced in: pieces of a
+    metre-priced item count their metres (12 pcs x 6 m = 72 m)."""
+    if entry.unit == Unit.METRES and unit == Unit.PIECES and length_mm is not None:
+        return quantity * Decimal(length_mm) / Decimal(1000)
+    return quantity
+
+
 def price_position(
     entry: CatalogEntry, *, quantity: Decimal, unit: str, length_mm: int | None
 ) -> Price:
-    """Unit price (per the position's unit) and total, rounded to cents; quantity breaks
-    apply to the position's quantity. A piece of a metre-priced item costs price * length."""
-    price = entry.price_for(quantity)
+    """Unit price (per the position's unit) and total, rounded to cents. Quantity breaks
+    apply to the quantity in the unit the price is quoted in (:func:`priced_quantity`), so
+    12 pcs x 6 m cost what 72 m cost; a piece of a metre-priced item costs price * length."""
+    price = entry.price_for(
+        priced_quantity(entry, quantity=quantity, unit=unit, length_mm=length_mm)
+    )
     if entry.unit == Unit.METRES and unit == Unit.PIECES and length_mm is not None:
         price = price * Decimal(length_mm) / Decimal(1000)
     unit_price = price.quantize(CENT, rounding=ROUND_HALF_UP)

@@ -135,10 +135,19 @@ class UnknownStage(PipelineError):
 
 
 class ReplayRefused(PipelineError):
-    """The stage cannot be replayed in its current state."""
+    """The stage cannot be replayed in its current state.
+
+    ``remedy`` names what would make the replay go through, for the caller to word in
+    its own terms (a command's flags, the admin's actions): ``force`` (the stage already
+    succeeded), ``cascade`` (later stages succeeded on the output the replay rewrites),
+    or empty (wait, or replay an earlier stage first: ``detail`` says which)."""
 
     status = 409
     code = "replay_refused"
+
+    def __init__(self, detail: Any = None, *, remedy: str = ""):
+        super().__init__(detail)
+        self.remedy = remedy
 
 
 class StorageCorrupt(PipelineError):

@@ -13,17 +13,24 @@ Formats (German and English units: pcs/Stk/Stück, m/lfm, mm, cm, kg, t):
   ``menge``/``einheit``/``bezeichnung`` too; ``;``, ``,`` or tab separated);
 * Markdown: list items (``-``, ``*``, ``+``, ``1.``) in the text format; other lines are
   prose and ignored.
+
+Numbers are read in their German or English form, decided per number (:func:`read_number`);
+what a line leaves open (an ambiguous number, a length column without a unit, a rounded
+length) keeps the position and adds a warning on its line. The patterns that search a
+line run on whitespace-collapsed text, each in time linear in the line (docs/pipeline.md
+has the rules).
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
-from functools import cache
+from decimal import ROUND_HALF_UP, Decimal
+from functools import cache, partial
 from pathlib import PurePath
 from typing import Protocol
 
@@ -60,20 +67,48 @@ UNITS: dict[str, tuple[Unit, Decimal]] = {
 LENGTH_UNITS = {"mm": Decimal(1), "cm": Decimal(10), "m": Decimal(1000)}
 MAX_QUANTITY = Decimal("999999999")
 MAX_LENGTH_MM = 1_000_000
+MAX_ITEM_CHARS = 300
+#: How far from a line's end its piece length may begin (", L = 1.000.000,5 mm").
+LENGTH_WINDOW = 40
 
-_NUMBER = r"\d+(?:[.,]\d+)?"
-_LABEL = re.compile(r"^pos(?:ition)?\.?\s*(?P<label>\d+[a-z]?)\s*[:.)-]?\s+", re.IGNORECASE)
+# --- numbers: German (1.234,5) and English (1,234.5) forms, decided per number
+
+#: Characters that only ever group thousands (apostrophe, no-break and narrow no-break space).
+GROUP_ONLY = "'\u2019\u00a0\u202f"
+_SEPARATORS = ".," + GROUP_ONLY
+#: A number token: digits, single separators between digit runs. Linear: each repetition
+#: starts with a separator, so there is one way to match.
+_NUMBER = rf"\d+(?:[{_SEPARATORS}]\d+)*"
+_NUMBER_TOKEN = re.compile(_NUMBER)
+_GROUP_ONLY = re.compile(f"[{GROUP_ONLY}]")
+#: A whitespace run that stays as it is when blanks are collapsed: one grouping space.
+_LONE_GROUPING = frozenset("\u00a0\u202f")
+_GROUPED_DECIMAL = re.compile(r"(?P<integer>[\d']+)(?:[.,](?P<fraction>\d+))?")
+
+
+_LABEL = re.compile(r"^pos(?:ition)?\.? ?(?P<label>\d+[a-z]?) ?[:.)-]? ", re.IGNORECASE)
 _LIST_MARKER = re.compile(r"^\s*(?:[-*+•]|\d+[.)])\s+")
+# Run on whitespace-collapsed text (:func:`_collapse`), so every space below is one
+# character and no pattern can rescan a run of blanks: each is linear in the line.
 _QUANTITY = re.compile(
-    rf"^(?P<qty>{_NUMBER})\s*(?:[x\u00d7](?=\s)|(?P<unit>[^\W\d_]\w*)\.?(?=\s|$))?\s*(?P<rest>.*)$"
+    rf"^(?P<qty>{_NUMBER})(?P<groups>(?: \d{{3}}(?=\s|$))*) ?"
+    r"(?:[x\u00d7](?=\s)|(?P<unit>[^\W\d_]\w*)\.?(?=\s|$))? ?(?P<rest>.*)$"
 )
+_LENGTH_WORD = r"(?:l|length|länge|laenge|je|à)"
 # The piece length at the end: ", 6 m", "; 6000 mm", " L=6000 mm", " length 6 m", " je 6 m".
 _LENGTH = re.compile(
-    rf"(?:\s*[,;]\s+(?:(?:l|length|länge|laenge|je|à)\s*[=:]?\s*)?"
-    rf"|\s+(?:l|length|länge|laenge|je|à)\s*[=:]?\s*)"
-    rf"(?P<len>{_NUMBER})\s*(?P<lunit>mm|cm|m)\.?\s*$",
+    rf"(?: ?[,;] ?(?:{_LENGTH_WORD} ?[=:]? ?)?| {_LENGTH_WORD} ?[=:]? ?)"
+    rf"(?P<len>{_NUMBER}) ?(?P<lunit>mm|cm|m)\.? ?$",
     re.IGNORECASE,
 )
+#: Whitespace runs, collapsed to one space (one no-break space stays: it groups digits).
+_BLANKS = re.compile(r"\s+")
+#: A length column's header with its unit: "length_mm", "Länge (m)", "Länge [mm]", "Länge in m".
+_LENGTH_HEADER = re.compile(
+    r"(?:length|länge|laenge)(?:[ _]?(?:in )?[(\[]?(?P<unit>mm|cm|m)[)\]]?)?"
+)
+#: A length cell: a number and, maybe, its unit.
+_LENGTH_CELL = re.compile(rf"(?P<len>{_NUMBER}) ?(?P<unit>mm|cm|m)?\.?", re.IGNORECASE)
 # Material: a grade code first, then a family word (German compounds: "Stahlträger").
 _GRADES = re.compile(
     r"\b(S\d{3}(?:J[R02](?:\+N)?|N|M)?|St\s?(?:37|52)|1\.4\d{3}|AlMg\d|EN\s?AW-\d{4})\b",
@@ -91,7 +126,6 @@ CSV_COLUMNS = {
     "unit": ("unit", "einheit", "me"),
     "item": ("item", "description", "bezeichnung", "artikel", "beschreibung"),
     "material": ("material", "werkstoff"),
-    "length_mm": ("length_mm", "länge_mm", "laenge_mm", "length", "länge", "laenge"),
 }
 CSV_HEADER_HINT = "position;qty;unit;item;material;length_mm"
 
@@ -104,6 +138,8 @@ class SourceFile:
     filename: str
     format: FileFormat
     text: str
+    #: What decoding had to decide (a line in another encoding, a replaced byte).
+    warnings: tuple[LineWarning, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,6 +177,71 @@ class LineError(ValueError):
     """A line is not a requested item (the message says why)."""
 
 
+@dataclass(frozen=True)
+class Number:
+    """A number as read, and the note to show when the reading was a choice."""
+
+    value: Decimal
+    note: str = ""
+
+
+def read_number(text: str) -> Number:
+    """``12``, ``2,5``, ``2.5``, ``1.234,5``, ``1,234.5``, ``1'234`` or ``1 234`` (a
+    no-break space) as a Decimal.
+
+    The decimal separator is decided per number: with both ``.`` and ``,``, the last one;
+    a separator that occurs twice or more groups thousands; a lone ``.`` or ``,``
+    followed by exactly three digits, after one to three digits that do not start with 0
+    (``1.200``, ``1,000``), groups thousands too, and the number carries a note that it
+    may have been meant as a decimal. Any other lone separator is the decimal one.
+    Thousands groups must be of three digits, else ``LineError``.
+    """
+    shown = text.strip()
+    if not _NUMBER_TOKEN.fullmatch(shown):
+        raise LineError(f"{shown!r} is not a number")
+    token = _GROUP_ONLY.sub("'", shown)
+    if "'" in token:
+        parts = _GROUPED_DECIMAL.fullmatch(token)
+        if parts is None:
+            raise LineError(f"{shown!r} is not a number (a separator after the decimals)")
+        fraction = parts.group("fraction")
+        integer = _ungrouped(parts.group("integer"), "'", shown)
+        return Number(value=Decimal(integer + (f".{fraction}" if fraction else "")))
+    dots, commas = token.count("."), token.count(",")
+    if dots and commas:
+        decimal_sep = "." if token.rfind(".") > token.rfind(",") else ","
+        integer, _, fraction = token.rpartition(decimal_sep)
+        if decimal_sep in integer:
+            raise LineError(f"{shown!r} is not a number (two decimal separators)")
+        thousands = "," if decimal_sep == "." else "."
+        return Number(value=Decimal(f"{_ungrouped(integer, thousands, shown)}.{fraction}"))
+    if dots + commas > 1:
+        return Number(value=Decimal(_ungrouped(token, "." if dots else ",", shown)))
+    if dots + commas == 0:
+        return Number(value=Decimal(token))
+    sep = "." if dots else ","
+    integer, _, fraction = token.partition(sep)
+    if len(fraction) == 3 and len(integer) <= 3 and not integer.startswith("0"):
+        other = "," if sep == "." else "."
+        return Number(
+            value=Decimal(integer + fraction),
+            note=(
+                f"{shown!r} is read as {integer}{fraction} ({sep!r} separating thousands); "
+                f"write {integer}{fraction}, or {integer}{other}{fraction.rstrip('0') or '0'} "
+                "for a decimal"
+            ),
+        )
+    return Number(value=Decimal(f"{integer}.{fraction}"))
+
+
+def _ungrouped(integer: str, separator: str, shown: str) -> str:
+    """The digits of ``integer``, grouped in threes by ``separator``, or ``LineError``."""
+    groups = integer.split(separator)
+    if not 1 <= len(groups[0]) <= 3 or any(len(g) != 3 for g in groups[1:]):
+        raise LineError(f"{shown!r} is not a number (thousands are groups of three digits)")
+    return "".join(groups)
+
+
 def get_extractor() -> Extractor:
     """The configured extractor (``settings.PIPELINE_EXTRACTOR``, default line-based)."""
     return _load_extractor(getattr(settings, "PIPELINE_EXTRACTOR", "") or DEFAULT_EXTRACTOR)
@@ -169,51 +270,95 @@ def format_by_name(filename: str) -> FileFormat | None:
 def sniff_format(text: str) -> FileFormat:
     """The format of a file without an extension, from its content."""
     first = next((line for line in text.splitlines() if line.strip()), "")
-    if _csv_columns(_split_header(first)) is not None:
+    if _csv_layout(first) is not None:
         return FileFormat.CSV
     if any(_LIST_MARKER.match(line) for line in text.splitlines()):
         return FileFormat.MARKDOWN
     return FileFormat.TEXT
 
 
-def decode(filename: str, data: bytes) -> str:
-    """Bytes as text (UTF-8, else Windows-1252); refuses empty and binary content."""
+def decode(filename: str, data: bytes) -> tuple[str, tuple[tuple[int, str], ...]]:
+    """Bytes as text, and ``(line_no, note)`` for each line that needed a fallback;
+    refuses empty and binary content.
+
+    A file that is UTF-8 throughout is read as UTF-8. Otherwise each line is: UTF-8 where
+    it is, else Windows-1252 — so one stray byte spoils no other line. A Windows-1252 line
+    in a file whose other lines hold UTF-8 is noted (the file mixes encodings), and so is
+    a byte neither encoding defines (replaced by U+FFFD)."""
     if not data.strip():
         raise EmptyFile(f"file {filename!r} is empty")
     if b"\x00" in data:
         raise BinaryFile(f"file {filename!r} is binary; send plain text, CSV or Markdown")
     try:
-        text = data.decode("utf-8-sig")
+        text, notes = data.decode("utf-8-sig"), ()
     except UnicodeDecodeError:
-        try:
-            text = data.decode("cp1252")
-        except UnicodeDecodeError:
-            raise BinaryFile(f"file {filename!r} is neither UTF-8 nor Windows-1252 text") from None
+        text, notes = _decode_lines(data.removeprefix(codecs.BOM_UTF8))
     controls = sum(1 for ch in text if ord(ch) < 32 and ch not in "\t\n\r\f")
     if controls > max(2, len(text) // 100):
         raise BinaryFile(f"file {filename!r} is binary; send plain text, CSV or Markdown")
-    return text
+    return text, notes
+
+
+def _decode_lines(data: bytes) -> tuple[str, tuple[tuple[int, str], ...]]:
+    lines: list[str] = []
+    fallback: list[int] = []
+    notes: list[tuple[int, str]] = []
+    utf8_seen = False
+    line_no = 1
+    for raw in data.split(b"\n"):
+        try:
+            line = raw.decode("utf-8")
+            utf8_seen = utf8_seen or not raw.isascii()
+        except UnicodeDecodeError:
+            line = raw.decode("cp1252", errors="replace")
+            fallback.append(line_no)
+            if "\ufffd" in line:
+                notes.append(
+                    (
+                        line_no,
+                        "a byte that is neither UTF-8 nor Windows-1252 was replaced by '\ufffd'",
+                    )
+                )
+        lines.append(line)
+        # Line numbers count as str.splitlines does (the extractors' lines).
+        line_no += max(1, len(line.splitlines()))
+    if utf8_seen:
+        notes.extend(
+            (n, "this line is not UTF-8 like the rest of the file; read as Windows-1252")
+            for n in fallback
+        )
+    return "\n".join(lines), tuple(sorted(notes))
 
 
 def inspect_upload(filename: str, data: bytes) -> SourceFile:
     """Decode an upload and decide its format, or raise the ``InvalidUpload`` that names
     the problem. Pure: no I/O."""
-    by_name = format_by_name(filename)
-    text = decode(filename, data)
+    return read_source(file_id=None, filename=filename, data=data, format=None)
+
+
+def read_source(
+    *, file_id: int | None, filename: str, data: bytes, format: FileFormat | None
+) -> SourceFile:
+    """The decoded file with the decoding's notes as warnings; ``format`` None: decided
+    by the extension, else sniffed from the content."""
+    by_name = format or format_by_name(filename)
+    text, notes = decode(filename, data)
+    lines = text.splitlines()
     return SourceFile(
-        file_id=None, filename=filename, format=by_name or sniff_format(text), text=text
+        file_id=file_id,
+        filename=filename,
+        format=by_name or sniff_format(text),
+        text=text,
+        warnings=tuple(
+            LineWarning(
+                file_id=file_id,
+                line_no=line_no,
+                line=lines[line_no - 1][:1000] if line_no <= len(lines) else "",
+                message=message,
+            )
+            for line_no, message in notes
+        ),
     )
-
-
-def parse_number(text: str) -> Decimal:
-    """``12``, ``2,5`` or ``2.5`` as a Decimal (German decimal comma accepted)."""
-    try:
-        value = Decimal(text.strip().replace(",", "."))
-    except InvalidOperation:
-        raise LineError(f"{text!r} is not a number") from None
-    if not value.is_finite():
-        raise LineError(f"{text!r} is not a number")
-    return value
 
 
 def parse_unit(text: str) -> tuple[Unit, Decimal]:
@@ -226,11 +371,19 @@ def parse_unit(text: str) -> tuple[Unit, Decimal]:
         raise LineError(f"unknown unit {text.strip()!r}") from None
 
 
-def parse_length(value: str, unit: str) -> int:
-    length = parse_number(value) * LENGTH_UNITS[unit.lower()]
+def parse_length(value: str, unit: str, notes: list[str]) -> int:
+    """A length in whole millimetres; a note in ``notes`` when it was rounded or its
+    number was ambiguous."""
+    number = read_number(value)
+    if number.note:
+        notes.append(f"length: {number.note}")
+    length = number.value * LENGTH_UNITS[unit.lower()]
     if length <= 0 or length > MAX_LENGTH_MM:
         raise LineError(f"length {value} {unit} is out of range")
-    return int(length.to_integral_value())
+    whole = int(length.to_integral_value(rounding=ROUND_HALF_UP))
+    if whole != length:
+        notes.append(f"length {value} {unit} rounded to {whole} mm")
+    return whole
 
 
 def detect_material(item: str) -> str:
@@ -245,18 +398,39 @@ def detect_material(item: str) -> str:
     return ""
 
 
-def _checked_quantity(quantity: Decimal, factor: Decimal) -> Decimal:
-    quantity = quantity * factor
+def _checked_quantity(text: str, unit: Unit, factor: Decimal, notes: list[str]) -> Decimal:
+    number = read_number(text)
+    if number.note:
+        notes.append(f"quantity: {number.note}")
+    quantity = number.value * factor
     if quantity <= 0:
         raise LineError("the quantity must be positive")
     if quantity > MAX_QUANTITY:
         raise LineError("the quantity is too large")
+    if unit == Unit.PIECES and quantity != quantity.to_integral_value():
+        raise LineError(f"{text.strip()} pieces: a number of pieces must be whole")
     return quantity.quantize(Decimal("0.001"))
 
 
+def _checked_item(item: str, notes: list[str]) -> str:
+    if not item:
+        raise LineError("the line names no item")
+    if len(item) > MAX_ITEM_CHARS:
+        notes.append(f"the item text was cut to {MAX_ITEM_CHARS} characters")
+    return item[:MAX_ITEM_CHARS]
+
+
+def _collapse(text: str) -> str:
+    """``text`` stripped, each run of whitespace one space (a lone no-break space stays:
+    it groups digits). Every pattern that reads a line runs on this."""
+    return _BLANKS.sub(lambda m: m.group() if m.group() in _LONE_GROUPING else " ", text).strip()
+
+
 def parse_item_line(line: str) -> dict:
-    """``[Pos 3:] 12 pcs steel beam HEA 200, 6 m`` -> the fields of a position."""
-    text = line.strip()
+    """``[Pos 3:] 12 pcs steel beam HEA 200, 6 m`` -> the fields of a position, and in
+    ``notes`` what the line leaves open (an ambiguous number, a rounded length)."""
+    text = _collapse(line)
+    notes: list[str] = []
     label = ""
     labelled = _LABEL.match(text)
     if labelled:
@@ -271,43 +445,73 @@ def parse_item_line(line: str) -> dict:
         # "12 steel beams": the word is part of the item, the unit defaults to pieces.
         rest = text[match.start("unit") :]
         unit_word = ""
+    qty = match.group("qty")
+    if match.group("groups"):
+        qty += match.group("groups").replace(" ", "'")
+        notes.append(
+            f"quantity: {qty.replace(chr(39), ' ')!r} is read as one number, "
+            f"{qty.replace(chr(39), '')}; write it without spaces to confirm"
+        )
     unit, factor = parse_unit(unit_word)
-    quantity = _checked_quantity(parse_number(match.group("qty")), factor)
+    quantity = _checked_quantity(qty, unit, factor, notes)
     length_mm = None
-    length = _LENGTH.search(rest)
+    # A length is short: looking for it in the line's last characters only keeps the
+    # search linear whatever the line holds (a number token may span a whole line).
+    length = _LENGTH.search(rest, max(0, len(rest) - LENGTH_WINDOW))
     if length:
-        length_mm = parse_length(length.group("len"), length.group("lunit"))
+        length_mm = parse_length(length.group("len"), length.group("lunit"), notes)
         rest = rest[: length.start()]
-    item = rest.strip(" ,;-")
-    if not item:
-        raise LineError("the line names no item")
+    item = _checked_item(rest.strip(" ,;-"), notes)
     return {
         "label": label,
         "quantity": quantity,
         "unit": unit,
-        "item": item[:300],
+        "item": item,
         "material": detect_material(item),
         "length_mm": length_mm,
+        "notes": notes,
     }
+
+
+# --- CSV
+
+
+@dataclass(frozen=True, kw_only=True)
+class CsvLayout:
+    """A CSV header: the delimiter, each field's column and the length column's unit
+    (from its name: ``length_mm``, ``Länge (m)``, ``Länge in cm``; None when it names
+    none)."""
+
+    delimiter: str
+    columns: dict[str, int]
+    length_unit: str | None
 
 
 def _delimiter(header: str) -> str:
     return ";" if ";" in header else "\t" if "\t" in header else ","
 
 
-def _split_header(line: str) -> list[str]:
-    return [cell.strip().lower() for cell in line.split(_delimiter(line))]
-
-
-def _csv_columns(header: Sequence[str]) -> dict[str, int] | None:
-    """Column positions by field, or None unless the header names at least qty and item."""
-    columns = {}
+def _csv_layout(header_line: str) -> CsvLayout | None:
+    """The layout a header row names, or None unless it names at least qty and item.
+    Cells may be quoted (``"Position";"Menge"``)."""
+    delimiter = _delimiter(header_line)
+    cells = next(csv.reader([header_line], delimiter=delimiter), [])
+    header = [_collapse(cell).lower() for cell in cells]
+    columns: dict[str, int] = {}
+    length_unit = None
     for field, names in CSV_COLUMNS.items():
         for index, cell in enumerate(header):
             if cell in names:
                 columns[field] = index
                 break
-    return columns if {"qty", "item"} <= columns.keys() else None
+    for index, cell in enumerate(header):
+        named = _LENGTH_HEADER.fullmatch(cell)
+        if "length" not in columns and named:
+            columns["length"] = index
+            length_unit = named.group("unit")
+    if not {"qty", "item"} <= columns.keys():
+        return None
+    return CsvLayout(delimiter=delimiter, columns=columns, length_unit=length_unit)
 
 
 class LineExtractor:
@@ -326,15 +530,29 @@ class LineExtractor:
             if source.format == FileFormat.MARKDOWN and not marker:
                 continue
             body = line[marker.end() :] if marker else line
-            try:
-                fields = parse_item_line(body)
-            except LineError as exc:
-                warnings.append(_warning(source, line_no, line, str(exc)))
-                continue
-            positions.append(
-                ParsedPosition(file_id=source.file_id, line_no=line_no, raw=stripped, **fields)
+            self._add(
+                source, line_no, stripped, partial(parse_item_line, body), positions, warnings
             )
         return Extraction(positions=tuple(positions), warnings=tuple(warnings))
+
+    @staticmethod
+    def _add(
+        source: SourceFile,
+        line_no: int,
+        raw: str,
+        parse: Callable[[], dict],
+        positions: list[ParsedPosition],
+        warnings: list[LineWarning],
+    ) -> None:
+        """The line's position and its notes as warnings, or its error as one warning."""
+        try:
+            fields = parse()
+        except LineError as exc:
+            warnings.append(_warning(source, line_no, raw, str(exc)))
+            return
+        notes = fields.pop("notes")
+        positions.append(ParsedPosition(file_id=source.file_id, line_no=line_no, raw=raw, **fields))
+        warnings.extend(_warning(source, line_no, raw, note) for note in notes)
 
     def _extract_csv(self, source: SourceFile) -> Extraction:
         lines = source.text.splitlines()
@@ -342,55 +560,76 @@ class LineExtractor:
         if header_no is None:
             return Extraction(positions=(), warnings=())
         header_line = lines[header_no]
-        columns = _csv_columns(_split_header(header_line))
-        if columns is None:
+        layout = _csv_layout(header_line)
+        if layout is None:
             message = f"the first row must be a header such as {CSV_HEADER_HINT!r}"
             warning = _warning(source, header_no + 1, header_line, message)
             return Extraction(positions=(), warnings=(warning,))
-        delimiter = _delimiter(header_line)
         positions: list[ParsedPosition] = []
         warnings: list[LineWarning] = []
-        reader = csv.reader(io.StringIO("\n".join(lines[header_no + 1 :])), delimiter=delimiter)
-        for offset, cells in enumerate(reader):
-            line_no = header_no + 2 + offset
-            raw = delimiter.join(cells)
+        reader = csv.reader(
+            io.StringIO("\n".join(lines[header_no + 1 :])), delimiter=layout.delimiter
+        )
+        consumed = 0
+        for cells in reader:
+            # A quoted field may span lines: a row starts on the line after the last one
+            # the reader consumed.
+            line_no = header_no + 2 + consumed
+            consumed = reader.line_num
             if not any(cell.strip() for cell in cells):
                 continue
-            try:
-                fields = self._csv_fields(cells, columns)
-            except LineError as exc:
-                warnings.append(_warning(source, line_no, raw, str(exc)))
-                continue
-            positions.append(
-                ParsedPosition(file_id=source.file_id, line_no=line_no, raw=raw, **fields)
+            raw = layout.delimiter.join(cells)
+            self._add(
+                source,
+                line_no,
+                raw,
+                partial(self._csv_fields, cells, layout),
+                positions,
+                warnings,
             )
         return Extraction(positions=tuple(positions), warnings=tuple(warnings))
 
     @staticmethod
-    def _csv_fields(cells: Sequence[str], columns: dict[str, int]) -> dict:
+    def _csv_fields(cells: Sequence[str], layout: CsvLayout) -> dict:
+        columns = layout.columns
         if len(cells) <= max(columns.values()):
             raise LineError(f"expected {max(columns.values()) + 1} columns, got {len(cells)}")
 
         def cell(field: str) -> str:
-            return cells[columns[field]].strip() if field in columns else ""
+            return _collapse(cells[columns[field]]) if field in columns else ""
 
+        notes: list[str] = []
         unit, factor = parse_unit(cell("unit"))
-        item = cell("item")
-        if not item:
-            raise LineError("the item column is empty")
-        length_mm = None
-        if cell("length_mm"):
-            length_mm = parse_length(cell("length_mm"), "mm")
+        item = _checked_item(cell("item"), notes)
+        length_mm = _csv_length(cell("length"), layout, notes) if cell("length") else None
         if not cell("qty"):
             raise LineError("the qty column is empty")
         return {
             "label": cell("label")[:32],
-            "quantity": _checked_quantity(parse_number(cell("qty")), factor),
+            "quantity": _checked_quantity(cell("qty"), unit, factor, notes),
             "unit": unit,
-            "item": item[:300],
+            "item": item,
             "material": cell("material")[:64] or detect_material(item),
             "length_mm": length_mm,
+            "notes": notes,
         }
+
+
+def _csv_length(text: str, layout: CsvLayout, notes: list[str]) -> int | None:
+    """A length cell: the unit written in it (``6 m``, ``2000 mm``), else the column's
+    (``length_mm``, ``Länge (m)``); a bare number under a header without one is left out,
+    with a note, rather than guessed."""
+    match = _LENGTH_CELL.fullmatch(text)
+    if match is None:
+        raise LineError(f"length {text!r} is not a length such as '6 m' or '6000 mm'")
+    unit = match.group("unit") or layout.length_unit
+    if unit is None:
+        notes.append(
+            f"length {text!r} has no unit and its column names none: left out; "
+            "write '6 m' or '6000 mm', or name the column 'length_mm' or 'Länge (m)'"
+        )
+        return None
+    return parse_length(match.group("len"), unit, notes)
 
 
 def _warning(source: SourceFile, line_no: int, line: str, message: str) -> LineWarning:

@@ -127,11 +127,8 @@ class PipelineRun(LedgerEntry):
 
     @property
     def display_status(self) -> str:
-        """The status as operators read it: a failed stage the resume sweep gave up on
-        says so."""
-        if self.status == LedgerStatus.FAILED and self.gave_up_at is not None:
-            return "failed (gave up)"
-        return self.status
+        """The status as operators read it (:func:`display_status`)."""
+        return display_status(status=self.status, error=self.error, gave_up=self.gave_up_at)
 
 
 class AnfrageFile(models.Model):
@@ -197,6 +194,26 @@ class Position(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.anfrage_id}.{self.position_index} {self.quantity} {self.unit} {self.item}"
+
+    @property
+    def material_assumed(self) -> bool:
+        """Feasibility chose the material: the inquiry named none."""
+        return bool(self.catalog_material) and not self.material
+
+    @property
+    def material_shown(self) -> str:
+        """The one material every view shows (dashboard, API, ``pipeline_status``, admin):
+        the catalog's, which the price is for, once feasibility chose it — ``S235
+        (assumed)`` when the inquiry named none, ``S235 (steel)`` when it named it in other
+        words; before that (or when no catalog item matched) the inquiry's own word."""
+        code = self.catalog_material
+        if not code:
+            return self.material
+        if self.material_assumed:
+            return f"{code} (assumed)"
+        if "".join(self.material.split()).lower() != "".join(code.split()).lower():
+            return f"{code} ({self.material})"
+        return code
 
 
 class ExtractionWarning(models.Model):
@@ -288,3 +305,20 @@ class CatalogItem(models.Model):
 
     def __str__(self) -> str:
         return f"{self.code} ({self.catalog})"
+
+
+#: How a replay's reason begins (``pipeline_runs.error``): a stage a replay reset or
+#: queued, that has not run since (its next claim clears ``error``).
+REPLAY_REASON_PREFIX = "replay requested by"
+#: The status shown for such a stage: it waits for the replay's job, it did not fail.
+WAITING_FOR_REPLAY = "waiting (replay)"
+
+
+def display_status(*, status: str, error: str, gave_up: object) -> str:
+    """A ledger status as operators read it: a stage a replay reset or queued is
+    *waiting (replay)*, a failed stage the resume sweep gave up on says so."""
+    if status == LedgerStatus.FAILED and error.startswith(REPLAY_REASON_PREFIX):
+        return WAITING_FOR_REPLAY
+    if status == LedgerStatus.FAILED and gave_up is not None:
+        return "failed (gave up)"
+    return status

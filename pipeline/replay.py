@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from pipeline.audit import audit_entry_create
 from pipeline.exceptions import ReplayRefused
-from pipeline.models import Anfrage, Stage
+from pipeline.models import REPLAY_REASON_PREFIX, Anfrage, Stage
 from pipeline.queries import QUERIES
 from pipeline.selectors import anfrage_get, parse_stage
 from pipeline.stages import pipeline_stage_enqueue
@@ -101,7 +101,24 @@ def _refuse(
     if reopen and not force:
         raise ReplayRefused(
             f"stage {', '.join(reopen)} of inquiry {anfrage.id} already succeeded; "
-            "pass --force to run it again"
+            "only a forced replay runs it again",
+            remedy="force",
+        )
+    # The replayed stage rewrites what the later stages computed from: a later stage left
+    # 'success' would count as done on output that is gone, and the inquiry would close
+    # without a quote. They run again with it (cascade), or the replay is refused.
+    stale = [
+        later.value
+        for later in stage.following
+        if later not in targets
+        and later.value in runs
+        and runs[later.value].status == LedgerStatus.SUCCESS
+    ]
+    if stale:
+        raise ReplayRefused(
+            f"stage {', '.join(stale)} of inquiry {anfrage.id} succeeded on the output of "
+            f"{stage.value}, which the replay rewrites; they must run again with it",
+            remedy="cascade",
         )
     return reopen
 
@@ -120,7 +137,9 @@ def pipeline_stage_replay(
 
     In one transaction: lock the inquiry's ledger rows in stage order, then decide from
     them — refused (``ReplayRefused``) while an earlier stage has not succeeded, while a
-    target stage runs under a live lease, and for a successful stage without ``force`` —
+    target stage runs under a live lease, for a successful stage without ``force``, and
+    without ``cascade`` while a later stage has succeeded (it would stay ``success`` on
+    output the replay rewrites, and the inquiry would close without a quote) —
     and, in new statements, reopen the successful targets (compare-and-set on
     ``success``), reset their resume count and give-up, reopen the inquiry, enqueue the
     stage (EXCLUSIVE key) and write a ``stage.replayed`` audit entry. So the same replay
@@ -148,6 +167,7 @@ def pipeline_stage_replay(
             "stages": [t.value for t in targets],
         }
         reopened: list[str] = []
+        reason = f"{REPLAY_REASON_PREFIX} {actor} at {timezone.now():%Y-%m-%d %H:%M:%S}"
         with connection.cursor() as cursor:
             # A new statement, so a fresh snapshot: it sees every commit the lock waited
             # for; compare-and-set on 'success' all the same.
@@ -158,11 +178,15 @@ def pipeline_stage_replay(
                     {
                         **params,
                         "stages": reset,
-                        "reason": f"replay requested by {actor} at "
-                        f"{timezone.now():%Y-%m-%d %H:%M:%S}",
+                        "reason": reason,
                     },
                 )
                 reopened = sorted((row[0] for row in cursor.fetchall()), key=Stage.values.index)
+            # A failed target the replay queues reads as waiting too, not as failed.
+            cursor.execute(
+                QUERIES["replay_mark_waiting"],
+                {**params, "reason": reason, "prefix": f"{REPLAY_REASON_PREFIX}%"},
+            )
             cursor.execute(QUERIES["replay_clear_resumes"], params)
             cursor.execute(QUERIES["anfrage_reopen"], {"anfrage_id": anfrage.id})
         job = pipeline_stage_enqueue(anfrage=anfrage, stage=stage)

@@ -77,10 +77,7 @@ def candidate_params(*, grace_seconds: int, anfrage_id: int | None = None) -> di
 
 
 def give_up_reason(*, resumes: int, error: str) -> str:
-    reason = (
-        f"gave up after {resumes} resumes; replay it with manage.py replay_stage "
-        "(or replay_failed for all of a stage)"
-    )
+    reason = f"gave up after {resumes} resumes; it runs again when an operator replays it"
     return f"{reason}; last error: {error}" if error else reason
 
 

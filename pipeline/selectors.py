@@ -20,6 +20,7 @@ from pipeline.models import (
     PipelineRun,
     Position,
     Stage,
+    display_status,
 )
 from pipeline.queries import QUERIES
 
@@ -42,8 +43,8 @@ class StageStatus:
 
     @property
     def display(self) -> str:
-        """The status as operators read it."""
-        return f"{self.status} (gave up)" if self.gave_up else self.status
+        """The status as operators read it (waiting for a replay, or given up on)."""
+        return display_status(status=self.status, error=self.error, gave_up=self.gave_up or None)
 
 
 @dataclass(frozen=True, kw_only=True)

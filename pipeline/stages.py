@@ -44,10 +44,9 @@ from pipeline.exceptions import (
 from pipeline.extract import (
     Extraction,
     ParsedPosition,
-    SourceFile,
-    decode,
     get_extractor,
     inspect_upload,
+    read_source,
 )
 from pipeline.limits import MAX_POSITIONS, MAX_WARNINGS, UNSTORABLE
 from pipeline.models import (
@@ -210,11 +209,8 @@ def _extract_compute(anfrage: Anfrage, files: list[AnfrageFile]) -> tuple[list, 
     warnings: list[ExtractionWarning] = []
     for file in files:
         data = storage.read_stored(key=file.storage_key, sha256=file.sha256)
-        source = SourceFile(
-            file_id=file.id,
-            filename=file.filename,
-            format=FileFormat(file.format),
-            text=decode(file.filename, data),
+        source = read_source(
+            file_id=file.id, filename=file.filename, data=data, format=FileFormat(file.format)
         )
         extraction = extractor.extract(source)
         if not extraction.positions:
@@ -233,7 +229,8 @@ def _extract_compute(anfrage: Anfrage, files: list[AnfrageFile]) -> tuple[list, 
                     "split it into several inquiries"
                 )
         warnings.extend(
-            _warning_row(w.file_id, w.line_no, w.line, w.message) for w in extraction.warnings
+            _warning_row(w.file_id, w.line_no, w.line, w.message)
+            for w in sorted((*source.warnings, *extraction.warnings), key=lambda w: w.line_no)
         )
     if len(warnings) > MAX_WARNINGS:
         dropped = len(warnings) - (MAX_WARNINGS - 1)
@@ -374,7 +371,7 @@ def _calculate_compute(
         if position.feasible is None:
             raise StageInputChanged(
                 f"position {position.position_index} has no feasibility verdict; "
-                "replay feasibility with --cascade"
+                "replay feasibility and the stages after it"
             )
         if not position.feasible:
             position.unit_price = position.total = None
@@ -384,7 +381,7 @@ def _calculate_compute(
             raise StageInputChanged(
                 f"catalog item {position.catalog_item!r} of position "
                 f"{position.position_index} is no longer in the catalog; "
-                "replay feasibility with --cascade"
+                "replay feasibility and the stages after it"
             )
         price = price_position(
             entry, quantity=position.quantity, unit=position.unit, length_mm=position.length_mm

@@ -1,18 +1,23 @@
-"""Job logs: one line per job start, success, retry, failure and abort, with the job's id,
-task, singleton key, tenant, attempt and duration — plain ``key=value`` text, or one JSON
-object per line with ``LOG_FORMAT=json``.
+"""Logs in one format for every process: Django, the worker and gunicorn — plain
+``key=value`` text, or one JSON object per line with ``LOG_FORMAT=json``.
+
+Job logs: one line per job start, success, retry, failure and abort, with the job's id,
+task, singleton key, tenant, attempt and duration. Access logs: gunicorn's access record
+becomes one line with the request as fields (method, path, query, status, bytes,
+duration in seconds, remote address, user agent, referer) instead of one preformatted
+string; :mod:`queueing.gunicorn` wires both formatters into gunicorn.
 
 The lines are procrastinate's own worker log records (``procrastinate.worker``), which
 carry the job and its timing as ``extra`` fields: :class:`JobEventFilter` keeps those (and
 the worker's start and stop), drops procrastinate's other chatter below the configured
 level, and attaches a :class:`JobEvent`; the formatters render it. No worker code changes;
-``config/settings.py`` wires it in ``LOGGING``. ``JOB_LOG_LEVEL=WARNING`` keeps only
-failures.
+a project wires them in ``LOGGING`` (docs/getting-started.md). ``JOB_LOG_LEVEL=WARNING``
+keeps only failures.
 
 The key is the job's ``queueing_lock`` without the policy's prefix. The tenant comes from
 a ``tenant`` task argument, or from the key when its format has a ``tenant`` part: a
-domain declares its formats with :func:`register_key_format` (stage keys
-``stage:tenant:anfrage`` do); jobs that name neither log ``tenant=-``.
+domain declares its formats with :func:`register_key_format` (a key format
+``stage:tenant:item`` does); jobs that name neither log ``tenant=-``.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ WORKER_ACTIONS = frozenset({"start_worker", "stopping_worker", "stop_worker"})
 TENANT_ARGUMENTS = ("tenant", "tenant_slug", "tenant_id")
 #: Fields of a plain line, in order.
 PLAIN_FIELDS = ("id", "task", "key", "tenant", "queue", "attempt", "duration", "error")
+#: gunicorn's access logger; its records carry the request's atoms as their args.
+ACCESS_LOGGER = "gunicorn.access"
 
 _key_formats: list[KeyFormat] = []
 
@@ -114,6 +121,43 @@ class JobEvent:
         )
 
 
+def _int_or_none(value: object) -> int | None:
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+def _text_or_none(value: object) -> str | None:
+    return None if value in (None, "", "-") else str(value)
+
+
+def access_fields(record: logging.LogRecord) -> dict[str, Any] | None:
+    """The request of a gunicorn access record as fields (None for any other record).
+    gunicorn hands the record its atoms: ``m`` method, ``U`` path, ``q`` query, ``s``
+    status, ``B`` bytes, ``D`` duration in microseconds, ``h`` remote address, ``a`` user
+    agent, ``f`` referer."""
+    if record.name != ACCESS_LOGGER or not isinstance(record.args, Mapping):
+        return None
+    atoms = record.args
+    micros = _int_or_none(atoms.get("D"))
+    return {
+        "method": _text_or_none(atoms.get("m")),
+        "path": _text_or_none(atoms.get("U")),
+        "query": _text_or_none(atoms.get("q")),
+        "status": _int_or_none(atoms.get("s")),
+        "bytes": _int_or_none(atoms.get("B")),
+        "duration": micros / 1e6 if micros is not None else None,
+        "remote": _text_or_none(atoms.get("h")),
+        "user_agent": _text_or_none(atoms.get("a")),
+        "referer": _text_or_none(atoms.get("f")),
+    }
+
+
+def _access_message(fields: Mapping[str, Any]) -> str:
+    return f"{fields['method']} {fields['path']} {fields['status']}"
+
+
 def _level(value: str | int) -> int:
     return logging.getLevelName(value.upper()) if isinstance(value, str) else value
 
@@ -157,6 +201,16 @@ class PlainFormatter(logging.Formatter):
     def __init__(self, fmt: str | None = None, **kwargs: Any):
         super().__init__(fmt or "%(asctime)s %(levelname)s %(name)s: %(message)s", **kwargs)
 
+    def format(self, record: logging.LogRecord) -> str:
+        access = access_fields(record)
+        if access is None:
+            return super().format(record)
+        record.message = _access_message(access)
+        record.asctime = self.formatTime(record, self.datefmt)
+        line = self._style.format(record)
+        fields = [f"{name}={_plain_value(value)}" for name, value in access.items() if value]
+        return f"{line} {' '.join(fields)}"
+
     def formatMessage(self, record: logging.LogRecord) -> str:
         line = super().formatMessage(record)
         event = getattr(record, "job_event", None)
@@ -173,18 +227,22 @@ class PlainFormatter(logging.Formatter):
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ``time`` (UTC, ISO 8601), ``level``, ``logger``,
-    ``message``, the job event's fields when there is one, and ``exception``."""
+    ``message``, the job event's or the request's fields when there are any, and
+    ``exception``."""
 
     def format(self, record: logging.LogRecord) -> str:
+        access = access_fields(record)
         out: dict[str, Any] = {
             "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": _access_message(access) if access else record.getMessage(),
         }
         event = getattr(record, "job_event", None)
         if event is not None:
             out.update(asdict(event))
+        if access is not None:
+            out.update(access)
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         elif record.exc_text:

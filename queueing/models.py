@@ -1,5 +1,6 @@
-"""The framework's permissions. queueing keeps no table of its own: this model holds no
-rows and has none; it only declares what the admin's Sweeps page checks."""
+"""The framework's permissions. This model is unmanaged: it has no table and holds no
+rows; it only declares what the admin's Sweeps page (``run_sweeps``) and ``/metrics``
+(``view_metrics``) check."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ class SweepPermissions(models.Model):
     class Meta:
         managed = False
         default_permissions = ()
-        permissions = [("run_sweeps", "Can run, dry-run and queue sweeps from the admin")]
+        permissions = [
+            ("run_sweeps", "Can run, dry-run and queue sweeps from the admin"),
+            ("view_metrics", "Can read /metrics"),
+        ]
 
     def __str__(self) -> str:
         return "sweep permissions"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from queueing import (
+    metrics,  # noqa: F401  (declares the metrics_snapshot sweep)
     retention,  # noqa: F401  (declares the finished-jobs retention sweep)
     stalled,  # noqa: F401  (declares the stalled-work sweep)
 )

@@ -1,7 +1,7 @@
 """Admin for the analyses' tables. Every row is system-owned (written by services under
 locks and compare-and-set), so the admin is read-only; its actions call the services:
-cancel, requeue, refund, promote, retry (audited). Jobs and runs link procrastinate's jobs
-of their keys. The "run" filter finds finished jobs with no run yet, by age.
+cancel, requeue, refund, promote, retry (previewed, then audited). Jobs and runs link
+procrastinate's jobs of their keys. The "run" filter finds finished jobs with no run yet, by age.
 
 Each action needs the change permission on analysis jobs; the two that give credit back
 (cancel, refund) also the add permission on the credit ledger.
@@ -14,8 +14,10 @@ from __future__ import annotations
 from collections import Counter
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.db.models.functions import Length
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -230,12 +232,21 @@ class AnalysisJobAdmin(ReadOnlyModelAdmin):
             messages.SUCCESS if promoted else messages.WARNING,
         )
 
-    @admin.action(description="Retry selected failed jobs as new jobs of their runs (audited)")
+    @admin.action(
+        description="Retry selected failed jobs as new jobs of their runs (audited; previewed)",
+        permissions=["operate"],
+    )
     def retry_failed(self, request, queryset):
+        """First a preview page (each job: what its retry would replace in the user's run,
+        or why it is refused), written by the dry run of the same service; the retry
+        happens when the operator confirms it there."""
+        ids = list(queryset.values_list("pk", flat=True))
+        if request.POST.get("confirm") != "yes":
+            return self._retry_preview(request, ids)
         actor = f"admin:{request.user.get_username()}"
         outcomes: Counter = Counter()
         refusals = []
-        for pk in queryset.values_list("pk", flat=True):
+        for pk in ids:
             try:
                 outcomes[operations.analysis_job_retry(job_id=pk, actor=actor).outcome] += 1
             except RunsError as exc:
@@ -253,6 +264,32 @@ class AnalysisJobAdmin(ReadOnlyModelAdmin):
         self.message_user(
             request, f"Retry: {text}.", messages.SUCCESS if retried else messages.WARNING
         )
+        return None
+
+    def _retry_preview(self, request, ids: list[int]) -> TemplateResponse:
+        rows = []
+        for pk in ids:
+            try:
+                dry = operations.analysis_job_retry(job_id=pk, actor="preview", dry_run=True)
+            except RunsError as exc:
+                rows.append({"job_id": pk, "outcome": "refused", "detail": str(exc)})
+                continue
+            detail = dry.replaces
+            if dry.outcome is operations.RetryOutcome.ALREADY_RETRIED:
+                detail = f"retried before as job {dry.new_job_id}"
+            rows.append(
+                {"job_id": pk, "outcome": dry.outcome.value.replace("_", " "), "detail": detail}
+            )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Retry failed jobs: what each retry would replace",
+            "opts": self.opts,
+            "rows": rows,
+            "ids": ids,
+            "retryable": sum(r["outcome"] == "would retry" for r in rows),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/runs/retry_preview.html", context)
 
 
 @admin.register(AnalysisAudit)

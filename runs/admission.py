@@ -21,9 +21,10 @@ from accounts.models import User
 from queueing import locks
 from queueing.enqueue import Enqueued, Policy, enqueue
 from runs import judge as judging
-from runs.core import get_core, queries
+from runs.core import get_core, held_run_give_back, queries
 from runs.credits import ANALYSIS_PRICE, credit_refund
 from runs.exceptions import (
+    CoreUnavailable,
     HoldExpired,
     InsufficientCredits,
     NoCitations,
@@ -31,6 +32,7 @@ from runs.exceptions import (
     QueueFull,
     RunsError,
     TooManyCitations,
+    UserInactive,
 )
 from runs.models import (
     AnalysisJob,
@@ -104,8 +106,11 @@ def analysis_job_admit(
     status and position, and charges it; the ``process_job`` of a started job joins that
     transaction. A refused admission (at any point) cancels the held run, giving its
     budget back: it leaves nothing, and two concurrent admits of one user can neither
-    both take the slot, nor pass the bound, nor overdraw the balance.
+    both take the slot, nor pass the bound, nor overdraw the balance. A deactivated user
+    is refused (:class:`UserInactive`) before anything is written.
     """
+    if not user.is_active:
+        raise UserInactive(f"user {user.get_username()} is deactivated; nothing was charged")
     citations = judging.extract_citations(doc_html)
     if not citations:
         raise NoCitations()
@@ -170,12 +175,18 @@ def analysis_job_admit(
 
 
 def held_runs_expire(*, limit: int = 500) -> int:
-    """Cancel held core runs that no admission took, older than
-    ``CORE_HELD_EXPIRY_SECONDS``: an admission that died between creating its held run
-    and committing its job (the resume tick's net). Idempotent."""
-    return get_core().expire_held(
-        older_than_seconds=float(settings.CORE_HELD_EXPIRY_SECONDS), limit=limit
-    )
+    """Cancel held core runs no live job needs, giving their budget back (the resume
+    tick's net): those no admission took, older than ``CORE_HELD_EXPIRY_SECONDS`` (an
+    admission died between creating its held run and committing its job), and those
+    whose job ended without releasing them while the core was unreachable. Idempotent;
+    0 while the core is unreachable (the next tick tries again)."""
+    try:
+        return get_core().expire_held(
+            older_than_seconds=float(settings.CORE_HELD_EXPIRY_SECONDS), limit=limit
+        )
+    except CoreUnavailable:
+        logger.warning("the core is unreachable: held runs are expired on a later tick")
+        return 0
 
 
 def _refusal(user: User, *, core_run_id: int) -> RunsError:
@@ -228,9 +239,10 @@ def analysis_queue_resume(*, limit: int = 500) -> list[int]:
     return promoted
 
 
-def analysis_job_cancel(*, job_id: int) -> bool:
-    """Cancel a queued job and refund its credit; False when it is no longer queued.
-    Under the user's queue lock, so a promoter cannot start it meanwhile.
+def analysis_job_cancel(*, job_id: int, reason: str = "cancelled by an operator") -> bool:
+    """Cancel a queued job, refund its credit and give its held core run (and the
+    tenant's budget unit) back; False when it is no longer queued. Under the user's
+    queue lock, so a promoter cannot start it meanwhile.
 
     A job that is not queued is refused before any lock: ``process_job`` takes the job's
     row lock and then the user's, so taking them the other way round here must only ever
@@ -247,9 +259,10 @@ def analysis_job_cancel(*, job_id: int) -> bool:
         now = timezone.now()
         AnalysisJob.objects.filter(pk=job.pk).update(
             status=JobStatus.CANCELLED,
-            error="cancelled by an operator",
+            error=reason,
             finished_at=now,
             updated_at=now,
         )
         credit_refund(job, note=f"analysis job {job.pk} cancelled")
+        held_run_give_back(core_run_id=job.core_run_id)
     return True

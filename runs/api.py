@@ -40,6 +40,7 @@ from runs.exceptions import (
     QueueFull,
     RunsError,
     TooManyCitations,
+    UserInactive,
 )
 from runs.models import AnalysisJob, AnalysisRun, JobCitation, JobStatus, SavedBy, Verdict
 
@@ -62,6 +63,7 @@ DETAIL_ITEMS = 100
 
 _STATUS: dict[type[RunsError], int] = {
     InsufficientCredits: 402,
+    UserInactive: 403,
     NoCitations: 422,
     ParentNotComplete: 409,
     JobNotFinished: 409,

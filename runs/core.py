@@ -4,7 +4,9 @@ reaches its job.
 Creating a held run performs every synchronous check the core owns — at least one
 source, each DOI well formed, today's provider budget — so each of those failures reaches
 the user at click time, while the run refuses to judge until it is released. States:
-``held → released → judging → done | failed``.
+``held → released → judging → done | failed``, or ``held → cancelled`` when the job ends
+before its release. The tenant's daily budget counts the runs the provider may work
+on: a unit is given back exactly when a held run is cancelled (it never was released).
 
 :class:`CoreClient` is the interface the analyses' services talk to; :class:`LocalCore` keeps
 the state machine in ``core_runs`` on Django's connection (so a create commits or rolls
@@ -16,13 +18,14 @@ tenant and UTC day.
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 from psycopg.types.json import Jsonb
@@ -30,6 +33,7 @@ from psycopg.types.json import Jsonb
 from queueing.sql import load
 from runs.exceptions import (
     BudgetExhausted,
+    CoreError,
     CoreStateError,
     CoreUnavailable,
     InvalidDoi,
@@ -42,6 +46,7 @@ DEFAULT_CLIENT = "runs.core.LocalCore"
 DOI_PATTERN = re.compile(r"^10\.\d{4,9}/[-._;()/:A-Za-z0-9<>\[\]]+$")
 
 queries = load("runs", "runs.sql")
+logger = logging.getLogger(__name__)
 
 
 class CoreClient(Protocol):
@@ -51,7 +56,10 @@ class CoreClient(Protocol):
     repeats the call it may already have made. ``create_held`` runs before the admission
     takes the user's lock (a slow core never holds a user's other admits), in a commit of
     its own; a refused admission calls ``cancel_held``, and one that died in between
-    leaves a held run ``expire_held`` cancels later. ``release``/``start``/``finish`` run
+    leaves a held run ``expire_held`` cancels later. A job that ends without releasing
+    its run (cancelled while queued, its release failed for good, its user deactivated)
+    calls ``cancel_held`` too; when the core is unreachable then, ``expire_held`` is the
+    net. ``release``/``start``/``finish`` run
     while the job's row is locked, so a remote implementation (HTTP) should use short
     timeouts and raise ``CoreUnavailable`` rather than block: the job then retries with
     backoff inside its release window.
@@ -64,12 +72,16 @@ class CoreClient(Protocol):
         subclass naming the reason, or ``CoreUnavailable``."""
 
     def cancel_held(self, *, core_run_id: int) -> None:
-        """Cancel a held run no job took, giving its budget back. Idempotent; a run a job
-        references, or one no longer held, stays as it is."""
+        """Cancel a held run no live job needs (no job took it, or its job ended without
+        releasing it), giving its budget back. Idempotent; a run a queued, pending or
+        running job references, or one no longer held, stays as it is. Raises
+        ``CoreUnavailable``."""
 
     def expire_held(self, *, older_than_seconds: float, limit: int) -> int:
-        """Cancel held runs no job took that are older than ``older_than_seconds``;
-        return how many. A remote core that expires them itself returns 0."""
+        """Cancel held runs no live job needs: those no job took, older than
+        ``older_than_seconds``, and those whose job ended without releasing them; return
+        how many. A remote core that expires them itself returns 0. Raises
+        ``CoreUnavailable``."""
 
     def release(self, *, core_run_id: int) -> None:
         """Take the run out of hold (attach its sources). Idempotent."""
@@ -129,6 +141,7 @@ class LocalCore:
         return row[0]
 
     def cancel_held(self, *, core_run_id: int) -> None:
+        self._require_available()
         self._cancel_held(core_run_id)
 
     def _cancel_held(self, core_run_id: int) -> bool:
@@ -138,6 +151,7 @@ class LocalCore:
             return cursor.fetchone()[0] > 0
 
     def expire_held(self, *, older_than_seconds: float, limit: int) -> int:
+        self._require_available()
         with connection.cursor() as cursor:
             cursor.execute(
                 queries["core_stale_held"], {"seconds": older_than_seconds, "limit": limit}
@@ -188,6 +202,26 @@ class LocalCore:
             done=(to,),
             finished_at=timezone.now(),
             error=detail,
+        )
+
+
+def held_run_give_back(*, core_run_id: int | None) -> None:
+    """Cancel the held run of a job that just ended without releasing it, giving the
+    tenant's budget unit back (the provider did no work). Call it in the transaction
+    that ends the job, so the run sees its job terminal: for the local core the give-back
+    commits or rolls back with the job's end. Best effort: when the core is unreachable
+    (or refuses), the run stays held and the resume tick's ``held_runs_expire`` cancels
+    it later; a released run is never given back."""
+    if core_run_id is None:
+        return
+    try:
+        with transaction.atomic():
+            get_core().cancel_held(core_run_id=core_run_id)
+    except (CoreError, DatabaseError):
+        logger.warning(
+            "could not cancel held core run %s now; the resume tick will",
+            core_run_id,
+            exc_info=True,
         )
 
 

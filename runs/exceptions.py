@@ -28,6 +28,13 @@ class InsufficientCredits(RunsError):
     code = "insufficient_credits"
 
 
+class UserInactive(RunsError):
+    """The account is deactivated: it can start no analysis, and its waiting analyses
+    were cancelled and refunded."""
+
+    code = "user_inactive"
+
+
 class NoCitations(RunsError):
     """The document holds no citations to check (mark them with data-source="KEY" or
     [KEY])."""

@@ -1,9 +1,27 @@
 """Citation extraction from ``doc_html`` and the pluggable judge.
 
-A citation is either an element carrying ``data-source="KEY"`` (its text is the claim) or
-a bracket marker ``[KEY]`` / ``[KEY1, KEY2]`` after a sentence (that sentence is the
-claim). Markers are numbered ``c1, c2, …`` in document order, so re-extracting the same
-document yields the same citations.
+The document is parsed as a browser parses it (selectolax's Lexbor engine follows the
+HTML5 parsing rules: optional end tags, implied elements, the first of duplicate
+attributes wins), and its text is laid out as blocks (paragraphs, list items, cells,
+headings, line breaks …); scripts, styles, templates, form fields and comments are no
+text. Then:
+
+* every element carrying ``data-source="KEY"`` (or ``"K1, K2"``) cites its keys, nested
+  ones included; its text, markers removed, is the claim; a void element cites nothing;
+* every bracket marker ``[KEY]`` / ``[K1, K2; K3]`` cites the sentence it stands in —
+  or, when it opens a sentence (nothing but space and markers before it there), the
+  sentence before it in its block: ``…scattering. [s1] Grass…`` cites "…scattering.";
+* ``[sic]`` (any case) is an editorial note, never a citation;
+* a sentence ends after ``.``, ``!`` or ``?`` (and closing quotes) followed by space,
+  unless the next word starts in lower case, or the word is an abbreviation (``e.g.``,
+  ``i.e.``, ``cf.``, ``et al.``, ``Dr.``, ``Fig.`` …, see ``_ABBREVIATIONS``) or an
+  initial; a block always ends one.
+
+Citations are numbered ``c1, c2, …`` in document order (an element at its start, a
+marker where it stands), so re-extracting the same document yields the same citations.
+Claims are squashed to single spaces and cut at ``MAX_CLAIM_CHARS``. Every step is
+linear in the document's size and none recurses, whatever its nesting.
+``tests/runs/test_judge.py`` holds the rules as a table of cases.
 
 The default judge, :class:`OverlapJudge`, is deterministic and offline: it scores how much
 of the claim's vocabulary the source's text contains. Another judge (an LLM call, say) is
@@ -12,33 +30,60 @@ plugged in with the setting ``RUNS_JUDGE = "dotted.path.ToJudge"``.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from html.parser import HTMLParser
 from typing import Protocol
 
 from django.conf import settings
 from django.utils.module_loading import import_string
+from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from runs.exceptions import JudgeError
 from runs.models import Verdict
 
 DEFAULT_JUDGE = "runs.judge.OverlapJudge"
 _BLOCK_TAGS = frozenset(
-    "p li div h1 h2 h3 h4 h5 h6 td th blockquote br section article tr dd dt".split()  # noqa: SIM905
+    (  # noqa: SIM905
+        "address article aside blockquote body br dd details dialog div dl dt fieldset "
+        "figcaption figure footer form h1 h2 h3 h4 h5 h6 header hr li main nav ol p pre "
+        "section summary table tbody td tfoot th thead tr ul caption"
+    ).split()
 )
 _VOID_TAGS = frozenset(
     "br hr img input meta link area base col embed source track wbr".split()  # noqa: SIM905
+)
+#: Elements whose text is no prose of the document.
+_SKIPPED_TAGS = frozenset(
+    "script style template noscript textarea select option head title iframe".split()  # noqa: SIM905
+)
+#: Bracketed editorial notes that look like a key but cite nothing.
+_EDITORIAL = frozenset({"sic"})
+#: Words ending in a period that end no sentence (lower case).
+_ABBREVIATIONS = frozenset(
+    (  # noqa: SIM905
+        "e.g. i.e. cf. vs. viz. al. approx. ca. fig. figs. no. nos. p. pp. vol. ch. sec. "
+        "eq. ed. eds. dr. mr. mrs. ms. prof. st. jr. sr. resp. incl. esp. z.b. bzw. usw. "
+        "d.h. u.a. vgl. ggf. etc."
+    ).split()
 )
 #: Citations one analysis may hold (admission refuses more), and the longest claim kept
 #: per citation: a document of one endless sentence must not repeat it per citation.
 MAX_CITATIONS = 1000
 MAX_CLAIM_CHARS = 1000
+#: Separates blocks in the laid-out text (the parser turns NUL into U+FFFD, so no text
+#: holds it).
+_BREAK = "\x00"
 _KEY = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}"
 _BRACKET = re.compile(rf"\[({_KEY}(?:\s*[,;]\s*{_KEY})*)\]")
 _SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,;:!?])")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_SENTENCE_END = re.compile(r"([.!?])[\"'\u201d\u2019)]*(?=\s)")
+_NEXT_WORD = re.compile(r"\s*(\S)")
+_LEADING_MARKERS = re.compile(rf"(?:\s|{_BRACKET.pattern})*")
+_LONGEST_ABBREVIATION = 12
+_CLAIM_WINDOW = 4 * MAX_CLAIM_CHARS
+_INITIAL = re.compile(r"[a-z]\.")
 _WORD = re.compile(r"[a-z0-9]+")
 _STOPWORDS = frozenset(
     (  # noqa: SIM905
@@ -97,56 +142,102 @@ class Judge(Protocol):
     def judge(self, *, claim: str, source: Source | None) -> Judgement: ...
 
 
-class _CitationParser(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.found: list[tuple[str, str]] = []  # (source keys text, claim)
-        self._text: list[str] = []
-        self._cite_key: str | None = None
-        self._cite_text: list[str] = []
-        self._cite_depth = 0
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if self._cite_key is not None:
-            if tag not in _VOID_TAGS:
-                self._cite_depth += 1
-            return
-        key = dict(attrs).get("data-source")
-        if key and tag not in _VOID_TAGS:
-            self._flush()
-            self._cite_key, self._cite_text, self._cite_depth = key.strip(), [], 1
-        elif tag in _BLOCK_TAGS:
-            self._flush()
-
-    def handle_endtag(self, tag: str) -> None:
-        if self._cite_key is not None:
-            self._cite_depth -= 1
-            if self._cite_depth == 0:
-                self.found.append((self._cite_key, _squash("".join(self._cite_text))))
-                self._cite_key = None
-            return
+def _walk(body: LexborNode) -> tuple[str, list[tuple[int, int, str]]]:
+    """The document's text as a browser lays it out (blocks separated by ``_BREAK``,
+    skipped elements left out) and each ``data-source`` element as (start, end, keys) in
+    that text. Iterative: a deeply nested document cannot exhaust the stack."""
+    parts: list[str] = []
+    length = 0
+    cited: list[tuple[int, int, str]] = []
+    stack: list[tuple[LexborNode, bool, int]] = [(body, False, -1)]  # (node, leaving, start)
+    while stack:
+        node, leaving, cite_start = stack.pop()
+        tag = node.tag
+        if leaving:
+            if cite_start >= 0:
+                keys = node.attributes.get("data-source") or ""
+                cited.append((cite_start, length, keys))
+            if tag in _BLOCK_TAGS:
+                parts.append(_BREAK)
+                length += 1
+            continue
+        if tag == "-text":
+            text = node.text_content or ""
+            parts.append(text.replace(_BREAK, " "))
+            length += len(text)
+            continue
+        if tag.startswith("-") or tag in _SKIPPED_TAGS:
+            continue  # comments, and elements whose text is no prose
         if tag in _BLOCK_TAGS:
-            self._flush()
+            parts.append(_BREAK)
+            length += 1
+        key = (node.attributes.get("data-source") or "").strip()
+        stack.append((node, True, length if key and tag not in _VOID_TAGS else -1))
+        children = []
+        child = node.child
+        while child is not None:
+            children.append(child)
+            child = child.next
+        stack.extend((c, False, -1) for c in reversed(children))
+    return "".join(parts), cited
 
-    def handle_data(self, data: str) -> None:
-        (self._cite_text if self._cite_key is not None else self._text).append(data)
 
-    def close(self) -> None:
-        super().close()
-        if self._cite_key is not None:
-            self.found.append((self._cite_key, _squash("".join(self._cite_text))))
-            self._cite_key = None
-        self._flush()
+def _is_editorial(keys: str) -> bool:
+    return keys.strip().lower() in _EDITORIAL
 
-    def _flush(self) -> None:
-        text = _squash("".join(self._text))
-        self._text = []
-        if not text:
-            return
-        for sentence in _SENTENCE_END.split(text):
-            for match in _BRACKET.finditer(sentence):
-                claim = _squash(_BRACKET.sub("", sentence))
-                self.found.append((match.group(1), claim))
+
+def _sentence_ends(block: str) -> list[int]:
+    """Where each sentence of ``block`` ends (exclusive): after ``.``, ``!`` or ``?``
+    (and closing quotes) followed by space, unless the word is an abbreviation or an
+    initial, or the next word starts in lower case. Linear in the block's length."""
+    ends = []
+    for match in _SENTENCE_END.finditer(block):
+        following = _NEXT_WORD.match(block, match.end())
+        if following and following.group(1).islower():
+            continue
+        if match.group(1) == ".":
+            start = match.start()
+            word = start
+            while word > max(0, start - _LONGEST_ABBREVIATION) and not block[word - 1].isspace():
+                word -= 1
+            token = block[word : start + 1].lstrip("([{\"'\u201c\u2018").lower()
+            if token in _ABBREVIATIONS or _INITIAL.fullmatch(token):
+                continue
+        ends.append(match.end())
+    ends.append(len(block))
+    return ends
+
+
+def _claim(text: str) -> str:
+    """A claim: the text without its citation markers, spaces squashed, at most
+    ``MAX_CLAIM_CHARS`` (read from a bounded window, so long texts cost no more)."""
+    window = text[:_CLAIM_WINDOW]
+    return _squash(_BRACKET.sub(lambda m: m[0] if _is_editorial(m[1]) else "", window))[
+        :MAX_CLAIM_CHARS
+    ]
+
+
+def _markers(text: str, base: int) -> list[tuple[int, str, str]]:
+    """The bracket markers of one block as (position, keys, claim), each attached to its
+    sentence: the one it stands in, or, when it opens a sentence (nothing but markers
+    and space before it there) the previous one."""
+    found = []
+    ends = _sentence_ends(text)
+    starts = [0, *ends[:-1]]
+    claims: dict[int, str] = {}
+    leads: dict[int, int] = {}  # where each sentence's own words begin
+    for match in _BRACKET.finditer(text):
+        if _is_editorial(match[1]):
+            continue
+        index = min(bisect.bisect_right(ends, match.start()), len(ends) - 1)
+        if index not in leads:
+            leads[index] = _LEADING_MARKERS.match(text, starts[index]).end()
+        if match.start() < leads[index] and index > 0:
+            index -= 1
+        if index not in claims:
+            claims[index] = _claim(text[starts[index] : ends[index]])
+        found.append((base + match.start(), match[1], claims[index]))
+    return found
 
 
 def _squash(text: str) -> str:
@@ -154,20 +245,28 @@ def _squash(text: str) -> str:
 
 
 def extract_citations(doc_html: str) -> list[Citation]:
-    """The document's citations in order (pure; the same input gives the same markers)."""
-    parser = _CitationParser()
-    parser.feed(doc_html)
-    parser.close()
+    """The document's citations in document order (pure; the same input gives the same
+    markers), by the rules in the module docstring."""
+    body = LexborHTMLParser(doc_html).body
+    if body is None:
+        return []
+    text, cited = _walk(body)
+    found: list[tuple[int, str, str]] = [
+        (start, keys, _claim(text[start : min(end, start + _CLAIM_WINDOW)].replace(_BREAK, " ")))
+        for start, end, keys in cited
+    ]
+    offset = 0
+    for block in text.split(_BREAK):
+        if "[" in block:
+            found.extend(_markers(block, offset))
+        offset += len(block) + 1
+    found.sort(key=lambda item: item[0])  # stable: an element before a marker at its start
     citations = []
-    for keys, claim in parser.found:
-        for key in re.split(r"\s*[,;]\s*", keys):
+    for _, keys, claim in found:
+        for key in re.split(r"\s*[,;]\s*", keys.strip()):
             if key:
                 citations.append(
-                    Citation(
-                        marker=f"c{len(citations) + 1}",
-                        source_key=key[:64],
-                        claim=claim[:MAX_CLAIM_CHARS],
-                    )
+                    Citation(marker=f"c{len(citations) + 1}", source_key=key[:64], claim=claim)
                 )
     return citations
 

@@ -41,11 +41,15 @@ class CoreRunState(models.TextChoices):
     JUDGING = "judging"
     DONE = "done"
     FAILED = "failed"
+    #: Its job ended before releasing it (cancelled, its release failed for good, its
+    #: user deactivated): the provider did no work and the budget unit was given back.
+    CANCELLED = "cancelled"
 
 
 class CoreRun(models.Model):
     """The local core service's run: created held at admission (every synchronous check
-    already passed), released when the queue reaches the job, then judged."""
+    already passed), released when the queue reaches the job, then judged — or cancelled
+    while still held, when its job ended without releasing it."""
 
     run_id = models.UUIDField(db_index=True)
     user = models.ForeignKey(User, on_delete=models.PROTECT, related_name="+")

@@ -17,12 +17,13 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from accounts.models import User
 from queueing.enqueue import Policy, queueing_lock_prefix
 from queueing.exceptions import RetryLater
 from queueing.rows import replace_children
 from runs import judge as judging
-from runs.admission import enqueue_process, lock_job, promote_next
-from runs.core import get_core, queries
+from runs.admission import analysis_job_cancel, enqueue_process, lock_job, promote_next
+from runs.core import get_core, held_run_give_back, queries
 from runs.credits import credit_refund
 from runs.exceptions import (
     CoreStateError,
@@ -45,6 +46,7 @@ class ProcessOutcome(enum.StrEnum):
     COMPLETE = "complete"
     FAILED = "failed"
     GAVE_UP = "gave_up"
+    CANCELLED = "cancelled"
 
 
 def release_window() -> datetime.timedelta:
@@ -118,12 +120,15 @@ def analysis_job_abandon(*, job_id: int, reason: str, tenant: str = "") -> bool:
 
 
 def job_fail(job: AnalysisJob, *, reason: str) -> None:
-    """Mark the (locked) job failed, refund it once, and hand its slot on."""
+    """Mark the (locked) job failed, refund it once, give its held core run back when it
+    was never released (the provider did no work), and hand its slot on."""
     now = timezone.now()
     AnalysisJob.objects.filter(pk=job.pk).update(
         status=JobStatus.FAILED, error=reason, finished_at=now, updated_at=now
     )
     credit_refund(job, note=f"analysis job {job.pk} failed")
+    if job.released_at is None:
+        held_run_give_back(core_run_id=job.core_run_id)
     if not job.is_delta:
         promote_next(job.user_id, tenant_id=job.tenant_id)
 
@@ -152,6 +157,9 @@ def analysis_job_process(*, job_id: int) -> ProcessOutcome:
         job = lock_job(job_id)
         if job is None or job.status not in ACTIVE_STATUSES:
             return ProcessOutcome.SKIPPED
+        if job.released_at is None and not _user_is_active(job.user_id):
+            _cancel_deactivated(job)
+            return ProcessOutcome.CANCELLED
         now = timezone.now()
         if job.status == JobStatus.PENDING:
             job.status, job.started_at = JobStatus.RUNNING, now
@@ -226,6 +234,41 @@ def analysis_job_process(*, job_id: int) -> ProcessOutcome:
         if not job.is_delta:
             promote_next(job.user_id, tenant_id=job.tenant_id)
     return ProcessOutcome.COMPLETE
+
+
+DEACTIVATED_REASON = "its user was deactivated before it started; the credit was refunded"
+
+
+def _user_is_active(user_id: int) -> bool:
+    return User.objects.filter(pk=user_id, is_active=True).exists()
+
+
+def _cancel_deactivated(job: AnalysisJob) -> None:
+    """Cancel the (locked, unreleased) job of a deactivated user: refunded once, its held
+    core run given back; then the user's queued jobs, which would start next."""
+    now = timezone.now()
+    AnalysisJob.objects.filter(pk=job.pk).update(
+        status=JobStatus.CANCELLED, error=DEACTIVATED_REASON, finished_at=now, updated_at=now
+    )
+    credit_refund(job, note=f"analysis job {job.pk} cancelled: its user was deactivated")
+    held_run_give_back(core_run_id=job.core_run_id)
+    analysis_jobs_cancel_deactivated(user_id=job.user_id)
+
+
+def analysis_jobs_cancel_deactivated(*, user_id: int | None = None, limit: int = 500) -> int:
+    """Cancel the queued jobs of deactivated users (of ``user_id`` only, when given):
+    each refunded once and its held core run given back, so a deactivated user's queue
+    never starts and never spends the tenant's budget. Each cancel takes the user's queue
+    lock and re-checks the job is still queued, so a stale list is harmless; pending and
+    running jobs are cancelled by their own ``process_job`` before their release (a
+    released one finishes: the provider is already at work). Returns how many."""
+    queued = AnalysisJob.objects.filter(
+        status=JobStatus.QUEUED, deleted_at__isnull=True, user__is_active=False
+    )
+    if user_id is not None:
+        queued = queued.filter(user_id=user_id)
+    ids = list(queued.order_by("id").values_list("pk", flat=True)[:limit])
+    return sum(analysis_job_cancel(job_id=pk, reason=DEACTIVATED_REASON) for pk in ids)
 
 
 def _save_attempt(job: AnalysisJob, now: datetime.datetime) -> None:

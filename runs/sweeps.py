@@ -2,8 +2,10 @@
 job, so a slow run never blocks the tick and never stacks; SIGTERM drains it).
 
 * ``unsaved_runs`` (every 30 s): the backstop — record runs the browser never saved.
-* ``analysis_resume`` (every 30 s): give up expired releases (refunding them), promote
-  users with queued work and nothing active, re-enqueue active jobs whose task is gone.
+* ``analysis_resume`` (every 30 s): give up expired releases (refunding them), cancel
+  deactivated users' queued jobs (refunding them), promote users with queued work and
+  nothing active, re-enqueue active jobs whose task is gone, cancel held core runs no
+  live job needs (giving their budget back).
 * ``doc_html_trim`` (every 10 min): clear old bodies, never one whose run is missing.
 """
 
@@ -45,23 +47,27 @@ def _give_up(row) -> bool:
 
 @declare_sweep(name="analysis_resume", cron="* * * * * */30", batch_size=100, grace_default=60)
 def resume_analysis_queue(ctx: SweepContext) -> SweepResult:
-    """Fail expired releases (refunded), promote stuck queues, re-enqueue lost jobs,
-    cancel held core runs no admission took."""
+    """Fail expired releases (refunded), cancel deactivated users' queued jobs
+    (refunded), promote stuck queues, re-enqueue lost jobs, cancel held core runs no live
+    job needs."""
     expired = sweep_rows(ctx, select_sql=queries["expired_releases"], params={}, process=_give_up)
     if ctx.dry_run:
         return expired
+    # Before promoting: a deactivated user's queued job must not start.
+    deactivated = processing.analysis_jobs_cancel_deactivated(limit=ctx.batch_size)
     promoted = admission.analysis_queue_resume(limit=ctx.batch_size)
     lost = processing.analysis_jobs_requeue_lost(
         idle_seconds=ctx.grace_seconds, limit=ctx.batch_size
     )
     orphans = admission.held_runs_expire(limit=ctx.batch_size)
-    changed = len(promoted) + lost.requeued + lost.abandoned + orphans
+    changed = deactivated + len(promoted) + lost.requeued + lost.abandoned + orphans
     return SweepResult(
         selected=expired.selected + changed,
         changed=expired.changed + changed,
         failed=expired.failed,
         notes={
             "gave_up": expired.changed,
+            "deactivated_cancelled": deactivated,
             "promoted": len(promoted),
             "requeued": lost.requeued,
             "abandoned": lost.abandoned,

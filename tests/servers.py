@@ -188,12 +188,12 @@ class WebServer:
 
 
 def start_web(env: dict[str, str], log_path: Path, **settings: str | int) -> WebServer:
-    """Start gunicorn exactly as ``make run`` does (``config.gunicorn``), on a free port;
+    """Start gunicorn exactly as ``make run`` does (``queueing.gunicorn``), on a free port;
     ``settings`` are its environment knobs (``WEB_WORKERS=2``…)."""
     port = free_port()
     handle = open(log_path, "w")  # noqa: SIM115 - lives with the process
     process = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.wsgi"],
+        [sys.executable, "-m", "gunicorn", "-c", "python:queueing.gunicorn", "config.wsgi"],
         cwd=ROOT,
         env={**env, "HOST": "127.0.0.1", "PORT": str(port)}
         | {k: str(v) for k, v in settings.items()},

@@ -1,5 +1,7 @@
-"""DESIGN §1: queueing knows neither the domains nor accounts; the domains never import
-each other; only config knows them all."""
+"""The layers (docs/design.md#layers): queueing knows neither the reference site's apps
+nor the site's own libraries (it is the distribution: it must import in a project that
+has only its declared dependencies); the domains never import each other; only config
+knows them all."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 FORBIDDEN = {
-    "queueing": {"pipeline", "runs", "accounts", "config"},
+    "queueing": {"pipeline", "runs", "accounts", "config", "environ", "ninja", "pgserver"},
     "pipeline": {"runs", "config"},
     "runs": {"pipeline", "config"},
     "accounts": {"pipeline", "runs", "queueing", "config"},

@@ -24,7 +24,7 @@ def test_the_image_runs_gunicorn_as_a_non_root_user():
     users = re.findall(r"^USER (\S+)$", final, re.MULTILINE)
     assert users and users[-1] not in ("root", "0")
     assert (
-        'CMD ["python", "-m", "gunicorn", "-c", "python:config.gunicorn", "config.wsgi"]' in final
+        'CMD ["python", "-m", "gunicorn", "-c", "python:queueing.gunicorn", "config.wsgi"]' in final
     )
     assert "collectstatic" in dockerfile
     assert "HEALTHCHECK" in final and "/healthz" in final

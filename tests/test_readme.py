@@ -18,7 +18,7 @@ def variables_read() -> set[str]:
     names |= set(re.findall(r'env(?:\.\w+)?\("([A-Z][A-Z0-9_]+)"', settings))
     names |= set(re.findall(r'_log_level\("([A-Z][A-Z0-9_]+)"', settings))
     names |= set(re.findall(r'os\.environ\.get\("([A-Z][A-Z0-9_]+)"', settings))
-    gunicorn = (ROOT / "config" / "gunicorn.py").read_text()
+    gunicorn = (ROOT / "queueing" / "gunicorn.py").read_text()
     names |= set(re.findall(r'_int\("([A-Z][A-Z0-9_]+)"', gunicorn))
     names |= set(re.findall(r"os\.environ\.get\(['\"]([A-Z][A-Z0-9_]+)['\"]", gunicorn))
     return names

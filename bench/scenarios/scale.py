@@ -100,13 +100,13 @@ def _plan(grace: int, batch: int) -> dict[str, Any]:
 
 
 def _scrape_ms() -> float:
-    from config.metrics import REGISTRY
+    from queueing.metrics import REGISTRY
 
     return timed(lambda: generate_latest(REGISTRY)) * 1000
 
 
 def _scrape_profile() -> list[dict[str, Any]]:
-    from config.metrics import REGISTRY
+    from queueing.metrics import REGISTRY
 
     with CaptureQueriesContext(connection) as captured:
         generate_latest(REGISTRY)

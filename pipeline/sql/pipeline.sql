@@ -22,6 +22,18 @@ UPDATE pipeline_runs
    AND status = 'success'
 RETURNING stage;
 
+-- replay_mark_waiting --
+-- A failed target of a replay (one a forced replay did not reset: it had not succeeded)
+-- gets the replay's reason in front of its error, so it reads as waiting for the replay
+-- until its next claim clears the error. Rows already waiting are left as they are.
+UPDATE pipeline_runs
+   SET error = %(reason)s || '; last error: ' || error
+ WHERE tenant_id = %(tenant_id)s
+   AND anfrage_id = %(anfrage_id)s
+   AND stage = ANY(%(stages)s)
+   AND status = 'failed'
+   AND error NOT LIKE %(prefix)s;
+
 -- replay_clear_resumes --
 -- A replay gives the replayed stages a fresh resume budget and lifts a give-up.
 UPDATE pipeline_runs

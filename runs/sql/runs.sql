@@ -22,40 +22,63 @@ SELECT %(run_id)s, %(user_id)s, 'held', %(sources)s, '', now()
 RETURNING id;
 
 -- core_cancel_held --
--- Cancel a held run no job took (its admission was refused, or died before it committed)
--- and give its budget unit back to the day it was taken from. A run a job references, or
--- one no longer held, is left as it is: cancelling twice does nothing. A run an admission
+-- Cancel a held run that no live job needs and give its budget unit back to the day it
+-- was taken from: the provider did no work for it. Two kinds qualify:
+--   * a run no job references (its admission was refused, or died before it committed):
+--     deleted, as if it never was;
+--   * a run whose every job ended without releasing it (cancelled while queued, its
+--     release failed for good, its user deactivated): kept, as 'cancelled', so the job
+--     still names a row.
+-- A run that was released (the provider worked), or one a queued, pending or running job
+-- may still release, is left as it is: cancelling twice does nothing. A run an admission
 -- is taking right now (its guard holds the row FOR KEY SHARE, and its job is not yet
 -- visible here) is skipped, not waited for: that admission commits a job naming it.
 -- Returns how many runs it cancelled (0 or 1).
-WITH cancelled AS (
+WITH target AS (
+    SELECT h.id, h.user_id, h.created_at,
+           EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.core_run_id = h.id) AS referenced
+      FROM core_runs h
+     WHERE h.id = %(core_run_id)s
+       AND h.state = 'held'
+       AND NOT EXISTS (SELECT 1 FROM analysis_jobs j
+                        WHERE j.core_run_id = h.id
+                          AND j.status IN ('queued', 'pending', 'running'))
+       FOR UPDATE SKIP LOCKED
+), deleted AS (
     DELETE FROM core_runs c
-     WHERE c.id = (SELECT h.id FROM core_runs h
-                    WHERE h.id = %(core_run_id)s
-                      AND h.state = 'held'
-                      AND NOT EXISTS (SELECT 1 FROM analysis_jobs j
-                                       WHERE j.core_run_id = h.id)
-                      FOR UPDATE SKIP LOCKED)
-    RETURNING c.user_id, c.created_at
+     USING target t
+     WHERE c.id = t.id AND NOT t.referenced
+), closed AS (
+    UPDATE core_runs c
+       SET state = 'cancelled', finished_at = now(),
+           error = 'cancelled while held: its job ended without releasing it'
+      FROM target t
+     WHERE c.id = t.id AND t.referenced
 ), given_back AS (
     UPDATE core_daily_usage u
        SET used = u.used - 1
-      FROM cancelled c
-      JOIN users usr ON usr.id = c.user_id
+      FROM target t
+      JOIN users usr ON usr.id = t.user_id
      WHERE u.tenant_id = usr.tenant_id
-       AND u.day = (c.created_at AT TIME ZONE 'UTC')::date
+       AND u.day = (t.created_at AT TIME ZONE 'UTC')::date
        AND u.used > 0
 )
-SELECT count(*) FROM cancelled;
+SELECT count(*) FROM target;
 
 -- core_stale_held --
--- Held runs no job references, older than %(seconds)s: an admission died between
--- creating its held run and committing its job. Oldest first, bounded.
+-- Held runs that no live job needs: those no job references, older than %(seconds)s (an
+-- admission died between creating its held run and committing its job; younger ones may
+-- still be committing), and those whose every job ended without releasing them, whatever
+-- their age (their job's own cancel missed the core: it was unreachable). Oldest first,
+-- bounded.
 SELECT c.id
   FROM core_runs c
  WHERE c.state = 'held'
-   AND c.created_at < now() - %(seconds)s * interval '1 second'
-   AND NOT EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.core_run_id = c.id)
+   AND NOT EXISTS (SELECT 1 FROM analysis_jobs j
+                    WHERE j.core_run_id = c.id
+                      AND j.status IN ('queued', 'pending', 'running'))
+   AND (c.created_at < now() - %(seconds)s * interval '1 second'
+        OR EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.core_run_id = c.id))
  ORDER BY c.id
  LIMIT %(limit)s;
 

@@ -1,7 +1,8 @@
 """A private PostgreSQL server for the tests that stop, restart or cut off the database.
 
 Started by the test (``pgserver``'s binaries, a data directory under the test's temporary
-directory, a Unix socket only), so stopping it disturbs nothing else the suite uses.
+directory, a Unix socket only), so stopping it disturbs nothing else the suite uses. With a
+``port`` it also listens on 127.0.0.1:``port`` (TCP), so a proxy can sit in front of it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ DATABASE = "pgstage"
 
 
 class PrivateServer:
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, *, port: int | None = None):
         if not os.environ.get("XDG_RUNTIME_DIR"):
             runtime = data_dir.parent / "run"
             runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -34,6 +35,13 @@ class PrivateServer:
         self.data_dir = Path(self._server.pgdata)
         self._server.psql(f"CREATE DATABASE {DATABASE};")
         self.url = self._server.get_uri(DATABASE)
+        self.port = port
+        if port is not None:
+            # pgserver starts it on a socket only (``-h ""``); start it again on TCP too.
+            self._socket_dir = self._server.get_postmaster_info().socket_dir
+            self.stop()
+            self.start()
+            self.url = f"postgresql://postgres@127.0.0.1:{port}/{DATABASE}"
 
     def connect(self, **kwargs) -> psycopg.Connection:
         return psycopg.connect(self.url, autocommit=True, **kwargs)
@@ -48,7 +56,11 @@ class PrivateServer:
         self.pg_ctl("-w", "-m", "fast", "stop")
 
     def start(self) -> None:
-        self._server.ensure_postgres_running()
+        if self.port is None:
+            self._server.ensure_postgres_running()
+            return
+        options = f"-h 127.0.0.1 -p {self.port} -k {self._socket_dir}"
+        self.pg_ctl("-w", "-o", options, "-l", str(self.data_dir / "log"), "start")
 
     def restart(self) -> None:
         self.stop()
@@ -78,12 +90,12 @@ class PrivateServer:
 
 
 @contextmanager
-def private_server() -> Iterator[PrivateServer]:
+def private_server(*, port: int | None = None) -> Iterator[PrivateServer]:
     """A server in a fresh directory readable by the server's own system user (pytest's
-    temporary directories are private to root)."""
+    temporary directories are private to root); on TCP ``port`` too when given."""
     base = Path(tempfile.mkdtemp(prefix="pgstage-pg-"))
     base.chmod(0o755)
-    server = PrivateServer(base / "data")
+    server = PrivateServer(base / "data", port=port)
     try:
         yield server
     finally:

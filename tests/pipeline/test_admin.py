@@ -11,6 +11,8 @@ stage is visible and replayable (test_a_stage_the_resume_sweep_gave_up_on_is_sho
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib import admin
 from django.db import connection
@@ -161,39 +163,132 @@ def test_replay_actions(admin_client, finished):
         cursor.execute("DELETE FROM procrastinate_jobs")
     run = PipelineRun.objects.get(anfrage=finished, stage="feasibility")
     changelist = reverse("admin:pipeline_pipelinerun_changelist")
-    # A successful stage is refused by the plain action (it needs force) ...
+    # A successful stage is refused by the plain action (it needs force), in the admin's
+    # words, not a command's flags ...
     response = admin_client.post(
         changelist, {"action": "replay_stage", "_selected_action": [run.id]}, follow=True
     )
     assert messages_of(response) == [
-        f"1 stage(s) refused: #{finished.id} feasibility: stage feasibility of inquiry "
-        f"{finished.id} already succeeded; pass --force to run it again"
+        f"1 replay(s) refused: #{finished.id} feasibility: stage feasibility of inquiry "
+        f"{finished.id} already succeeded; only a forced replay runs it again "
+        "(use “Force replay stage and the stages after it”)"
     ]
+    assert "--" not in messages_of(response)[0]
     assert jobs() == []
-    # ... and replayed by the forced one, which cascades.
+    # ... and replayed by the forced one, which cascades, once confirmed.
     response = admin_client.post(
         changelist,
-        {"action": "force_replay_cascade", "_selected_action": [run.id]},
-        follow=True,
-    )
-    assert messages_of(response) == ["1 stage(s) queued for replay (one job each)."]
-    assert [j["task_name"] for j in jobs()] == ["pipeline.feasibility"]
-    [entry] = AuditEntry.objects.filter(action="stage.replayed")
-    assert entry.actor == "admin:root" and entry.payload["reopened"] == ["feasibility", "calculate"]
-    # Again: the job is still waiting, so no second job; the later stage now waits on it.
-    calculate = PipelineRun.objects.get(anfrage=finished, stage="calculate")
-    response = admin_client.post(
-        changelist,
-        {"action": "force_replay_cascade", "_selected_action": [run.id, calculate.id]},
+        {"action": "force_replay_cascade", "_selected_action": [run.id], "confirmed": "yes"},
         follow=True,
     )
     assert messages_of(response) == [
-        "1 stage(s) already had a job waiting or running; no second job was queued "
-        "(the replay is audited and reopened what had succeeded).",
-        f"1 stage(s) refused: #{finished.id} calculate: stage feasibility of inquiry "
-        f"{finished.id} has not succeeded (failed); replay feasibility first",
+        f"1 replay(s) queued, 2 stage(s) reset to run again: "
+        f"#{finished.id} feasibility (reset feasibility, calculate)"
+    ]
+    assert [j["task_name"] for j in jobs()] == ["pipeline.feasibility"]
+    [entry] = AuditEntry.objects.filter(action="stage.replayed")
+    assert entry.actor == "admin:root" and entry.payload["reopened"] == ["feasibility", "calculate"]
+    # Again, with calculate too: one replay per inquiry (from its earliest stage); its
+    # job is still waiting, so no second job.
+    calculate = PipelineRun.objects.get(anfrage=finished, stage="calculate")
+    response = admin_client.post(
+        changelist,
+        {
+            "action": "force_replay_cascade",
+            "_selected_action": [run.id, calculate.id],
+            "confirmed": "yes",
+        },
+        follow=True,
+    )
+    assert messages_of(response) == [
+        f"1 replay(s) found a job of the stage waiting or running; no second job was queued "
+        f"(the replay is audited and reset what had succeeded): #{finished.id} feasibility"
     ]
     assert len(jobs()) == 1
+
+
+def test_a_forced_replay_is_confirmed_on_a_page_that_lists_what_it_resets(admin_client, finished):
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM procrastinate_jobs")
+    extract = PipelineRun.objects.get(anfrage=finished, stage="extract")
+    calculate = PipelineRun.objects.get(anfrage=finished, stage="calculate")
+    changelist = reverse("admin:pipeline_pipelinerun_changelist")
+    page = admin_client.post(
+        changelist,
+        {"action": "force_replay_cascade", "_selected_action": [extract.id, calculate.id]},
+    )
+    assert page.status_code == 200
+    [plan] = page.context["plans"]
+    assert (plan.run.stage, plan.resets, plan.refused) == (
+        "extract",
+        ("extract", "feasibility", "calculate"),
+        "",
+    )
+    assert b"extract, feasibility, calculate" in page.content
+    assert b'name="confirmed" value="yes"' in page.content
+    # Showing the page wrote nothing.
+    assert jobs() == []
+    assert not AuditEntry.objects.filter(action="stage.replayed").exists()
+    assert set(PipelineRun.objects.values_list("status", flat=True)) == {"success"}
+    # Confirmed: all three are reset, and counted as such.
+    response = admin_client.post(
+        changelist,
+        {
+            "action": "force_replay_cascade",
+            "_selected_action": [extract.id, calculate.id],
+            "confirmed": "yes",
+        },
+        follow=True,
+    )
+    assert messages_of(response) == [
+        f"1 replay(s) queued, 3 stage(s) reset to run again: "
+        f"#{finished.id} extract (reset extract, feasibility, calculate)"
+    ]
+
+
+def test_stages_waiting_for_a_replay_show_as_waiting(admin_client, finished):
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM procrastinate_jobs")
+    run = PipelineRun.objects.get(anfrage=finished, stage="extract")
+    changelist = reverse("admin:pipeline_pipelinerun_changelist")
+    admin_client.post(
+        changelist,
+        {"action": "force_replay_cascade", "_selected_action": [run.id], "confirmed": "yes"},
+    )
+    listed = admin_client.get(changelist)
+    shown = {r.stage: r.display_status for r in listed.context["cl"].result_list}
+    assert shown == {
+        "intake": "success",
+        "extract": "waiting (replay)",
+        "feasibility": "waiting (replay)",
+        "calculate": "waiting (replay)",
+    }
+    assert b"failed" not in listed.content.split(b'id="result_list"')[1].split(b"</table>")[0]
+    board = admin_client.get(reverse("admin:pipeline_anfrage_changelist"))
+    assert b"extract waiting (replay)" in board.content
+    # Once the stage runs again, its status is its own.
+    run_stages(finished.id)
+    assert {r.display_status for r in PipelineRun.objects.all()} == {"success"}
+
+
+def test_the_runs_list_fits_a_1400_px_window(admin_client, finished):
+    """The list stays narrow whatever the rows hold: a long title and a long error are
+    cut, whole in a tooltip. Judged by the text of the widest row: at about 7 px a
+    character, 1400 px less the filter column (~250 px) and the paddings (~20 px a
+    column) hold some 130 characters."""
+    finished.title = "Hallenerweiterung Nord, Bauabschnitt 3: Stahlbau und Dachtragwerk"
+    finished.save(update_fields=["title"])
+    PipelineRun.objects.filter(anfrage=finished, stage="calculate").update(
+        status="failed",
+        error="StageInputChanged: catalog item 'beam' of position 1 is no longer in the "
+        "catalog; replay feasibility and the stages after it",
+    )
+    page = admin_client.get(reverse("admin:pipeline_pipelinerun_changelist"))
+    table = page.content.decode().split('id="result_list"')[1].split("</table>")[0]
+    rows = [re.sub(r"<[^>]+>", "|", row) for row in table.split("<tr")[2:]]
+    widest = max(sum(len(cell.strip()) for cell in row.split("|") if cell.strip()) for row in rows)
+    assert widest <= 130, rows
+    assert "is no longer in the catalog" in table  # in the tooltip
 
 
 def test_a_stage_the_resume_sweep_gave_up_on_is_shown_and_replayable(admin_client, tenant):
@@ -223,7 +318,9 @@ def test_a_stage_the_resume_sweep_gave_up_on_is_shown_and_replayable(admin_clien
     response = admin_client.post(
         runs, {"action": "replay_stage", "_selected_action": [run.id]}, follow=True
     )
-    assert messages_of(response) == ["1 stage(s) queued for replay (one job each)."]
+    assert messages_of(response) == [
+        f"1 replay(s) queued, 0 stage(s) reset to run again: #{anfrage.id} extract"
+    ]
     run.refresh_from_db()
-    assert (run.resumes, run.gave_up_at, run.display_status) == (0, None, "failed")
+    assert (run.resumes, run.gave_up_at, run.display_status) == (0, None, "waiting (replay)")
     assert result_count(admin_client.get(runs, {"resume": "gave_up"})) == 0

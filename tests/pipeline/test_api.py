@@ -54,7 +54,7 @@ def test_submit_and_follow_an_inquiry(client, user):
     assert [p["index"] for p in body["positions"]] == [1, 2, 3, 4, 5]
     beam = body["positions"][0]
     assert beam["item"] == "steel beam HEA 200" and beam["feasible"] is True
-    assert beam["quantity"] == "12.000" and beam["total"] == "2844.00"
+    assert beam["quantity"] == "12.000" and beam["total"] == "2592.00"
     assert Decimal(body["quote_total"]) == sum(
         Decimal(p["total"]) for p in body["positions"] if p["total"]
     )

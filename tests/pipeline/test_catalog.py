@@ -51,12 +51,12 @@ def test_pipe_is_a_tube_not_a_beam():
 
 def test_prices_with_quantity_breaks_and_piece_lengths():
     beam = default_catalog().entry("beam")
-    # 2 pieces of 6 m at 42.00/m; 12 pieces reach the 10-break at 39.50/m.
-    assert price_position(beam, quantity=Decimal(2), unit=Unit.PIECES, length_mm=6000).total == (
-        Decimal("504.00")
+    # 1 piece of 6 m at 42.00/m; 12 pieces of 6 m are 72 m: the 50 m break at 36.00/m.
+    assert price_position(beam, quantity=Decimal(1), unit=Unit.PIECES, length_mm=6000).total == (
+        Decimal("252.00")
     )
     twelve = price_position(beam, quantity=Decimal(12), unit=Unit.PIECES, length_mm=6000)
-    assert (twelve.unit_price, twelve.total) == (Decimal("237.00"), Decimal("2844.00"))
+    assert (twelve.unit_price, twelve.total) == (Decimal("216.00"), Decimal("2592.00"))
     running = price_position(beam, quantity=Decimal("7.5"), unit=Unit.METRES, length_mm=None)
     assert (running.unit_price, running.total) == (Decimal("42.00"), Decimal("315.00"))
 

@@ -18,8 +18,10 @@ reopen
     retried on the new input once the replay finished
     (test_extract_replayed_and_finished_meanwhile_makes_feasibility_retry)
 run again
-  - without --cascade only that stage runs
-    (test_forced_replay_without_cascade_runs_only_that_stage); with it the later ones
+  - without --cascade only that stage runs, and only when no later stage succeeded on
+    the output it rewrites (test_forced_replay_of_the_last_stage_runs_only_that_stage,
+    test_a_replay_that_would_leave_later_stages_stale_needs_cascade,
+    test_a_replay_of_a_failed_stage_runs_the_later_ones_after_it); with it the later ones
     too (test_cascade_replay_reruns_the_later_stages,
     test_after_the_race_the_chain_finishes_on_the_new_output)
   - a failed stage needs no --force (test_replay_of_a_failed_stage_needs_no_force); a
@@ -62,7 +64,7 @@ def test_replay_refusals(tenant, other_tenant):
             tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", actor="test"
         )
     run_stages(anfrage.id)
-    with pytest.raises(ReplayRefused, match="pass --force"):
+    with pytest.raises(ReplayRefused, match="only a forced replay runs it again"):
         pipeline_stage_replay(
             tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", actor="test"
         )
@@ -112,28 +114,72 @@ def test_dry_run_changes_nothing(tenant):
     assert not AuditEntry.objects.filter(action="stage.replayed").exists()
 
 
-def test_forced_replay_without_cascade_runs_only_that_stage(tenant):
+def test_forced_replay_of_the_last_stage_runs_only_that_stage(tenant):
     anfrage = submit(tenant)
     run_stages(anfrage.id)
     drop_jobs()
     result = pipeline_stage_replay(
-        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="feasibility", force=True, actor="ops"
+        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="calculate", force=True, actor="ops"
     )
-    assert result.reopened == ("feasibility",) and result.enqueued
-    run = PipelineRun.objects.get(anfrage=anfrage, stage="feasibility")
+    assert result.reopened == ("calculate",) and result.enqueued
+    run = PipelineRun.objects.get(anfrage=anfrage, stage="calculate")
     assert run.status == "failed" and "replay requested by ops" in run.error
-    assert run_stages(anfrage.id) == ["skipped", "skipped", "completed", "skipped"]
-    assert runs(anfrage)["feasibility"] == ("success", 2)
+    assert run_stages(anfrage.id) == ["skipped", "skipped", "skipped", "completed"]
+    assert runs(anfrage)["calculate"] == ("success", 2)
+    anfrage.refresh_from_db()
+    assert anfrage.quote_total is not None and anfrage.completed_at is not None
     [entry] = AuditEntry.objects.filter(action="stage.replayed")
     assert entry.actor == "ops"
     assert entry.payload == {
-        "stage": "feasibility",
+        "stage": "calculate",
         "force": True,
         "cascade": False,
-        "reopened": ["feasibility"],
+        "reopened": ["calculate"],
         "job_id": result.job_id,
         "enqueued": True,
     }
+
+
+@pytest.mark.parametrize(
+    ("stage", "stale"),
+    [
+        ("intake", "extract, feasibility, calculate"),
+        ("extract", "feasibility, calculate"),
+        ("feasibility", "calculate"),
+    ],
+)
+def test_a_replay_that_would_leave_later_stages_stale_needs_cascade(tenant, stage, stale):
+    """A forced replay of one stage rewrites the output the later stages computed from;
+    left ``success``, they would be skipped as done and the inquiry would close without a
+    quote (``complete: true``, ``quote_total: null``). Refused, writing nothing."""
+    anfrage = submit(tenant)
+    run_stages(anfrage.id)
+    drop_jobs()
+    with pytest.raises(ReplayRefused, match=f"stage {stale} of inquiry .* succeeded") as refused:
+        pipeline_stage_replay(
+            tenant_id=tenant.id, anfrage_id=anfrage.id, stage=stage, force=True, actor="ops"
+        )
+    assert refused.value.remedy == "cascade"
+    assert runs(anfrage) == {s.value: ("success", 1) for s in Stage}
+    assert jobs() == []
+    assert not AuditEntry.objects.filter(action="stage.replayed").exists()
+    anfrage.refresh_from_db()
+    assert anfrage.quote_total is not None and anfrage.completed_at is not None
+
+
+def test_a_replay_of_a_failed_stage_runs_the_later_ones_after_it(tenant):
+    """Later stages that have not succeeded need no cascade: the replayed stage hands on
+    to them, and the inquiry completes with a quote."""
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, (Stage.INTAKE, Stage.EXTRACT))
+    claim = LEDGER.claim(tenant=tenant.id, anfrage=anfrage.id, stage="feasibility")
+    LEDGER.fail(claim, error="boom")
+    pipeline_stage_replay(
+        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", force=True, actor="ops"
+    )
+    assert run_stages(anfrage.id) == ["skipped", "completed", "completed", "completed"]
+    anfrage.refresh_from_db()
+    assert anfrage.quote_total is not None and anfrage.completed_at is not None
 
 
 def test_cascade_replay_reruns_the_later_stages(tenant):

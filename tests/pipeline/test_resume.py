@@ -30,11 +30,11 @@ the sweep
   - fails on one row: that row's job and count roll back together, the batch goes on,
     the next run resumes it (test_a_failing_row_rolls_back_alone)
 the set of open inquiries (``completed_at``)
-  - calculate's closing transaction closes it; a replay reopens it; a replay without
-    ``--cascade`` leaves every stage ``success`` and the sweep closes it
+  - calculate's closing transaction closes it; a replay reopens it; one left open with
+    every stage ``success`` is closed by the sweep
     (test_an_inquiry_is_open_exactly_while_a_stage_is_left_to_run)
-  - calculate closes while a replay without ``--cascade`` reopened an earlier stage: it
-    stays open (test_calculate_leaves_the_inquiry_open_when_an_earlier_stage_was_reopened)
+  - calculate closes while an earlier stage was reopened: it stays open
+    (test_calculate_leaves_the_inquiry_open_when_an_earlier_stage_was_reopened)
   - existing inquiries at the migration: the complete ones are closed
     (test_the_migration_closes_complete_inquiries_only)
 liveness
@@ -314,8 +314,8 @@ def test_the_sweep_gives_up_after_max_resumes_until_a_replay(
     assert run.status == "failed" and run.gave_up_at is not None
     assert run.display_status == "failed (gave up)"
     assert run.error == (
-        f"gave up after {max_resumes} resumes; replay it with manage.py replay_stage "
-        "(or replay_failed for all of a stage); last error: RuntimeError: parser exploded"
+        f"gave up after {max_resumes} resumes; it runs again when an operator replays it; "
+        "last error: RuntimeError: parser exploded"
     )
     [entry] = audit("stage.gave_up")
     assert entry.payload == {
@@ -441,13 +441,17 @@ def test_an_inquiry_is_open_exactly_while_a_stage_is_left_to_run(tenant):
     assert work_off(anfrage) == ["feasibility:completed", "calculate:completed"]
     assert Anfrage.objects.get(pk=anfrage.id).completed_at is not None
 
-    # Without --cascade the later stages keep their success and are skipped: nothing
-    # closes the inquiry but the sweep.
+    # The last stage alone: calculate closes the inquiry again with its quote.
     pipeline_stage_replay(
-        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="intake", force=True, actor="ops"
+        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="calculate", force=True, actor="ops"
     )
-    assert work_off(anfrage) == ["intake:completed", "extract:skipped"]
     assert Anfrage.objects.get(pk=anfrage.id).completed_at is None
+    assert work_off(anfrage) == ["calculate:completed"]
+    assert Anfrage.objects.get(pk=anfrage.id).completed_at is not None
+
+    # An inquiry left open with every stage 'success' (a crash between the stages'
+    # commits, or rows from before this rule) is closed by the sweep.
+    Anfrage.objects.filter(pk=anfrage.id).update(completed_at=None)
     assert sweep().notes == {"closed": 1}
     assert Anfrage.objects.get(pk=anfrage.id).completed_at is not None
     assert sweep().selected == 0
@@ -459,10 +463,9 @@ def test_calculate_leaves_the_inquiry_open_when_an_earlier_stage_was_reopened(te
     work = stages._STAGES[Stage.CALCULATE]
 
     def compute(anfrage, inputs):
-        # Meanwhile an operator replays extract without --cascade.
-        pipeline_stage_replay(
-            tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", force=True, actor="ops"
-        )
+        # Meanwhile extract is reopened (a replay's reset; a replay itself is refused
+        # while feasibility stands on extract's output).
+        PipelineRun.objects.filter(anfrage=anfrage, stage="extract").update(status="failed")
         return work.compute(anfrage, inputs)
 
     monkeypatch.setitem(stages._STAGES, Stage.CALCULATE, dataclasses.replace(work, compute=compute))

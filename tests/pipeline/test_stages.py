@@ -261,7 +261,12 @@ def test_extract_failure_keeps_the_old_positions_until_new_ones_commit(tenant, s
     before = positions(anfrage)
     assert len(before) == 3
     pipeline_stage_replay(
-        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", force=True, actor="test"
+        tenant_id=tenant.id,
+        anfrage_id=anfrage.id,
+        stage="extract",
+        force=True,
+        cascade=True,
+        actor="test",
     )
     scripted_extractor.fail_with = RuntimeError("extractor down")
     with pytest.raises(RuntimeError):
@@ -358,7 +363,12 @@ def test_readers_see_the_old_positions_while_a_retry_extracts(
     run_stages(anfrage.id)
     before = positions(anfrage)
     pipeline_stage_replay(
-        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", force=True, actor="test"
+        tenant_id=tenant.id,
+        anfrage_id=anfrage.id,
+        stage="extract",
+        force=True,
+        cascade=True,
+        actor="test",
     )
     scripted_extractor.block = True
     scripted_extractor.keep = 2
@@ -380,7 +390,12 @@ def test_a_worker_whose_lease_was_taken_over_commits_nothing(
     run_stages(anfrage.id)
     before = positions(anfrage)
     pipeline_stage_replay(
-        tenant_id=tenant.id, anfrage_id=anfrage.id, stage="extract", force=True, actor="test"
+        tenant_id=tenant.id,
+        anfrage_id=anfrage.id,
+        stage="extract",
+        force=True,
+        cascade=True,
+        actor="test",
     )
     scripted_extractor.block = True
     scripted_extractor.keep = 1

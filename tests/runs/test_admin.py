@@ -63,9 +63,11 @@ def seeded():
     return {"user": user, "done": done.id, "pending": queued_then_pending.id, "queued": queued.id}
 
 
-def act(client, action: str, *ids: int) -> list[str]:
+def act(client, action: str, *ids: int, **extra: str) -> list[str]:
     response = client.post(
-        reverse(CHANGELIST), {"action": action, "_selected_action": list(ids)}, follow=True
+        reverse(CHANGELIST),
+        {"action": action, "_selected_action": list(ids), **extra},
+        follow=True,
     )
     assert response.status_code == 200
     return [str(m) for m in response.context["messages"]]
@@ -301,8 +303,8 @@ def test_retry_action_retries_failed_jobs_once_and_names_refusals(staff_client):
     failed, pending = admit(user), admit(user, "second")
     AnalysisJob.objects.filter(pk=failed.id).update(status=JobStatus.FAILED)
 
-    first = act(staff_client, "retry_failed", failed.id, pending.id)
-    again = act(staff_client, "retry_failed", failed.id)
+    first = act(staff_client, "retry_failed", failed.id, pending.id, confirm="yes")
+    again = act(staff_client, "retry_failed", failed.id, confirm="yes")
 
     assert first == [
         f"Retry: 1 retried; 1 refused (#{pending.id}: job {pending.id} is queued; only "
@@ -331,3 +333,35 @@ def test_the_sweeps_page_names_environment_variables_and_counts_runs_not_saved(
     assert 'id="unsaved-runs-total">2</a>' in page
     assert "1 past the 120 s grace period" in page
     assert "?no_run=under_1h" in page
+
+
+def test_retry_action_first_shows_what_each_retry_would_replace_and_changes_nothing(
+    staff_client,
+):
+    user = funded_user(credits=10)
+    doc = "<p>Water boils at one hundred degrees [thermo].</p>"
+    v1 = admission.analysis_job_admit(user=user, title="v1", doc_html=doc, sources=SOURCES).id
+    processing.analysis_job_process(job_id=v1)
+    durability.analysis_run_save(user=user, job_id=v1)
+    v2, v3 = (
+        admission.analysis_job_admit(
+            user=user, title=t, doc_html=doc, sources=SOURCES, delta_of_job_id=v1
+        ).id
+        for t in ("v2", "v3")
+    )
+    AnalysisJob.objects.filter(pk__in=[v2, v3]).update(status=JobStatus.FAILED)
+    run_id = AnalysisJob.objects.get(pk=v1).run_id
+    balance = credit_balance(user_id=user.pk)
+
+    page = staff_client.post(
+        reverse(CHANGELIST), {"action": "retry_failed", "_selected_action": [v2, v3]}
+    )
+
+    assert page.status_code == 200
+    rows = {r["job_id"]: (r["outcome"], r["detail"]) for r in page.context["rows"]}
+    assert rows[v2][0] == "refused" and f"superseded by job {v3}" in rows[v2][1]
+    assert rows[v3] == ("would retry", f"replaces run {run_id}'s job {v1} (saved by client)")
+    assert b'name="confirm" value="yes"' in page.content and b"Retry 1 job(s)" in page.content
+    assert AnalysisAudit.objects.count() == 0
+    assert AnalysisJob.objects.count() == 3
+    assert credit_balance(user_id=user.pk) == balance

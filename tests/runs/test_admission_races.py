@@ -8,6 +8,10 @@
   committed, waits for the user's lock: either the expiry skips the run (the admission's
   guard holds it) or the admission is refused cleanly (``HoldExpired``, 503) — never a
   job naming a deleted run (an IntegrityError at commit, a 500).
+* An operator's retry of a failed delta while the user admits a newer delta of the same
+  run: the retry's "still the run's newest?" check and its admission hold the user's
+  lock together, so the user's delta comes after the retry's job (it stays the newest),
+  never between the check and the retry's job.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import pytest
 from django.db import connections, transaction
 
 from queueing import locks
-from runs import admission, processing
+from runs import admission, operations, processing
 from runs.exceptions import HoldExpired, InsufficientCredits, RunsError
 from runs.models import AnalysisJob, CoreRun
 from runs.queue import ANALYSIS_QUEUE_LOCK
@@ -205,3 +209,41 @@ def test_an_expired_hold_answers_503_with_retry_after_and_writes_nothing(
     assert int(answer.headers["Retry-After"]) > 0
     assert not AnalysisJob.objects.exists()
     assert credit_balance(user_id=user.pk) == 3
+
+
+def test_a_delta_admitted_during_a_retry_stays_the_runs_newest(clean_queue, monkeypatch):
+    user = funded_user(credits=10)
+    v1 = admit(user)
+    assert processing.analysis_job_process(job_id=v1.id) == "complete"
+    v2 = admit(user, delta_of_job_id=v1.id)
+    with transaction.atomic():
+        processing.job_fail(admission.lock_job(v2.id), reason="the core refused")
+
+    # The retry pauses after deciding v2 is still the run's newest, before its admission.
+    checked, resume = threading.Event(), threading.Event()
+    real_admit = operations.analysis_job_admit
+
+    def slow_admit(**kwargs):
+        checked.set()
+        resume.wait(timeout=20)
+        return real_admit(**kwargs)
+
+    monkeypatch.setattr(operations, "analysis_job_admit", slow_admit)
+    outcome: dict[str, object] = {}
+    retry = in_thread(
+        "retry", outcome, lambda: operations.analysis_job_retry(job_id=v2.id, actor="ops")
+    )
+    assert checked.wait(timeout=20)
+    tab = in_thread("tab", outcome, lambda: admit(user, delta_of_job_id=v1.id))
+    tab.join(timeout=3)  # a correct admission waits for the retry here (the user's lock)
+    resume.set()
+    retry.join(timeout=20)
+    tab.join(timeout=20)
+
+    retried, delta = outcome["retry"], outcome["tab"]
+    assert isinstance(retried, operations.Retried), retried
+    assert isinstance(delta, admission.Admission), delta
+    assert delta.id > retried.new_job_id, (
+        f"the user's delta {delta.id} slipped in before the retry's job "
+        f"{retried.new_job_id}: the retried older document would replace it"
+    )

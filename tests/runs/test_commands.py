@@ -9,9 +9,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import transaction
 
-from runs import admission, processing
+from runs import admission, durability, processing
 from runs.management.commands.replay_failed_analyses import parse_since
-from runs.models import AnalysisAudit
+from runs.models import AnalysisAudit, AnalysisJob, JobStatus
 from runs.selectors import credit_balance
 from tests.runs.factories import DOC_HTML, SOURCES, AnalysisJobFactory, backdate, funded_user
 
@@ -96,6 +96,7 @@ def test_retry_analysis_retries_once_and_prints_the_new_job():
 
     dry = run("retry_analysis", "--job", str(job_id), "--dry-run")
     assert "would retry" in dry and "nothing changed" in dry
+    assert "has no saved result yet" in dry
     assert AnalysisAudit.objects.count() == 0
 
     out = run("retry_analysis", "--job", str(job_id))
@@ -182,3 +183,27 @@ def test_since_accepts_ages_dates_and_times():
     assert parse_since("2d", now=now) == now - datetime.timedelta(days=2)
     assert parse_since("2025-03-01", now=now) == datetime.datetime(2025, 3, 1, tzinfo=datetime.UTC)
     assert parse_since("2025-03-01T08:30", now=now).hour == 8
+
+
+def test_replay_failed_analyses_dry_run_shows_what_each_retry_replaces_or_why_not():
+    user = funded_user(credits=10, username="cy")
+    doc = "<p>Water boils at one hundred degrees [thermo].</p>"
+    v1 = admission.analysis_job_admit(user=user, title="v1", doc_html=doc, sources=SOURCES).id
+    processing.analysis_job_process(job_id=v1)
+    durability.analysis_run_save(user=user, job_id=v1)
+    v2, v3 = (
+        admission.analysis_job_admit(
+            user=user, title=t, doc_html=doc, sources=SOURCES, delta_of_job_id=v1
+        ).id
+        for t in ("v2", "v3")
+    )
+    AnalysisJob.objects.filter(pk__in=[v2, v3]).update(status=JobStatus.FAILED)
+    run_id = AnalysisJob.objects.get(pk=v1).run_id
+
+    out = run("replay_failed_analyses", "--dry-run")
+
+    lines = {line.split()[0]: line for line in out.splitlines() if line.split()[:1]}
+    assert f"superseded by job {v3}" in lines[str(v2)] and "refused" in lines[str(v2)]
+    assert f"replaces run {run_id}'s job {v1} (saved by client)" in lines[str(v3)]
+    assert "1 refused, 1 would retry (dry run: nothing changed)" in out
+    assert AnalysisAudit.objects.count() == 0

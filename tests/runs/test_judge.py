@@ -1,11 +1,23 @@
-"""Citation extraction and the default offline judge (pure functions, no database)."""
+"""Citation extraction and the default offline judge (pure functions, no database).
+
+``CASES`` is the definition of sentence and marker attachment, as a table: HTML in (as
+browsers parse it, HTML5 optional end tags and all), citations and verdicts out. A shape
+that was ever judged wrong gets a row.
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from runs.exceptions import JudgeError
-from runs.judge import OverlapJudge, Source, extract_citations, judge_document, summarize
+from runs.judge import (
+    MAX_CLAIM_CHARS,
+    OverlapJudge,
+    Source,
+    extract_citations,
+    judge_document,
+    summarize,
+)
 from runs.models import Verdict
 from tests.runs.factories import DOC_HTML, SOURCES
 
@@ -82,3 +94,114 @@ class AlwaysSupported:
         from runs.judge import Judgement
 
         return Judgement(verdict=Verdict.SUPPORTED, score=1.0)
+
+
+TABLE_SOURCES = [
+    {"key": "s1", "title": "Optics", "text": "Rayleigh scattering makes the sky blue."},
+    {"key": "s2", "title": "Botany", "text": "Chlorophyll makes grass green."},
+]
+SKY = "Rayleigh scattering makes the sky blue"
+GRASS = "Chlorophyll makes grass green"
+OK, NO, MISSING = Verdict.SUPPORTED, Verdict.UNSUPPORTED, Verdict.MISSING_SOURCE
+
+#: id → (HTML in, [(source key, claim, verdict)] out, in document order).
+CASES = {
+    "a marker after the period cites the sentence before it": (
+        "<p>The sky is blue because of Rayleigh scattering. [s1] Grass is green because of "
+        "chlorophyll [s2].</p>",
+        [
+            ("s1", "The sky is blue because of Rayleigh scattering.", OK),
+            ("s2", "Grass is green because of chlorophyll.", OK),
+        ],
+    ),
+    "a marker before the period cites its sentence": (
+        f"<p>{SKY} [s1]. {GRASS} [s2].</p>",
+        [("s1", f"{SKY}.", OK), ("s2", f"{GRASS}.", OK)],
+    ),
+    "a marker opening a block cites the sentence after it": (
+        f"<p>[s1] {SKY}.</p>",
+        [("s1", f"{SKY}.", OK)],
+    ),
+    "list items without end tags are two citations": (
+        f"<ul><li data-source=s1>{SKY}<li data-source=s2>{GRASS}</ul>",
+        [("s1", SKY, OK), ("s2", GRASS, OK)],
+    ),
+    "paragraphs without end tags are two blocks": (
+        f"<p>{SKY} [s1]<p>{GRASS} [s2]",
+        [("s1", SKY, OK), ("s2", GRASS, OK)],
+    ),
+    "a nested data-source is a citation of its own": (
+        f"<div data-source=s1>{SKY}; <span data-source=s2>{GRASS.lower()}</span></div>",
+        [("s1", f"{SKY}; {GRASS.lower()}", OK), ("s2", GRASS.lower(), OK)],
+    ),
+    "a duplicate attribute keeps the first value, as browsers do": (
+        f"<p data-source=s1 data-source=s2>{SKY}</p>",
+        [("s1", SKY, OK)],
+    ),
+    "[sic] is an editorial note, not a citation": (
+        "<p>The sky is blew [sic] blue by Rayleigh scattering [s1].</p>",
+        [("s1", "The sky is blew [sic] blue by Rayleigh scattering.", OK)],
+    ),
+    "e.g. does not end a sentence": (
+        "<p>Pigments, e.g. Chlorophyll, make grass green [s2].</p>",
+        [("s2", "Pigments, e.g. Chlorophyll, make grass green.", OK)],
+    ),
+    "a title abbreviation does not end a sentence": (
+        "<p>Dr. Rayleigh showed why the sky is blue [s1].</p>",
+        [("s1", "Dr. Rayleigh showed why the sky is blue.", OK)],
+    ),
+    "a question ends a sentence": (
+        "<p>Why is the sky blue? Rayleigh scattering [s1].</p>",
+        [("s1", "Rayleigh scattering.", OK)],
+    ),
+    "a marker after a closing quote cites the quoted sentence": (
+        f'<p>He wrote: "{SKY}." [s1] Then he left.</p>',
+        [("s1", f'He wrote: "{SKY}."', OK)],
+    ),
+    "scripts and comments are no text": (
+        f'<p>{SKY} [s1].<!-- [s2] --></p><script>var x = "[s2]";</script>',
+        [("s1", f"{SKY}.", OK)],
+    ),
+    "a marker inside a cited element cites that element's sentence too": (
+        f"<li data-source=s1>{SKY} [s2]</li>",
+        [("s1", SKY, OK), ("s2", SKY, NO)],
+    ),
+    "several keys cite the same claim, a missing one is named": (
+        "<p>Grass is green by chlorophyll [s2, ghost].</p>",
+        [
+            ("s2", "Grass is green by chlorophyll.", OK),
+            ("ghost", "Grass is green by chlorophyll.", MISSING),
+        ],
+    ),
+    "a void element cites nothing": (
+        f'<p>{GRASS} [s2]<img data-source=s1 alt="sky"></p>',
+        [("s2", GRASS, OK)],
+    ),
+}
+
+
+@pytest.mark.parametrize(("html", "expected"), CASES.values(), ids=CASES.keys())
+def test_citations_and_verdicts_table(html, expected):
+    verdicts = judge_document(doc_html=html, sources=TABLE_SOURCES, judge=OverlapJudge())
+
+    assert [(v.source_key, v.claim, v.verdict) for v in verdicts] == expected
+    assert [v.marker for v in verdicts] == [f"c{i}" for i in range(1, len(expected) + 1)]
+
+
+@pytest.mark.parametrize(
+    "html",
+    [
+        "<p>" + "[s1]" * 50_000 + "</p>",
+        "<p>" + "x. " * 100_000 + "[s1]</p>",
+        "<p>" + " " * 300_000 + "[s1].</p>",
+        "<span data-source=s1>" * 5_000 + "x" * 1_000,
+        "<p>" + "e.g. " * 100_000 + "[s1]</p>",
+    ],
+    ids=["markers", "sentences", "spaces", "nesting", "abbreviations"],
+)
+def test_adversarial_documents_are_extracted_whole(html):
+    """No quadratic step and no recursion limit: each finishes, with every citation
+    (how fast is for bench/, this only shows nothing gives up)."""
+    citations = extract_citations(html)
+
+    assert citations and all(len(c.claim) <= MAX_CLAIM_CHARS for c in citations)

@@ -17,7 +17,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from runs import admission, operations, processing
+from runs import admission, durability, operations, processing
 from runs.exceptions import InsufficientCredits, JobNotFound, RetryRefused
 from runs.models import AnalysisAudit, AnalysisJob, AnalysisRun, CreditEntry, JobStatus, SavedBy
 from runs.selectors import (
@@ -176,3 +176,69 @@ def test_unsaved_jobs_are_finished_jobs_no_run_holds(settings):
         "under_24h": 0,
         "over_24h": 1,
     }
+
+
+def versioned(user, version: str, *, parent: int | None = None) -> int:
+    """Admit version ``version`` of a document (a delta re-check of ``parent``)."""
+    doc = f"<p>Version {version}: water boils at one hundred degrees [thermo].</p>"
+    return admission.analysis_job_admit(
+        user=user, title=version, doc_html=doc, sources=SOURCES, delta_of_job_id=parent
+    ).id
+
+
+def complete_and_save(user, job_id: int) -> None:
+    assert processing.analysis_job_process(job_id=job_id) == "complete"
+    durability.analysis_run_save(user=user, job_id=job_id)
+
+
+def test_a_retry_of_a_superseded_failure_never_replaces_the_users_newer_result(settings):
+    """The run holds v3; v2 (an older delta) had failed. Retrying v2 would admit it with
+    a higher job id than v3, and the newest job wins: v2's older document would replace
+    v3 and cost a credit. Refused, naming v3; nothing is written or charged."""
+    user = funded_user(credits=10)
+    v1 = versioned(user, "v1")
+    complete_and_save(user, v1)
+    v2 = versioned(user, "v2", parent=v1)
+    with transaction.atomic():
+        processing.job_fail(admission.lock_job(v2), reason="the core refused")
+    v3 = versioned(user, "v3", parent=v1)
+    complete_and_save(user, v3)
+    balance = credit_balance(user_id=user.pk)
+    run_id = AnalysisJob.objects.get(pk=v3).run_id
+
+    for dry_run in (True, False):
+        with pytest.raises(RetryRefused, match=f"superseded by job {v3} "):
+            operations.analysis_job_retry(job_id=v2, actor="x", dry_run=dry_run)
+
+    assert retryable_failed_jobs() == [v2]  # listed, so a replay shows why it is refused
+    assert AnalysisJob.objects.filter(run_id=run_id).count() == 3
+    assert AnalysisAudit.objects.count() == 0
+    assert credit_balance(user_id=user.pk) == balance
+    run = AnalysisRun.objects.get(pk=run_id)
+    assert run.job_id == v3 and "Version v3" in run.doc_html
+
+
+def test_a_retry_of_the_newest_failure_names_what_it_will_replace():
+    user = funded_user(credits=10)
+    v1 = versioned(user, "v1")
+    complete_and_save(user, v1)
+    v2 = versioned(user, "v2", parent=v1)
+    with transaction.atomic():
+        processing.job_fail(admission.lock_job(v2), reason="the core refused")
+
+    dry = operations.analysis_job_retry(job_id=v2, actor="x", dry_run=True)
+    assert (dry.outcome, dry.run_job_id, dry.run_saved_by) == ("would_retry", v1, "client")
+    assert dry.replaces == f"replaces run {dry.run_id}'s job {v1} (saved by client)"
+
+    retried = operations.analysis_job_retry(job_id=v2, actor="x")
+    complete_and_save(user, retried.new_job_id)
+    run = AnalysisRun.objects.get(pk=dry.run_id)
+    assert run.job_id == retried.new_job_id and "Version v2" in run.doc_html
+    audit = AnalysisAudit.objects.get(job_id=v2)
+    assert audit.payload["replaced_job_id"] == v1
+
+
+def test_a_first_failure_has_no_saved_result_to_replace():
+    job = failed_job(funded_user(credits=2))
+    dry = operations.analysis_job_retry(job_id=job.pk, actor="x", dry_run=True)
+    assert dry.replaces == f"run {job.run_id} has no saved result yet"

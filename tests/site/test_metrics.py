@@ -61,13 +61,33 @@ def test_without_configured_token_no_bearer_is_accepted(client, settings):
     assert client.get("/metrics", headers={"Authorization": "Bearer "}).status_code == 403
 
 
-def test_staff_session_may_read_and_other_users_may_not(client, settings, tenant):
+def test_a_session_needs_the_view_metrics_permission(client, settings, tenant):
+    from django.contrib.auth.models import Permission
+
     settings.METRICS_TOKEN = ""
     user = funded_user(tenant, "plain", credits=0)
     client.force_login(user)
     assert client.get("/metrics").status_code == 403
+    # Staff alone is not enough: the metrics show every tenant's volumes.
     user.is_staff = True
     user.save()
+    response = client.get("/metrics")
+    assert response.status_code == 403
+    assert "queueing.view_metrics" in response.json()["detail"]
+    user.user_permissions.add(
+        Permission.objects.get(content_type__app_label="queueing", codename="view_metrics")
+    )
+    user = type(user).objects.get(pk=user.pk)  # a fresh permission cache
+    client.force_login(user)
+    assert client.get("/metrics").status_code == 200
+
+
+def test_a_superuser_session_may_read(client, settings, tenant):
+    settings.METRICS_TOKEN = ""
+    user = funded_user(tenant, "root", credits=0)
+    user.is_staff = user.is_superuser = True
+    user.save()
+    client.force_login(user)
     assert client.get("/metrics").status_code == 200
 
 

@@ -22,7 +22,7 @@ from django.db import OperationalError
 from django.http import HttpResponse
 from django.test import RequestFactory
 
-from config.middleware import DatabaseUnavailableMiddleware
+from queueing.middleware import DatabaseUnavailableMiddleware
 from tests.servers import PrivatePostgres, http, manage, start_web, wait_until
 
 

@@ -452,7 +452,7 @@
         el("td", { text: p.label || String(p.index) }),
         item,
         el("td", { className: "num", text: Number(p.quantity) + " " + p.unit }),
-        el("td", { text: p.material || "—" }),
+        el("td", { text: p.material_shown || "—" }),
         el("td", { className: "num", text: p.length_mm ? p.length_mm + " mm" : "—" }),
         el("td", {}, feasible),
         el("td", { className: "num", text: p.unit_price === null ? "—" : p.unit_price }),

@@ -95,7 +95,7 @@ class Command(BaseCommand):
                 f"{p.quantity.normalize():f}",
                 p.unit,
                 _short(p.item, 40),
-                p.catalog_material or p.material,
+                p.material_shown,
                 p.length_mm,
                 {True: "yes", False: "no", None: ""}[p.feasible],
                 _short(p.reason, 50),

@@ -12,11 +12,17 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from accounts.validation import TENANT_SLUG_MAX, int_argument, text_argument
-from pipeline.exceptions import PipelineError
+from pipeline.exceptions import PipelineError, ReplayRefused
 from pipeline.models import Stage
 from pipeline.replay import pipeline_stage_replay
 from pipeline.selectors import parse_stage, tenant_by_slug
 from queueing.display import format_table
+
+#: How this command's flags lift a refusal (``ReplayRefused.remedy``).
+REMEDIES = {
+    "force": " (pass --force)",
+    "cascade": " (add --cascade to run them again too)",
+}
 
 
 class Command(BaseCommand):
@@ -67,6 +73,8 @@ class Command(BaseCommand):
                 dry_run=dry_run,
                 actor="command:replay_stage",
             )
+        except ReplayRefused as exc:
+            raise CommandError(f"{exc.detail}{REMEDIES.get(exc.remedy, '')}") from exc
         except PipelineError as exc:
             raise CommandError(str(exc.detail)) from exc
         if result.dry_run:
@@ -79,11 +87,5 @@ class Command(BaseCommand):
                 [(result.anfrage_id, result.stage.value, ", ".join(result.reopened) or "-", job)],
             )
         )
-        later = stage_value.following
-        if force and not cascade and later:
-            self.stderr.write(
-                f"note: {', '.join(s.value for s in later)} will not run again and lose "
-                "their results once this stage rewrites its output; add --cascade to re-run them"
-            )
         if result.dry_run:
             self.stdout.write("dry run: nothing changed")

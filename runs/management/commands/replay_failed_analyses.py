@@ -1,5 +1,7 @@
 """Retry every failed analysis (optionally of one user, ended since a time), each as a new
-job of its run, audited. Safe to re-run, also from cron: a job is retried once."""
+job of its run, audited. Safe to re-run, also from cron: a job is retried once, and a job
+a later job of its run superseded is refused (listed with the job that superseded it).
+Each row (``--dry-run`` too) names the result the retry replaces in the user's run."""
 
 from __future__ import annotations
 
@@ -72,11 +74,12 @@ class Command(BaseCommand):
                 outcome, detail = "refused", str(exc)
             else:
                 outcome = retried.outcome.value.replace("_", " ")
-                detail = (
-                    f"job {retried.new_job_id} ({retried.status})"
-                    if retried.outcome is RetryOutcome.RETRIED
-                    else ""
-                )
+                if retried.outcome is RetryOutcome.RETRIED:
+                    detail = f"job {retried.new_job_id} ({retried.status}); {retried.replaces}"
+                elif retried.outcome is RetryOutcome.WOULD_RETRY:
+                    detail = retried.replaces
+                else:
+                    detail = f"as job {retried.new_job_id}"
             counts[outcome] += 1
             rows.append((job_id, outcome, detail))
         self.stdout.write(format_table(("job", "outcome", "detail"), rows))

@@ -1,6 +1,8 @@
 """Retry one failed analysis: its document is admitted again as a new job of the same
 run (charged one credit; the failed job was refunded), audited. Safe to repeat: a job
-is retried once, a repeat names the job the first retry made."""
+is retried once, a repeat names the job the first retry made. A job a later job of its
+run superseded is refused. The output (``--dry-run`` too) names the result the retry
+replaces in the user's run once it finishes."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ class Command(BaseCommand):
             raise CommandError(f"job {job} was not retried: {exc}") from exc
         self.stdout.write(
             format_table(
-                ["job", "outcome", "new job", "status", "queue position"],
+                ["job", "outcome", "new job", "status", "queue position", "replaces"],
                 [
                     [
                         retried.job_id,
@@ -38,6 +40,7 @@ class Command(BaseCommand):
                         retried.new_job_id if retried.new_job_id is not None else "-",
                         retried.status or "-",
                         retried.queue_position,
+                        retried.replaces or "-",
                     ]
                 ],
             )

@@ -1,7 +1,7 @@
 """/healthz, /readyz and manage.py worker_health.
 
 Heartbeats are real rows of ``procrastinate_workers``, aged by back-dating them; the
-worker state files are what ``config.worker_state`` writes from a worker's own log record.
+worker state files are what ``queueing.worker_state`` writes from a worker's own log record.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from config import worker_state
-from config.health import migration_leaves
+from queueing import worker_state
+from queueing.health import migration_leaves
 
 pytestmark = pytest.mark.django_db
 
@@ -53,6 +53,19 @@ def test_healthz_needs_nothing(client):
     response = client.get("/healthz")
     assert response.status_code == 200
     assert response.json() == {"status": "alive"}
+
+
+def test_head_answers_as_get_does_without_a_body(client):
+    """Load balancers probe with HEAD: the same status and headers as GET, no body."""
+    response = client.head("/healthz")
+    assert response.status_code == 200
+    assert response.content == b""
+    response = client.head("/readyz")  # no worker: not ready
+    assert response.status_code == 503
+    assert response["Retry-After"]
+    assert response.content == b""
+    register_worker(age_seconds=1)
+    assert client.head("/readyz").status_code == 200
 
 
 def test_readyz_is_ready_with_a_fresh_heartbeat(client):

@@ -7,9 +7,10 @@
   (``STALLED_WORKER_SECONDS``). One SQL round trip, no lock, nothing written; ``200`` when
   all hold, else ``503`` with ``Retry-After``, and each check says what it saw.
 * :func:`local_worker_health` — what ``manage.py worker_health`` reports for the workers
-  started on this host (their ids are recorded by ``config.worker_state``).
+  started on this host (their ids are recorded by :mod:`queueing.worker_state`).
 
-Neither endpoint needs a login: they reveal no data, only up or down.
+Neither endpoint needs a login: they reveal no data, only up or down. Both answer ``HEAD``
+as well (load balancers probe with it): the same status and headers, no body.
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ from django.db import DatabaseError, connection, transaction
 from django.db.migrations.loader import MigrationLoader
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_safe
 
-from config import worker_state
-from config.middleware import RETRY_AFTER_SECONDS
+from queueing import worker_state
+from queueing.middleware import RETRY_AFTER_SECONDS
 from queueing.sql import load
 
-queries = load("config", "health.sql")
+queries = load("queueing", "health.sql")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,7 +51,7 @@ def migration_leaves() -> tuple[str, ...]:
 
 
 def stall_threshold() -> datetime.timedelta:
-    return datetime.timedelta(seconds=int(settings.QUEUEING_STALLED_WORKER_SECONDS))
+    return datetime.timedelta(seconds=int(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30)))
 
 
 def _seconds(delta: datetime.timedelta) -> str:
@@ -111,13 +112,13 @@ def readiness() -> list[Check]:
 
 
 @never_cache
-@require_GET
+@require_safe
 def healthz_view(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "alive"})
 
 
 @never_cache
-@require_GET
+@require_safe
 def readyz_view(request: HttpRequest) -> JsonResponse:
     checks = readiness()
     ready = all(c.ok for c in checks)

@@ -7,9 +7,9 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from config import worker_state
-from config.health import local_worker_health, stall_threshold
+from queueing import worker_state
 from queueing.display import format_table
+from queueing.health import local_worker_health, stall_threshold
 
 
 class Command(BaseCommand):

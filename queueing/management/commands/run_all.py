@@ -1,22 +1,34 @@
-"""Serve the web process with gunicorn and run one supervised worker beside it (``make
-run``): the same server as production, for local use. Production runs the two as separate
-services (docs/deploy.md). Ctrl-C or SIGTERM stops both; the worker drains its running
-jobs. Not for cron."""
+"""Serve the project's WSGI application (``WSGI_APPLICATION``) with gunicorn
+(:mod:`queueing.gunicorn`) and run one supervised ``procrastinate worker`` beside it: the
+same server as production, for one machine. Production runs the two as separate services
+(docs/deploy.md). Ctrl-C or SIGTERM stops both; the worker drains its running jobs. Not
+for cron."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from config.supervisor import Child, Supervisor
+from queueing.supervisor import Child, Supervisor
 
 #: Beyond the worker's drain budget: sync jobs finish regardless, give them a little more.
 STOP_MARGIN_SECONDS = 30.0
+
+
+def _wsgi() -> str:
+    """gunicorn's ``module:attribute`` for ``WSGI_APPLICATION`` (``proj.wsgi.application``)."""
+    module, _, attribute = str(settings.WSGI_APPLICATION).rpartition(".")
+    if not module:
+        raise CommandError(
+            "WSGI_APPLICATION must name module.attribute, e.g. proj.wsgi.application"
+        )
+    return f"{module}:{attribute}"
 
 
 def _drain_seconds() -> float:
@@ -43,11 +55,14 @@ class Command(BaseCommand):
             raise CommandError(f"--port {port} is not a TCP port (1-65535).")
         if not host.strip():
             raise CommandError("--host must name an address, e.g. 127.0.0.1 or 0.0.0.0.")
-        # gunicorn serves static files through whitenoise, from collectstatic's output.
-        call_command("collectstatic", interactive=False, verbosity=0)
+        if "django.contrib.staticfiles" in settings.INSTALLED_APPS and getattr(
+            settings, "STATIC_ROOT", None
+        ):
+            # What the web server serves as static files (whitenoise, for instance).
+            call_command("collectstatic", interactive=False, verbosity=0)
         web = Child(
             name="web",
-            argv=[sys.executable, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.wsgi"],
+            argv=[sys.executable, "-m", "gunicorn", "-c", "python:queueing.gunicorn", _wsgi()],
             restart_on_failure=False,
             stop_timeout=60.0,
         )
@@ -55,7 +70,8 @@ class Command(BaseCommand):
             name="worker",
             argv=[
                 sys.executable,
-                "manage.py",
+                "-m",
+                "django",
                 "procrastinate",
                 "worker",
                 f"--concurrency={concurrency}",
@@ -64,11 +80,11 @@ class Command(BaseCommand):
             stop_timeout=_drain_seconds() + STOP_MARGIN_SECONDS,
         )
         env = {**os.environ, "HOST": host, "PORT": str(port)}
-        supervisor = Supervisor([web, worker], cwd=settings.BASE_DIR, env=env, out=self.stdout)
+        supervisor = Supervisor([web, worker], cwd=Path.cwd(), env=env, out=self.stdout)
         shown = f"[{host}]" if ":" in host else host
         self.stdout.write(
-            f"web on http://{shown}:{port}/ (dashboard /dashboard/, admin /admin/, "
-            "API docs /api/docs), one supervised worker; Ctrl-C stops both"
+            f"web on http://{shown}:{port}/ (health /healthz and /readyz), one supervised "
+            "worker; Ctrl-C stops both"
         )
 
         def on_signal(signum, frame):

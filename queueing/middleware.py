@@ -1,5 +1,10 @@
-"""Requests during a database outage get ``503 {"error": "database_unavailable"}`` with
-``Retry-After``, not a 500 page.
+"""Web middleware of the framework: request metrics, and the database-outage answer.
+
+:class:`RequestMetricsMiddleware` (put it first in ``MIDDLEWARE``) observes every
+request's latency and status for ``/metrics`` (``pgstage_http_request_duration_seconds``).
+
+:class:`DatabaseUnavailableMiddleware`: requests during a database outage get ``503
+{"error": "database_unavailable"}`` with ``Retry-After``, not a 500 page.
 
 Django raises ``OperationalError`` (or ``InterfaceError`` for a connection that died under
 it) when PostgreSQL restarts, fails over or refuses connections. Nothing is wrong with the
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 
 from django.core.signals import got_request_exception
 from django.db import InterfaceError, OperationalError
@@ -86,3 +92,23 @@ class DatabaseUnavailableMiddleware:
             str(exception).strip().splitlines()[0] if str(exception).strip() else "",
         )
         return unavailable_response(exception)
+
+
+class RequestMetricsMiddleware:
+    """Observes each request's duration and status; writes nothing to the database. An
+    exception that leaves the middleware chain is observed as status 500."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        from queueing.metrics import observe_request
+
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = self.get_response(request)
+            status = response.status_code
+            return response
+        finally:
+            observe_request(request.method or "", status, time.perf_counter() - started)

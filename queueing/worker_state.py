@@ -5,7 +5,10 @@ procrastinate keeps only an id and a heartbeat per worker, nothing that names a 
 a process. A worker does log its id when it starts (the ``start_worker`` record), so a
 logging handler on ``procrastinate.worker`` writes ``<pid>.json`` (pid, the process's
 start time, worker id) into ``WORKER_STATE_DIR`` then, and removes it when the worker
-stops. Wired in ``LOGGING`` (config/settings.py); no change to the worker itself.
+stops. A project wires it in ``LOGGING`` as a handler of the ``procrastinate.worker``
+logger (at INFO or below: the start record is an INFO line); no change to the worker
+itself. ``WORKER_STATE_DIR`` defaults to ``pgstage-workers-<uid>`` in the system's
+temporary directory.
 
 A file outlives a killed worker; readers skip files whose process is gone or whose pid
 now belongs to another process (its start time differs).
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +50,10 @@ def process_start(pid: int) -> str:
 
 
 def state_dir() -> Path:
-    return Path(settings.WORKER_STATE_DIR)
+    configured = getattr(settings, "WORKER_STATE_DIR", None)
+    if configured:
+        return Path(configured)
+    return Path(tempfile.gettempdir()) / f"pgstage-workers-{os.getuid()}"
 
 
 class WorkerStateHandler(logging.Handler):

@@ -1,4 +1,5 @@
-"""A small process supervisor for ``make run``: the web server and a worker side by side.
+"""A small process supervisor for ``manage.py run_all``: the web server and a worker side
+by side.
 
 A worker that exits with a non-zero status (a crash, or a worker that gave up waiting for
 the database) is started again after a capped exponential delay (1 s, 2 s, 4 s … 30 s),
@@ -13,7 +14,9 @@ their own session: a Ctrl-C in the terminal reaches only the supervisor, which t
 them in order instead of them all being interrupted at once.
 
 Production does not use this: systemd or the container runtime restarts processes
-(docs/deploy.md).
+(docs/deploy.md). A Procfile runner (honcho) was weighed and not taken: it stops every
+process when one exits and never restarts one, and it kills what is left five seconds
+after its SIGTERM, which would cut a worker's drain short (docs/design.md#libraries).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``make run``'s supervisor (config.supervisor) and ``manage.py run_all``.
+"""``make run``'s supervisor (queueing.supervisor) and ``manage.py run_all``.
 
 Fault model: the worker crashes (non-zero exit) → restarted after a capped, growing
 delay (``test_a_crashing_worker_is_restarted_with_growing_delays``), reset by a long run
@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from config.supervisor import (
+from queueing.supervisor import (
     RESTART_CAP_SECONDS,
     STABLE_AFTER_SECONDS,
     Child,

@@ -1,0 +1,366 @@
+"""The nemesis checker: judges a recorded history (and the final read it ends with).
+
+pgstage executes a job at least once and makes its *effects* happen once (docs/reliability.md).
+A job may run again when its run's outcome could not be saved — its worker died or was
+cut off (SIGKILL, exit, a partition past the stall threshold), or its connection failed
+under it (a reset, a terminated session, a database restart or refusal, a statement
+timeout) — but a worker that is alive and reachable keeps its job: no sweep, operator or
+recovery takes it while it heart-beats (DESIGN §5.12, and docs/reliability.md "silence
+counts from the server's start and from when recovery resumed"). So the properties:
+
+Generic jobs (their effects are lines outside the database, :mod:`tests.nemesis.effects`):
+
+- **G1 no twin run**: a run of job J never starts while an earlier run of J is still in
+  progress on a worker process that is alive and was not partitioned since that run began.
+  (An earlier run whose process exited, or whose worker was partitioned, may be open: it
+  was declared dead, and its outcome is fenced.)
+- **G2 a completion is repeated only after a fault**: a job that ran to its end more than
+  once had, between its earlier completion's start and its next run's start, a fault that
+  could keep the outcome from being saved: a database restart or refusal, a storm of
+  terminated sessions, a lock on ``procrastinate_jobs`` (statement timeout), or a kill,
+  drain, deploy, reset or partition of the earlier run's worker. An operator's sweep or
+  retry is no such fault.
+- **G3 nothing lost**: a job without a hook that was enqueued (the enqueue answered) ends
+  ``succeeded`` with at least one completed run; and no job ends ``failed`` without a
+  single run (a worker that lacks its task must leave it waiting).
+- **G4 every owed hook runs once**: a job with a give-up hook that ends ``failed`` or
+  ``cancelled`` has exactly one ``hook`` line; one that succeeded has none.
+
+Domains: the safety invariants of ``tests/invariants.py`` every 5 s while faults run
+(``check`` lines), and on the final read the invariants 1-10 (settled: every
+terminal analysis saved, every run judged, nothing waiting), its liveness checks 11,
+and two more fenced effects: a complete analysis is never refunded, and an inquiry whose
+extract succeeded holds exactly its positions (a doubled stage would double them; the
+stage successes, charges, refunds, runs and judgements are counted once each by the
+invariants 1, 5a, 5b, 6a and 7a).
+
+Liveness, timed from the end of the last fault (every fault heals what it did):
+
+- **L1 quiet within the bound**: within :data:`QUIET_BOUND_SECONDS` every job is terminal,
+  every inquiry has four successes or a stage given up, every analysis is terminal and
+  saved, every run judged, no hook owed. The time it took is measured.
+- **L2 jobs start again after the database's return** within :data:`RESTART_BOUND_SECONDS`
+  (measured for every return; a violation only when no other fault was running then).
+- **L3 a worker never exits on its own while the database is reachable** (an exit seen
+  within 2 s of the database's or its link's return counts as one while it was away). How
+  long the database had been away when a worker gave up is measured: the framework
+  promises an exit only after ``QUEUEING_DATABASE_OUTAGE_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.nemesis.history import read_history
+
+#: The last fault's end to quiet: the stall threshold and one recovery (6.5 s), the
+#: analysis_resume sweep's grace and period (60 + 30 s: a lost analysis task found again),
+#: and a retry chain at the workers' capped backoff (8 attempts at most 5 s apart).
+QUIET_BOUND_SECONDS = 150.0
+#: Jobs start again within 5 s of the database's return: the outage recovery's target.
+RESTART_BOUND_SECONDS = 5.0
+#: An exit seen this soon after the database (or the worker's link) came back happened
+#: while it was away (the supervisor sees an exit within 0.2 s; the margin is for load).
+EXIT_GRACE_SECONDS = 2.0
+HOOKED_TASKS = ("nemesis.settled", "nemesis.new_effect")
+#: Fault kinds that can keep any running job's outcome from being saved.
+GLOBAL_FAULTS = {"pg_restart", "pg_down", "terminate"}
+#: Fault kinds that can keep the outcome of a job of *their* worker from being saved.
+WORKER_FAULTS = {"kill", "term", "reset", "partition", "deploy"}
+
+
+@dataclass
+class Run:
+    job_id: int
+    pid: int
+    start: float
+    end: float | None = None
+    ok: bool = False
+
+
+@dataclass
+class Report:
+    violations: list[dict[str, Any]] = field(default_factory=list)
+    measures: dict[str, Any] = field(default_factory=dict)
+
+    def violate(self, prop: str, **detail: Any) -> None:
+        self.violations.append({"property": prop, **detail})
+
+
+@dataclass
+class Window:
+    kind: str
+    start: float
+    end: float
+    worker: int | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def fault_windows(history: list[dict]) -> list[Window]:
+    invokes: dict[int, dict] = {}
+    windows = []
+    for line in history:
+        if line["type"] != "fault":
+            continue
+        if line["phase"] == "invoke":
+            invokes[line["id"]] = line
+        elif line["id"] in invokes:
+            begun = invokes.pop(line["id"])
+            windows.append(
+                Window(
+                    kind=begun["kind"],
+                    start=begun["mono"],
+                    end=line["mono"],
+                    worker=begun.get("worker"),
+                    detail={**begun, "outcome": line.get("value") or line.get("error")},
+                )
+            )
+    # A fault still open at the end of the history ends with it.
+    last = history[-1]["mono"] if history else 0.0
+    windows += [
+        Window(kind=b["kind"], start=b["mono"], end=last, worker=b.get("worker"), detail=b)
+        for b in invokes.values()
+    ]
+    return windows
+
+
+def _pids(history: list[dict]) -> tuple[dict[int, int], dict[int, float]]:
+    """pid → worker index, and pid → when its exit was seen."""
+    worker_of, exited = {}, {}
+    for line in history:
+        if line["type"] == "worker" and line.get("pid"):
+            if line["event"] == "start":
+                worker_of[line["pid"]] = line["worker"]
+            elif line["event"] == "exit":
+                exited.setdefault(line["pid"], line["mono"])
+    return worker_of, exited
+
+
+def runs_of(history: list[dict]) -> dict[int, list[Run]]:
+    """Each job's runs from its effect lines (a start, then its end or error, per pid)."""
+    runs: dict[int, list[Run]] = defaultdict(list)
+    open_runs: dict[tuple[int, int], Run] = {}
+    for line in history:
+        if line["type"] != "effect" or line["job_id"] is None:
+            continue
+        slot = (line["job_id"], line["pid"])
+        if line["event"] == "start":
+            run = Run(job_id=line["job_id"], pid=line["pid"], start=line["mono"])
+            open_runs[slot] = run
+            runs[run.job_id].append(run)
+        elif slot in open_runs:
+            run = open_runs.pop(slot)
+            run.end = line["mono"]
+            run.ok = line["event"] == "end"
+    return runs
+
+
+def check(history: list[dict]) -> Report:
+    report = Report()
+    final = next((line for line in reversed(history) if line["type"] == "final"), None)
+    if final is None:
+        report.violate("the history has no final read (the run did not end)")
+        return report
+    windows = fault_windows(history)
+    worker_of, exited = _pids(history)
+
+    def partitioned(pid: int, start: float, end: float) -> bool:
+        worker = worker_of.get(pid)
+        return any(
+            w.kind == "partition" and w.worker == worker and w.start < end and w.end > start
+            for w in windows
+        )
+
+    def outcome_at_risk(pid: int, start: float, end: float) -> bool:
+        worker = worker_of.get(pid)
+        if pid in exited and exited[pid] <= end:
+            return True
+        for w in windows:
+            if w.start > end or w.end < start:
+                continue
+            if w.kind in GLOBAL_FAULTS:
+                return True
+            if w.kind == "statement_timeout" and w.detail.get("table") == "procrastinate_jobs":
+                return True
+            if w.kind in WORKER_FAULTS and (w.kind == "deploy" or w.worker == worker):
+                return True
+        return False
+
+    runs = runs_of(history)
+    _check_generic(report, history, final, runs, partitioned, outcome_at_risk, exited)
+    _check_domains(report, history, final)
+    _check_liveness(report, history, final, windows)
+    report.measures["runs"] = sum(len(r) for r in runs.values())
+    report.measures["faults"] = _count(w.kind for w in windows)
+    return report
+
+
+def _count(items) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for item in items:
+        counts[item] += 1
+    return dict(sorted(counts.items()))
+
+
+def _check_generic(report, history, final, runs, partitioned, outcome_at_risk, exited) -> None:
+    for job_id, job_runs in runs.items():
+        for i, later in enumerate(job_runs):
+            for earlier in job_runs[:i]:
+                still_running = earlier.end is None or earlier.end > later.start
+                if not still_running:
+                    continue
+                dead = earlier.pid in exited and exited[earlier.pid] <= later.start
+                if not dead and not partitioned(earlier.pid, earlier.start, later.start):
+                    report.violate(
+                        "G1 a job ran twice at once on a live, reachable worker",
+                        job=job_id,
+                        first={"pid": earlier.pid, "start": earlier.start, "end": earlier.end},
+                        second={"pid": later.pid, "start": later.start},
+                    )
+        completed = [r for r in job_runs if r.ok]
+        for earlier, later in itertools.pairwise(completed):
+            if not outcome_at_risk(earlier.pid, earlier.start, later.start):
+                report.violate(
+                    "G2 a job completed twice with no fault that could lose its outcome",
+                    job=job_id,
+                    runs=[(r.pid, r.start, r.end) for r in completed],
+                )
+    hooks: dict[str, int] = defaultdict(int)
+    for line in history:
+        if line["type"] == "effect" and line["event"] == "hook":
+            hooks[line["key"]] += 1
+    enqueued = {
+        line["value"]
+        for line in history
+        if line["type"] == "op" and line["phase"] == "ok" and line.get("op") in _GENERIC_OPS
+    }
+    report.measures["generic_jobs"] = len(final["generic_jobs"])
+    report.measures["hooks"] = sum(hooks.values())
+    report.measures["completed_runs"] = sum(
+        1 for job_runs in runs.values() for r in job_runs if r.ok
+    )
+    for job_id, task, status, key, attempts in final["generic_jobs"]:
+        done = [r for r in runs.get(job_id, []) if r.ok]
+        if status == "failed" and not runs.get(job_id):
+            report.violate(
+                "G3 a job failed without a single run", job=job_id, task=task, attempts=attempts
+            )
+        if task in HOOKED_TASKS:
+            owed = 1 if status in ("failed", "cancelled", "aborted") else 0
+            if hooks.get(key, 0) != owed:
+                report.violate(
+                    "G4 a give-up hook ran other than once for a job that gave up "
+                    "(never for one that succeeded)",
+                    job=job_id,
+                    task=task,
+                    status=status,
+                    hooks=hooks.get(key, 0),
+                    runs=len(runs.get(job_id, [])),
+                )
+        elif job_id in enqueued and (status != "succeeded" or not done) and runs.get(job_id):
+            report.violate(
+                "G3 a job was lost",
+                job=job_id,
+                task=task,
+                status=status,
+                attempts=attempts,
+                runs=len(runs.get(job_id, [])),
+            )
+
+
+_GENERIC_OPS = ("effect", "settled", "new_effect")
+
+
+def _check_domains(report, history, final) -> None:
+    for line in history:
+        if line["type"] == "check":
+            for name, rows in line["violations"].items():
+                report.violate(f"invariant {name} (while faults ran)", rows=rows, at=line["mono"])
+    checks = next((line for line in history if line["type"] == "invariant_checks"), None)
+    report.measures["invariant_checks"] = checks["count"] if checks else 0
+    for name, rows in final["invariants"].items():
+        report.violate(f"invariant {name}", rows=rows)
+    for name, rows in final["extra_safety"].items():
+        report.violate(name, rows=rows)
+    report.measures["domain"] = final["domain_counts"]
+
+
+def _check_liveness(report, history, final, windows) -> None:
+    quiet = next((line for line in history if line["type"] == "quiet"), None)
+    if quiet is None or quiet.get("seconds") is None:
+        report.violate(
+            f"L1 not quiet within {QUIET_BOUND_SECONDS:.0f} s of the last fault",
+            unfinished=final["unfinished"],
+        )
+    else:
+        report.measures["quiet_seconds"] = round(quiet["seconds"], 1)
+    for name, rows in final["liveness"].items():
+        report.violate(f"liveness {name}", rows=rows)
+    returns = [line for line in history if line["type"] == "database" and line["event"] == "up"]
+    measured = []
+    for line, restart in zip(returns, final["restarts"], strict=False):
+        seconds = restart["seconds"]
+        measured.append(None if seconds is None else round(seconds, 2))
+        if seconds is None or seconds <= RESTART_BOUND_SECONDS:
+            continue
+        others = [
+            w.kind
+            for w in windows
+            if w.kind not in ("pg_down", "pg_restart", "operator")
+            and w.start < line["mono"] + seconds
+            and w.end > line["mono"]
+        ]
+        if not others:
+            report.violate(
+                f"L2 jobs started {seconds:.1f} s after the database returned "
+                f"(bound {RESTART_BOUND_SECONDS:.0f} s)",
+                returned_at=line["mono"],
+            )
+    report.measures["restart_seconds"] = measured
+    down = [(w.start, w.end) for w in windows if w.kind in ("pg_down", "pg_restart")]
+    unreachable_exits = []
+    for line in history:
+        if line["type"] != "worker" or line["event"] != "exit" or line.get("expected"):
+            continue
+        when = line["mono"]
+        cut_off = [(start, end) for start, end in down] + [
+            (w.start, w.end)
+            for w in windows
+            if w.kind == "partition" and w.worker == line["worker"]
+        ]
+        if any(start <= when <= end + EXIT_GRACE_SECONDS for start, end in cut_off):
+            # Within the outage window a worker may give up; how soon it did is measured.
+            since = min(
+                start for start, end in cut_off if start <= when <= end + EXIT_GRACE_SECONDS
+            )
+            unreachable_exits.append(round(when - since, 1))
+            continue
+        report.violate(
+            "L3 a worker exited on its own while the database was reachable",
+            worker=line["worker"],
+            pid=line["pid"],
+            code=line["code"],
+        )
+    report.measures["exits_while_unreachable_after_seconds"] = unreachable_exits
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.nemesis.checker HISTORY``: judge a recorded history again."""
+    if len(argv) != 1:
+        print("usage: python -m tests.nemesis.checker HISTORY.jsonl")
+        return 2
+    report = check(read_history(Path(argv[0])))
+    print(json.dumps(report.measures, indent=2, default=str))
+    for violation in report.violations:
+        print("- " + json.dumps(violation, default=str)[:1000])
+    return 1 if report.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,166 @@
+"""The checker on hand-made histories: each property flags what it must, and excuses what
+the framework allows (a run of a dead or partitioned worker, a repeat after a fault)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.nemesis.checker import check
+
+WORKERS = [
+    {"type": "worker", "event": "start", "worker": 0, "pid": 100, "mono": 0.0},
+    {"type": "worker", "event": "start", "worker": 1, "pid": 200, "mono": 0.0},
+]
+
+
+def effect(event: str, job_id: int | None, pid: int, mono: float, key: str = "k") -> dict:
+    return {
+        "type": "effect",
+        "event": event,
+        "task": "nemesis.effect",
+        "key": key,
+        "job_id": job_id,
+        "pid": pid,
+        "mono": mono,
+    }
+
+
+def fault(kind: str, start: float, end: float, fault_id: int, **fields: Any) -> list[dict]:
+    return [
+        {"type": "fault", "kind": kind, "id": fault_id, "phase": "invoke", "mono": start, **fields},
+        {"type": "fault", "kind": kind, "id": fault_id, "phase": "ok", "mono": end},
+    ]
+
+
+def final(**overrides: Any) -> list[dict]:
+    return [
+        {"type": "quiet", "seconds": 12.0, "mono": 90.0},
+        {
+            "type": "final",
+            "mono": 100.0,
+            "invariants": {},
+            "liveness": {},
+            "extra_safety": {},
+            "unfinished": {},
+            "generic_jobs": [[1, "nemesis.effect", "succeeded", "k", 1]],
+            "restarts": [],
+            "domain_counts": {},
+            **overrides,
+        },
+    ]
+
+
+def properties(history: list[dict]) -> list[str]:
+    ordered = sorted(history, key=lambda line: line["mono"])
+    return [v["property"].split(" ")[0] for v in check(ordered).violations]
+
+
+def test_a_second_run_while_a_live_worker_still_runs_the_job_is_a_twin_run():
+    history = [
+        *WORKERS,
+        effect("start", 1, 100, 1.0),
+        effect("start", 1, 200, 2.0),
+        effect("end", 1, 100, 3.0),
+        effect("end", 1, 200, 4.0),
+        *final(),
+    ]
+    assert "G1" in properties(history)
+    assert "G2" in properties(history)
+
+
+def test_a_second_run_after_its_worker_was_killed_or_partitioned_is_allowed():
+    killed = [
+        *WORKERS,
+        effect("start", 1, 100, 1.0),
+        {"type": "worker", "event": "exit", "worker": 0, "pid": 100, "mono": 1.5, "expected": True},
+        effect("start", 1, 200, 8.0),
+        effect("end", 1, 200, 9.0),
+        *final(),
+    ]
+    assert properties(killed) == []
+    partitioned = [
+        *WORKERS,
+        effect("start", 1, 100, 1.0),
+        *fault("partition", 1.2, 20.0, 7, worker=0),
+        effect("start", 1, 200, 8.0),
+        effect("end", 1, 200, 9.0),
+        effect("end", 1, 100, 21.0),
+        *final(),
+    ]
+    assert properties(partitioned) == []
+
+
+def test_a_repeated_completion_needs_a_fault_that_could_lose_the_outcome():
+    repeated = [
+        *WORKERS,
+        effect("start", 1, 100, 1.0),
+        effect("end", 1, 100, 2.0),
+        effect("start", 1, 200, 5.0),
+        effect("end", 1, 200, 6.0),
+    ]
+    assert properties([*repeated, *final()]) == ["G2"]
+    # A sweep by an operator loses no outcome; a terminated session can.
+    operator = fault("operator", 2.5, 3.0, 8, action="sweep_stalled")
+    assert properties([*repeated, *operator, *final()]) == ["G2"]
+    storm = fault("terminate", 1.5, 3.0, 9)
+    assert properties([*repeated, *storm, *final()]) == []
+
+
+def test_a_hook_runs_once_for_a_job_that_gave_up_and_never_for_one_that_succeeded():
+    jobs = [[1, "nemesis.settled", "failed", "a", 2], [2, "nemesis.settled", "succeeded", "b", 1]]
+    ran = [
+        effect("start", 1, 100, 1.0, key="a"),
+        effect("error", 1, 100, 1.5, key="a"),
+        effect("start", 2, 100, 2.0, key="b"),
+        effect("end", 2, 100, 2.5, key="b"),
+    ]
+    once = [*ran, effect("hook", None, 100, 3.0, key="a"), *final(generic_jobs=jobs)]
+    assert properties([*WORKERS, *once]) == []
+    twice = [effect("hook", None, 200, 4.0, key="a"), *once]
+    assert properties([*WORKERS, *twice]) == ["G4"]
+    never = [*ran, *final(generic_jobs=jobs)]
+    assert properties([*WORKERS, *never]) == ["G4"]
+    wrong = [effect("hook", None, 100, 3.0, key="b"), *once]
+    assert properties([*WORKERS, *wrong]) == ["G4"]
+
+
+def test_a_job_that_failed_without_running_or_never_completed_is_lost():
+    enqueued = {"type": "op", "op": "effect", "phase": "ok", "value": 1, "mono": 0.5}
+    never_ran = [*WORKERS, enqueued, *final(generic_jobs=[[1, "nemesis.effect", "failed", "k", 1]])]
+    assert properties(never_ran) == ["G3"]
+    hooked = [[1, "nemesis.new_effect", "failed", "k", 1]]
+    # A job with a hook that failed without running is lost, and its hook is owed.
+    assert properties([*WORKERS, *final(generic_jobs=hooked)]) == ["G3", "G4"]
+    broke = [effect("start", 1, 100, 1.0), effect("error", 1, 100, 1.5)]
+    failed = final(generic_jobs=[[1, "nemesis.effect", "failed", "k", 3]])
+    assert properties([*WORKERS, enqueued, *broke, *failed]) == ["G3"]
+
+
+def test_not_quiet_a_late_restart_and_an_exit_with_the_database_up_are_violations():
+    history = [
+        *WORKERS,
+        *fault("pg_down", 4.0, 10.0, 3),
+        {"type": "database", "event": "up", "mono": 10.0},
+        # Exits while the database was away are measured, not violations.
+        {"type": "worker", "event": "exit", "worker": 0, "pid": 100, "code": 1, "mono": 9.0},
+        {"type": "worker", "event": "exit", "worker": 1, "pid": 200, "code": 1, "mono": 13.0},
+        *final(restarts=[{"wall": 0, "seconds": 9.5, "jobs": 3}], generic_jobs=[]),
+    ]
+    history[-2]["seconds"] = None
+    assert properties(history) == ["L1", "L2", "L3"]
+    ordered = sorted(history, key=lambda line: line["mono"])
+    assert check(ordered).measures["exits_while_unreachable_after_seconds"] == [5.0]
+
+
+def test_domain_invariants_from_the_final_read_are_violations():
+    history = [
+        *WORKERS,
+        *final(
+            invariants={"5b. at most one refund per job": [[3, 2]]},
+            extra_safety={"a complete analysis was refunded": [[3]]},
+            generic_jobs=[],
+        ),
+    ]
+    assert properties(history) == ["invariant", "a"]
+    during = {"type": "check", "mono": 5.0, "violations": {"4. per user": [[7, 2]]}}
+    assert properties([*history, during]) == ["invariant", "invariant", "a"]

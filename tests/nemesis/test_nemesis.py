@@ -1,0 +1,93 @@
+"""The nemesis in the suite: a short seeded run, and every seed that ever found a violation.
+
+Each run is ``python -m tests.nemesis.runner`` in a subprocess (it starts its own private
+PostgreSQL, workers and proxies), so its output — the seed, the history's path, the
+verdict and the command that replays it — is the test's. The permanent seeds are in
+``seeds.toml``: a seed that found a defect still open carries its defect and is expected
+to fail (``xfail``, not strict: a replay repeats the faults, not the interleaving); once
+the defect is fixed its mark goes and the seed stays, a regression test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.nemesis, pytest.mark.xdist_group("nemesis")]
+
+SEEDS_FILE = Path(__file__).with_name("seeds.toml")
+#: A seed whose run is longer than this is replayed only with NEMESIS_LONG_SEEDS=1 (or by
+#: hand with ``make nemesis``): ``make test`` stays within minutes.
+LONG_SEED_SECONDS = 300
+#: The short run of ``make test``: about 3 minutes on 2 cores (60 s of faults, then the
+#: settling, bounded by the checker's 150 s, and the start and the final read).
+SHORT_RUN = {"seed": 20261201, "seconds": 60, "scale": 0.1}
+
+
+def run_nemesis(tmp_path: Path, *, seed: int, seconds: float, scale: float, **extra) -> None:
+    args = [
+        sys.executable,
+        "-m",
+        "tests.nemesis.runner",
+        f"--seed={seed}",
+        f"--seconds={seconds}",
+        f"--scale={scale}",
+        f"--out={tmp_path / 'run'}",
+    ]
+    if extra.get("kinds"):
+        args.append(f"--kinds={extra['kinds']}")
+    if extra.get("new_task"):
+        args.append("--new-task")
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    process = subprocess.Popen(
+        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        out, err = process.communicate(timeout=seconds + 420)
+    except subprocess.TimeoutExpired:
+        process.terminate()  # the runner stops its workers and its server on SIGTERM
+        out, err = process.communicate(timeout=120)
+        pytest.fail(f"the nemesis run did not end in time\n{out[-6000:]}{err[-3000:]}")
+    print(out[-6000:])
+    assert process.returncode == 0, out[-6000:] + err[-3000:]
+
+
+def permanent_seeds() -> list:
+    params = []
+    for entry in tomllib.loads(SEEDS_FILE.read_text())["seed"]:
+        marks = [pytest.mark.timeout(entry["seconds"] + 900)]
+        if entry.get("defect"):
+            marks.append(pytest.mark.xfail(reason=f"known defect: {entry['defect']}"))
+        if entry["seconds"] > LONG_SEED_SECONDS:
+            marks.append(
+                pytest.mark.skipif(
+                    not os.environ.get("NEMESIS_LONG_SEEDS"),
+                    reason=f"a {entry['seconds']} s seed: NEMESIS_LONG_SEEDS=1 replays it",
+                )
+            )
+        params.append(pytest.param(entry, id=f"seed-{entry['seed']}", marks=marks))
+    return params
+
+
+@pytest.mark.timeout(720)
+def test_a_short_seeded_run_finds_no_violation(tmp_path):
+    run_nemesis(tmp_path, **SHORT_RUN)
+
+
+@pytest.mark.parametrize("entry", permanent_seeds())
+def test_a_seed_that_once_found_a_violation(tmp_path, entry):
+    run_nemesis(
+        tmp_path,
+        seed=entry["seed"],
+        seconds=entry["seconds"],
+        scale=entry["scale"],
+        kinds=entry.get("kinds", ""),
+        new_task=entry.get("new_task", False),
+    )

@@ -1,0 +1,241 @@
+"""Numbers, units and lengths as inquiries write them: thousands separators in both
+locales, length columns with their units, prices by the unit they are quoted in, and the
+smaller traps (quoted headers, fractional pieces, mixed encodings, multi-line fields).
+Pure functions, no database."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from pipeline.catalog import catalog_from_dict, check_position, default_catalog, price_position
+from pipeline.extract import LineError, LineExtractor, inspect_upload, parse_item_line, read_number
+from pipeline.models import Unit
+
+
+def extract(name: str, data: str | bytes):
+    source = inspect_upload(name, data.encode() if isinstance(data, str) else data)
+    result = LineExtractor().extract(source)
+    return source, result
+
+
+# --- thousands separators
+
+
+@pytest.mark.parametrize(
+    ("line", "quantity", "unit", "item"),
+    [
+        ("1.200 m Flachstahl 40x5", "1200", Unit.METRES, "Flachstahl 40x5"),
+        ("1.000 Stk Schraube M12", "1000", Unit.PIECES, "Schraube M12"),
+        ("1,000 pcs bolt M12", "1000", Unit.PIECES, "bolt M12"),
+        ("1.234,5 m Flachstahl", "1234.5", Unit.METRES, "Flachstahl"),
+        ("1,234.5 m flat bar", "1234.5", Unit.METRES, "flat bar"),
+        ("1.234.567 kg Schrott", "1234567", Unit.KILOGRAMS, "Schrott"),
+        ("1'250 m flat bar", "1250", Unit.METRES, "flat bar"),
+        ("1\u00a0250,5 m Flachstahl", "1250.5", Unit.METRES, "Flachstahl"),
+        ("2,5 m Flachstahl", "2.5", Unit.METRES, "Flachstahl"),
+        ("2.75 m flat bar", "2.75", Unit.METRES, "flat bar"),
+        ("0,500 t Betonstahl", "500", Unit.KILOGRAMS, "Betonstahl"),
+        ("12.5000 m flat bar", "12.5", Unit.METRES, "flat bar"),
+    ],
+)
+def test_thousands_separators_in_both_locales(line, quantity, unit, item):
+    fields = parse_item_line(line)
+    assert (fields["quantity"], fields["unit"], fields["item"]) == (Decimal(quantity), unit, item)
+
+
+@pytest.mark.parametrize(
+    ("line", "quantity"),
+    [
+        ("1.200 m Flachstahl 40x5", "1200"),
+        ("1,000 pcs bolt M12", "1000"),
+        ("12 000 m Flachstahl", "12000"),
+    ],
+)
+def test_an_ambiguous_quantity_is_read_as_thousands_and_warned_about(line, quantity):
+    _, result = extract("items.txt", f"{line}\n")
+    (position,) = result.positions
+    assert position.quantity == Decimal(quantity)
+    (warning,) = result.warnings
+    assert warning.line_no == 1
+    assert quantity in warning.message
+    assert "decimal" in warning.message or "without spaces" in warning.message
+
+
+def test_unambiguous_numbers_carry_no_warning():
+    _, result = extract("items.txt", "1.234,5 m Flachstahl\n2,5 m flat bar\n1,234.5 m flat bar\n")
+    assert len(result.positions) == 3
+    assert result.warnings == ()
+
+
+@pytest.mark.parametrize("text", ["1.2.3", "1,23,456", "1.234,5,6", "12,34.567,8", "1'23"])
+def test_badly_grouped_numbers_are_refused(text):
+    with pytest.raises(LineError, match="is not a number"):
+        read_number(text)
+
+
+def test_thousands_in_a_csv_quantity_column():
+    _, result = extract(
+        "list.csv", "qty;unit;item\n1.200;m;Flachstahl 40x5\n1.234,5;m;Flachstahl 30x5\n"
+    )
+    assert [p.quantity for p in result.positions] == [Decimal("1200"), Decimal("1234.5")]
+    assert [w.line_no for w in result.warnings] == [2]
+
+
+# --- the length column of a CSV
+
+
+@pytest.mark.parametrize(
+    ("header", "cell", "length_mm"),
+    [
+        ("Länge", "6 m", 6000),
+        ("laenge", "2000 mm", 2000),
+        ("length", "6,5 m", 6500),
+        ("length", "250 cm", 2500),
+        ("Länge (m)", "6", 6000),
+        ("Länge [m]", "6,5", 6500),
+        ("Länge in mm", "6000", 6000),
+        ("length_mm", "6000", 6000),
+        ("länge_mm", "6 m", 6000),
+    ],
+)
+def test_a_length_column_takes_the_unit_of_its_cells_or_header(header, cell, length_mm):
+    _, result = extract(
+        "list.csv", f"Menge;Einheit;Bezeichnung;{header}\n4;Stk;Träger HEA 200;{cell}\n"
+    )
+    assert [p.length_mm for p in result.positions] == [length_mm]
+    assert result.warnings == ()
+
+
+def test_a_bare_length_without_any_unit_is_an_ambiguity_not_millimetres():
+    _, result = extract("list.csv", "Menge;Einheit;Bezeichnung;Länge\n4;Stk;Träger HEA 200;6\n")
+    (position,) = result.positions
+    assert position.length_mm is None
+    (warning,) = result.warnings
+    assert "no unit" in warning.message
+    # Without a length, a beam in pieces is not priced: feasibility asks for the length.
+    verdict = check_position(
+        default_catalog(),
+        item=position.item,
+        quantity=position.quantity,
+        unit=position.unit,
+        material="",
+        length_mm=position.length_mm,
+    )
+    assert not verdict.feasible
+    assert "give the piece length" in verdict.reason
+
+
+def test_a_fractional_millimetre_is_rounded_with_a_warning():
+    _, result = extract("list.csv", "qty;unit;item;length_mm\n4;Stk;Rohr 60x4;2500,5\n")
+    assert [p.length_mm for p in result.positions] == [2501]
+    assert "rounded to 2501 mm" in result.warnings[0].message
+
+
+# --- prices and minimum quantities by the unit the price is quoted in
+
+
+def test_quantity_breaks_of_metre_priced_pieces_count_metres():
+    beam = default_catalog().entry("beam")
+    pieces = price_position(beam, quantity=Decimal(12), unit=Unit.PIECES, length_mm=6000)
+    metres = price_position(beam, quantity=Decimal(72), unit=Unit.METRES, length_mm=None)
+    # 72 m reach the 50 m break at 36.00/m: one piece of 6 m costs 216.00.
+    assert (pieces.unit_price, pieces.total) == (Decimal("216.00"), Decimal("2592.00"))
+    assert (metres.unit_price, metres.total) == (Decimal("36.00"), Decimal("2592.00"))
+    # 2 pieces of 6 m are 12 m: the 10 m break at 39.50/m.
+    two = price_position(beam, quantity=Decimal(2), unit=Unit.PIECES, length_mm=6000)
+    assert (two.unit_price, two.total) == (Decimal("237.00"), Decimal("474.00"))
+
+
+def test_the_minimum_quantity_of_metre_priced_pieces_counts_metres():
+    catalog = catalog_from_dict(
+        {
+            "materials": {"S235": ["steel"]},
+            "items": [
+                {
+                    "code": "beam",
+                    "keywords": ["beam"],
+                    "materials": ["S235"],
+                    "unit": "m",
+                    "min_quantity": "10",
+                    "price_breaks": [["10", "40.00"]],
+                }
+            ],
+        }
+    )
+
+    def check(quantity: int, length_mm: int):
+        return check_position(
+            catalog,
+            item="beam",
+            quantity=Decimal(quantity),
+            unit=Unit.PIECES,
+            material="",
+            length_mm=length_mm,
+        )
+
+    assert check(3, 6000).feasible  # 18 m
+    refused = check(3, 3000)  # 9 m
+    assert not refused.feasible
+    assert "3 pcs = 9 m is below the minimum of 10 m" in refused.reason
+
+
+# --- smaller traps
+
+
+def test_a_csv_with_a_quoted_header_is_read():
+    text = (
+        '"Position";"Menge";"Einheit";"Bezeichnung";"Länge"\n"1";"4";"Stk";"Träger HEA 200";"6 m"\n'
+    )
+    _, result = extract("liste.csv", text)
+    assert [(p.label, p.quantity, p.item, p.length_mm) for p in result.positions] == [
+        ("1", Decimal(4), "Träger HEA 200", 6000)
+    ]
+
+
+def test_a_quoted_header_is_sniffed_as_csv():
+    source = inspect_upload("liste", b'"Menge";"Bezeichnung"\n4;Rohr\n')
+    assert source.format == "csv"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        "12.5 pcs bolt M12\n",
+        "12,5 Stk Schraube M12\n",
+        "qty;unit;item\n12.5;pcs;bolt M12\n",
+    ],
+)
+def test_fractional_pieces_are_refused(data):
+    name = "list.csv" if data.startswith("qty") else "items.txt"
+    _, result = extract(name, data)
+    assert result.positions == ()
+    assert "must be whole" in result.warnings[0].message
+
+
+def test_one_bad_byte_spoils_only_its_own_line():
+    data = "4 Stk Träger HEA 200, 6 m\n".encode() + "2 Stk Rohr f\xfcr Gel\xe4nder, 3 m\n".encode(
+        "cp1252"
+    )
+    source, result = extract("items.txt", data)
+    assert [p.item for p in result.positions] == ["Träger HEA 200", "Rohr für Geländer"]
+    assert [(w.line_no, "not UTF-8" in w.message) for w in source.warnings] == [(2, True)]
+
+
+def test_a_windows_1252_file_needs_no_warning():
+    source, result = extract("items.txt", "4 Stück Träger, 6 m\n".encode("cp1252"))
+    assert [p.item for p in result.positions] == ["Träger"]
+    assert source.warnings == ()
+
+
+def test_warning_lines_count_the_lines_of_a_multi_line_quoted_field():
+    text = (
+        "position;qty;unit;item;length_mm\n"  # line 1
+        '1;4;Stk;"Träger HEA 200\nfeuerverzinkt\nmit Kopfplatte";6000\n'  # lines 2-4
+        "2;x;pcs;beam;\n"  # line 5
+        "3;2;Stk;Rohr 60x4;3000\n"  # line 6
+    )
+    _, result = extract("list.csv", text)
+    assert [p.line_no for p in result.positions] == [2, 6]
+    assert [(w.line_no, w.message) for w in result.warnings] == [(5, "'x' is not a number")]
