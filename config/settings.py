@@ -278,7 +278,8 @@ MAX_INQUIRIES_PER_TENANT_PER_HOUR = env("MAX_INQUIRIES_PER_TENANT_PER_HOUR")
 
 # queueing: stalled-work recovery treats a worker as dead after this many seconds
 # without a heartbeat (workers beat every WORKER_HEARTBEAT_SECONDS, draining ones too),
-# runs every STALLED_RECOVERY_SECONDS (at most half the threshold less 1.5 heartbeats),
+# runs every STALLED_RECOVERY_SECONDS (at most half the threshold less 1.5 heartbeats,
+# less a second: queueing.E003),
 # and gives a job up after its worker died under it STALLED_JOB_MAX_RECOVERIES times
 # (its own retries do not count).
 QUEUEING_STALLED_WORKER_SECONDS = env("STALLED_WORKER_SECONDS")

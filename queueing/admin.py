@@ -2,9 +2,12 @@
 
 procrastinate registers its own job admin (``procrastinate.contrib.django``); this module
 re-registers it with one more page, ``/admin/procrastinate/procrastinatejob/sweeps/``
-(linked from the admin index and the job list), that lists every declared sweep and runs
-one now in this process (like ``manage.py sweep NAME``, reporting its counts), previews
-it (dry run) or queues its singleton job for a worker. Like the whole admin it is
+(linked from the admin index and the job list), that lists every declared sweep, runs one
+now and previews it (dry run). *Run now* queues a job sweep's singleton job for a worker
+(a second press finds it waiting, and says so), and runs an inline sweep (stalled
+recovery) in this process through its try-lock and clock (``queueing.sweeps.watch``), as
+the workers run it: never a second recovery beside a running one, never a live worker's
+job after a gap. Like the whole admin it is
 staff-only; seeing it needs the view permission on procrastinate's jobs, pressing its
 buttons its own permission, ``queueing.run_sweeps``.
 
@@ -46,7 +49,7 @@ JOB_CHANGELIST = "admin:procrastinate_procrastinatejob_changelist"
 JOB_CHANGE = "admin:procrastinate_procrastinatejob_change"
 #: The statuses the EXCLUSIVE policy covers: a sweep has at most one job in them.
 LIVE_STATUSES = ("todo", "doing")
-RUN, DRY_RUN, ENQUEUE = "run", "dry_run", "enqueue"
+RUN, DRY_RUN = "run", "dry_run"
 
 
 #: The permission of the Sweeps page's buttons (declared by ``queueing.models``).
@@ -188,7 +191,8 @@ class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
             "opts": self.opts,
             "rows": self._rows(),
             "may_run": may_run,
-            "actions": {RUN: "Run now", DRY_RUN: "Dry run", ENQUEUE: "Queue for a worker"},
+            "run": RUN,
+            "dry_run": DRY_RUN,
         }
         return TemplateResponse(request, "admin/queueing/sweeps.html", context)
 
@@ -214,16 +218,8 @@ class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
         except UnknownSweep as exc:
             self.message_user(request, str(exc), messages.ERROR)
             return
-        if action == ENQUEUE:
-            enqueued = request_sweep(sweep.name)
-            job_url = reverse(JOB_CHANGE, args=[enqueued.job_id])
-            text = (
-                "Sweep {} queued for a worker as job {}."
-                if enqueued.created
-                else "Sweep {} is already waiting or running as job {}; nothing was queued."
-            )
-            link = format_html('<a href="{}">#{}</a>', job_url, enqueued.job_id)
-            self.message_user(request, format_html(text, sweep.name, link), messages.SUCCESS)
+        if action == RUN and not sweep.inline:
+            self._queue(request, sweep)
             return
         if action not in (RUN, DRY_RUN):
             self.message_user(request, f"Unknown sweep action {action!r}.", messages.ERROR)
@@ -239,8 +235,29 @@ class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
                 request, f"Sweep {sweep.name} failed: {exc} (see the server log).", messages.ERROR
             )
             return
+        if result is None:
+            self.message_user(
+                request,
+                f"Sweep {sweep.name} is running right now (a worker's run holds its lock); "
+                "nothing else ran.",
+                messages.INFO,
+            )
+            return
         level = messages.WARNING if result.failed else messages.SUCCESS
         self.message_user(request, _describe(sweep.name, result, dry_run=dry_run), level)
+
+    def _queue(self, request: HttpRequest, sweep: Sweep) -> None:
+        """A job sweep runs in a worker, as its tick would run it: its singleton job,
+        queued unless one is already waiting or running."""
+        enqueued = request_sweep(sweep.name)
+        job_url = reverse(JOB_CHANGE, args=[enqueued.job_id])
+        text = (
+            "Sweep {} queued for a worker as job {}."
+            if enqueued.created
+            else "Sweep {} is already waiting or running as job {}; nothing was queued."
+        )
+        link = format_html('<a href="{}">#{}</a>', job_url, enqueued.job_id)
+        self.message_user(request, format_html(text, sweep.name, link), messages.SUCCESS)
 
 
 admin.site.unregister(ProcrastinateJob)

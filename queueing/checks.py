@@ -6,6 +6,9 @@ from django.conf import settings
 from django.core.checks import Error, Warning, register
 from django.db import connections
 
+from queueing.outage import beat_resume_seconds
+from queueing.sweeps import resume_gap_seconds
+
 
 @register()
 def check_database(app_configs, **kwargs):
@@ -35,14 +38,15 @@ def check_database(app_configs, **kwargs):
 
 def _check_recovery_period() -> list[Error]:
     """Recovery must run well within its resume gap (the stall threshold less one and a
-    half heartbeats): a pause between two runs longer than that counts as a time nobody
-    watched (``Sweep.resume_gap_seconds``), so a period near it would make every run (a
-    slow one, a busy maintenance thread) a restart of the clock, and no dead worker's job
-    would ever be recovered. At most half the gap leaves the other half for slow runs."""
+    half heartbeats, less the liveness bound): a pause between two runs longer than that
+    counts as a time nobody watched (``Sweep.resume_gap_seconds``), so a period near it
+    would make every run (a slow one, a busy maintenance thread) a restart of the clock,
+    and no dead worker's job would ever be recovered. At most half the gap leaves the
+    other half for slow runs."""
     period = getattr(settings, "QUEUEING_STALLED_RECOVERY_SECONDS", 5)
     grace = float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30))
     beat = float(getattr(settings, "QUEUEING_HEARTBEAT_SECONDS", 10))
-    gap = grace - 1.5 * beat
+    gap = resume_gap_seconds(grace=grace, heartbeat=beat)
     if not isinstance(period, int | float) or isinstance(period, bool) or period <= 0:
         ok = False
     else:
@@ -54,7 +58,8 @@ def _check_recovery_period() -> list[Error]:
         Error(
             f"QUEUEING_STALLED_RECOVERY_SECONDS={period!r} must be a positive number of "
             f"seconds, at most half the stall threshold less one and a half heartbeats "
-            f"(({grace:g} - 1.5 * {beat:g}) / 2 = {gap / 2:g} s): a longer pause between "
+            f"less the liveness bound (({grace:g} - 1.5 * {beat:g} - "
+            f"{beat_resume_seconds(beat):g}) / 2 = {gap / 2:g} s): a longer pause between "
             "two recoveries counts as a time nobody watched, so with a slow run recovery "
             "would restart its clock and never recover a dead worker's job.",
             hint=f"Use {max(gap / 2, 0.1):g} s or less, or raise STALLED_WORKER_SECONDS.",

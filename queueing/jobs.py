@@ -29,7 +29,7 @@ from queueing import giveup
 from queueing.exceptions import QueueingError
 from queueing.sql import queries
 from queueing.stalled import STALLED_SWEEP, recover_job
-from queueing.sweeps import get_sweep
+from queueing.sweeps import get_sweep, watch
 
 
 class RetryOutcome(enum.StrEnum):
@@ -61,24 +61,43 @@ def _holder(cursor, job_id: int, queueing_lock: str | None) -> int | None:
 
 def job_retry(*, job_id: int) -> Retried:
     """Retry one job as an operator means it (see the module docstring). Idempotent: a
-    second call finds the job waiting (``NOT_RETRYABLE``) or deduplicated."""
-    with transaction.atomic(), connection.cursor() as cursor:
-        recovery = get_sweep(STALLED_SWEEP)
+    second call finds the job waiting (``NOT_RETRYABLE``) or deduplicated. A ``doing``
+    job is judged under stalled recovery's try-lock and clock (``queueing.sweeps.watch``),
+    as recovery itself judges it."""
+    recovery = get_sweep(STALLED_SWEEP)
+    with watch(STALLED_SWEEP) as clock, connection.cursor() as cursor:
         cursor.execute(
             queries["job_for_operator"],
-            {
-                "job_id": job_id,
-                "seconds": recovery.grace_seconds,
-                "gap": recovery.resume_gap_seconds,
-                "clock": recovery.name,
-            },
+            {"job_id": job_id, "seconds": recovery.grace_seconds, "clock": recovery.name},
         )
         row = cursor.fetchone()
         if row is None:
             return Retried(outcome=RetryOutcome.MISSING, job_id=job_id)
         _, status, task_name, queueing_lock, args, abort_requested, worker_id = row[:7]
-        worker_alive, unwatched = row[7:]
+        worker_alive = row[7]
         if status == "doing":
+            if clock is None:
+                return Retried(
+                    outcome=RetryOutcome.WAITING_FOR_RECOVERY,
+                    job_id=job_id,
+                    detail="stalled recovery is running right now and takes this job back "
+                    "if its worker is dead; look again in a moment",
+                )
+            if clock.resumed_now:
+                unwatched = clock.unwatched_seconds
+                return Retried(
+                    outcome=RetryOutcome.WAITING_FOR_RECOVERY,
+                    job_id=job_id,
+                    detail=(
+                        f"stalled recovery had not run for {unwatched:.0f} s"
+                        if unwatched is not None
+                        else "stalled recovery had never run"
+                    )
+                    + ": no worker is running (or the database was just away, and its "
+                    "worker may not have beaten yet). Start a worker: its recovery takes "
+                    "this job back once the job's worker has been silent for "
+                    f"STALLED_WORKER_SECONDS ({recovery.grace_seconds} s) after it started",
+                )
             if worker_alive:
                 return Retried(
                     outcome=RetryOutcome.RUNNING,
@@ -86,17 +105,9 @@ def job_retry(*, job_id: int) -> Retried:
                     detail=f"worker {worker_id} is running it and still heart-beating; "
                     "retrying it now would run it twice",
                 )
-            if unwatched is not None:
-                return Retried(
-                    outcome=RetryOutcome.WAITING_FOR_RECOVERY,
-                    job_id=job_id,
-                    detail=f"stalled recovery has not run for {float(unwatched):.0f} s: no "
-                    "worker is running (or the database was just away, and its worker may "
-                    "not have beaten yet). Start a worker: its recovery takes this job "
-                    "back once the job's worker has been silent for "
-                    f"STALLED_WORKER_SECONDS ({recovery.grace_seconds} s) after it started",
-                )
-            note = recover_job((job_id, task_name, queueing_lock, args, abort_requested, worker_id))
+            note = recover_job(
+                (job_id, task_name, queueing_lock, args, abort_requested, worker_id), watch=clock
+            )
             return Retried(outcome=RetryOutcome.RECOVERED, job_id=job_id, detail=note)
         if status != "failed":
             return Retried(

@@ -2,10 +2,19 @@
 
 Each of the worker's loops (fetching, heart-beating, saving an outcome, deferring periodic
 jobs, maintenance) reports its failures and successes under its own name. A failure
-returns the delay before the next attempt (capped exponential backoff with full jitter)
-and is logged as one line with that delay. A loop that has failed without a break for the
-whole window gives the worker up: one loop's success never hides another's endless
-failure (a heartbeat that works must not keep a worker alive whose fetch always fails).
+returns the delay before the next attempt and is logged as one line with that delay:
+capped exponential backoff with full jitter, capped at ``RECONNECT_SECONDS`` while the
+database is out of reach (a refused or lost connection costs the database nothing, and the
+worker must be back within a second of the database), at ``CAP_SECONDS`` for other errors.
+
+Any successful round trip of a loop ends its failure streak (:meth:`Failures.recovered`):
+a fetch that finds a job counts as much as one that finds none, so between faults the
+worker runs at full speed, and a storm of terminated connections over a backlog never adds
+up to an outage. A loop that has failed without a break for the whole window gives the
+worker up, unless the database answered the worker meanwhile (``reachable``: its
+heartbeat's own connection beat lately): a worker never exits while its database is
+reachable. One loop's success does not hide another's endless failure of any other kind
+(a heartbeat that works must not keep a worker alive whose fetch always errs).
 """
 
 from __future__ import annotations
@@ -21,10 +30,21 @@ from queueing import backoff
 
 logger = logging.getLogger("queueing.worker")
 
-#: Backoff between attempts: full jitter from 0.5 s, growing to at most 10 s.
+#: Backoff between attempts: full jitter from 0.5 s, growing to at most 10 s ...
 BASE_SECONDS = 0.5
 CAP_SECONDS = 10.0
+#: ... and to at most 1 s while the database is out of reach.
+RECONNECT_SECONDS = 1.0
 MIN_PAUSE_SECONDS = 0.05
+
+
+def beat_resume_seconds(heartbeat: float) -> float:
+    """The liveness bound: at most this long after the database accepts connections
+    again, a live worker's heartbeat lands — its next attempt, which comes every
+    ``RECONNECT_SECONDS`` while the database is away (every heartbeat, when that is
+    shorter), on a connection of its own (``queueing.worker``). Stalled recovery's resume
+    gap is derived from it (``queueing.sweeps.Sweep.resume_gap_seconds``)."""
+    return min(heartbeat, RECONNECT_SECONDS)
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -40,12 +60,26 @@ def describe(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {text}" if text else type(cause).__name__
 
 
-class Failures:
-    """Per-loop failure windows, shared by one worker."""
+def pause_after(attempt: int, *, unreachable: bool, rng: random.Random) -> float:
+    """The pause after ``attempt`` (0-based) failed attempts in a row: full jitter, capped
+    at ``RECONNECT_SECONDS`` when the database is out of reach, else at ``CAP_SECONDS``."""
+    cap = RECONNECT_SECONDS if unreachable else CAP_SECONDS
+    return max(MIN_PAUSE_SECONDS, backoff.delay(attempt, base=BASE_SECONDS, cap=cap, rng=rng))
 
-    def __init__(self, *, window: float, on_expired: Callable[[str], None]):
+
+class Failures:
+    """Per-loop failure windows, shared by one worker (one event loop: not thread-safe)."""
+
+    def __init__(
+        self,
+        *,
+        window: float,
+        on_expired: Callable[[str], None],
+        reachable: Callable[[], bool] = lambda: False,
+    ):
         self.window = window
         self._on_expired = on_expired
+        self._reachable = reachable
         self._since: dict[str, float] = {}
         self._attempts: dict[str, int] = {}
         self._rng = random.SystemRandom()
@@ -64,17 +98,24 @@ class Failures:
         elapsed = now - since
         unreachable = is_connection_error(exc)
         if bounded and elapsed >= self.window and not self.expired:
-            self.expired = True
-            trouble = "the database stayed unreachable" if unreachable else "it kept failing"
-            self._on_expired(
-                f"{trouble} while {loop} for {elapsed:.0f} s (the window is "
-                f"{self.window:.0f} s, QUEUEING_DATABASE_OUTAGE_SECONDS); last error: "
-                f"{describe(exc)}"
-            )
-        pause = max(
-            MIN_PAUSE_SECONDS,
-            backoff.delay(attempt, base=BASE_SECONDS, cap=CAP_SECONDS, rng=self._rng),
-        )
+            if unreachable and self._reachable():
+                # The database answers the worker (its heartbeat beat lately): this loop
+                # waits on a connection that is coming, not on an outage.
+                logger.warning(
+                    "%s has failed for %.0f s, but the database answers: not giving up",
+                    loop,
+                    elapsed,
+                )
+                self._since[loop] = now
+            else:
+                self.expired = True
+                trouble = "the database stayed unreachable" if unreachable else "it kept failing"
+                self._on_expired(
+                    f"{trouble} while {loop} for {elapsed:.0f} s (the window is "
+                    f"{self.window:.0f} s, QUEUEING_DATABASE_OUTAGE_SECONDS); last error: "
+                    f"{describe(exc)}"
+                )
+        pause = pause_after(attempt, unreachable=unreachable, rng=self._rng)
         logger.log(
             logging.WARNING if unreachable else logging.ERROR,
             "%s while %s (attempt %d, failing for %.0f s): %s; next attempt in %.1f s",
@@ -87,7 +128,12 @@ class Failures:
         )
         return pause
 
+    def failing(self, loop: str) -> bool:
+        """Whether ``loop``'s last attempt failed."""
+        return loop in self._attempts
+
     def recovered(self, loop: str) -> None:
+        """A round trip of ``loop`` succeeded: its failure streak, if any, is over."""
         since = self._since.pop(loop, None)
         if self._attempts.pop(loop, 0) and since is not None:
             logger.warning("%s works again after %.1f s", loop, time.monotonic() - since)

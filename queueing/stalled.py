@@ -18,10 +18,14 @@ Why it is built the way it is:
   retried four times and then lost its worker once must not be failed for good. A
   recovery does not count an attempt either: the task did not fail, its worker died.
 * **Silence counts from the later of the last heartbeat, the server's start and the moment
-  recovery resumed after a gap** (``SweepContext.resumed_at``): after a PostgreSQL restart,
+  recovery resumed after a gap** (``Watch.resumed_at``), whoever runs it: the
+  workers' maintenance loop, ``manage.py sweep``, the admin or an operator's retry all go
+  through one clock and try-lock (``queueing.sweeps.watch``): after a PostgreSQL restart,
   a crash restart or a failover (which do not all move ``pg_postmaster_start_time()``),
-  every heartbeat is old, yet the workers are alive and beat again within a second. A
-  worker that stays silent after recovery resumes is recovered one threshold later.
+  every heartbeat is old, yet the workers are alive and beat again within one heartbeat
+  interval of the database's return (``queueing.worker``: the heartbeat has a connection
+  of its own). A worker that stays silent for a whole threshold after recovery resumed
+  (at least two heartbeats, ``queueing.W001``) is dead, and is recovered then.
 * procrastinate issues 1446/1543: a stalled job whose queueing lock a fresh ``todo`` job
   now holds cannot go back to ``todo`` (unique violation). The fresh job will do the same
   work, so the stalled one ends ``failed`` ("superseded"), in its own savepoint.
@@ -31,6 +35,7 @@ Why it is built the way it is:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 
@@ -39,7 +44,7 @@ from django.db import IntegrityError, connection, transaction
 
 from queueing import giveup
 from queueing.sql import queries
-from queueing.sweeps import SweepContext, SweepResult, declare_sweep, sweep_rows
+from queueing.sweeps import SweepContext, SweepResult, Watch, declare_sweep, sweep_rows
 
 logger = logging.getLogger(__name__)
 
@@ -54,9 +59,14 @@ def _end(cursor, job_id: int, status: str) -> None:
     cursor.execute(queries["end_stalled_job"], {"job_id": job_id, "status": status})
 
 
-def recover_job(row) -> str:
+def recover_job(row, *, watch: Watch) -> str:
     """Recover one stalled job (the row of ``stalled_jobs``, locked by the caller): back to
-    ``todo``, or ended for good when over budget, aborted or superseded. Returns which."""
+    ``todo``, or ended for good when over budget, aborted or superseded. Returns which.
+    Only under recovery's try-lock and clock: ``watch`` is what :func:`queueing.sweeps.watch`
+    yielded to the caller, whose judgement that the job's worker is dead counted its
+    silence from ``watch.resumed_at``."""
+    if not isinstance(watch, Watch):
+        raise TypeError("recover_job needs the Watch of queueing.sweeps.watch(STALLED_SWEEP)")
     job_id, task_name, queueing_lock, args, abort_requested, worker_id = row
     args = json.loads(args) if isinstance(args, str) else args
     with connection.cursor() as cursor:
@@ -116,11 +126,13 @@ def recover_job(row) -> str:
 )
 def recover_stalled_jobs(ctx: SweepContext) -> SweepResult:
     """Retry jobs whose worker died (no heartbeat for the grace period)."""
+    if ctx.watch is None:
+        raise TypeError("stalled recovery runs through queueing.sweeps.run_sweep only")
     result = sweep_rows(
         ctx,
         select_sql=queries["stalled_jobs"],
-        params={"seconds": ctx.grace_seconds, "resumed_at": ctx.resumed_at},
-        process=recover_job,
+        params={"seconds": ctx.grace_seconds, "resumed_at": ctx.watch.resumed_at},
+        process=functools.partial(recover_job, watch=ctx.watch),
     )
     changed = sum(result.notes.values())
     return SweepResult(

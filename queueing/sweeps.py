@@ -24,8 +24,11 @@ connection closes and PostgreSQL ends the transaction), and no backlog of jobs d
 Each run records itself in ``pgstage_inline_sweeps``; after a gap longer than the sweep's
 grace less one and a half heartbeats (the database, or every worker, was away:
 ``Sweep.resume_gap_seconds``) it records that it *resumed*, and hands that moment to the
-sweep (``SweepContext.resumed_at``): stalled recovery counts a worker's silence from it,
-since nobody could beat during the gap, nor could recovery watch.
+sweep (``Watch.resumed_at``): stalled recovery counts a worker's silence from it,
+since nobody could beat during the gap, nor could recovery watch. That try-lock and clock
+are one function, :func:`watch`, and every way into an inline sweep goes through it: the
+workers' maintenance loop, ``manage.py sweep`` (:func:`run_sweep`), the admin and an
+operator's retry of a stalled job (``queueing.jobs.job_retry``).
 
 Inside, :func:`sweep_rows` selects a bounded batch ``FOR UPDATE … SKIP LOCKED`` (two
 sweeps on two hosts take disjoint rows), oldest first as the query orders it, and runs
@@ -41,9 +44,10 @@ that long instead of when TCP gives up (hours), so its row locks and try-lock co
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +59,7 @@ from queueing.app import periodic, task
 from queueing.enqueue import Enqueued, Policy, enqueue
 from queueing.exceptions import UnknownSweep
 from queueing.keys import KeyFormat
+from queueing.outage import beat_resume_seconds
 from queueing.sql import queries
 
 logger = logging.getLogger(__name__)
@@ -87,13 +92,25 @@ class SweepResult:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Watch:
+    """An inline sweep's clock, read and moved by :func:`watch` under the sweep's
+    try-lock: when its runs last resumed after a gap (a live worker's silence counts from
+    then), whether this run is that resumption, and how long nobody had watched before
+    it (None for the first run ever)."""
+
+    resumed_at: datetime.datetime
+    resumed_now: bool
+    unwatched_seconds: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class SweepContext:
     name: str
     batch_size: int
     grace_seconds: int
     dry_run: bool = False
-    #: For an inline sweep run by a worker: when its runs resumed after their last gap.
-    resumed_at: datetime.datetime | None = None
+    #: An inline sweep's clock (:func:`watch`); None for a job sweep.
+    watch: Watch | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,15 +145,20 @@ class Sweep:
 
     @property
     def resume_gap_seconds(self) -> float:
-        """An inline sweep *resumes* (``SweepContext.resumed_at``) when its previous run is
-        older than this: the grace less one and a half heartbeats. A live worker's last
-        beat is at most one heartbeat (and a late beat's half) older than the moment the
-        database (or every worker) went away, so an unwatched gap any shorter, plus that,
-        stays within the grace: no live worker is ever taken for dead across a gap. System
+        """An inline sweep *resumes* (``Watch.resumed_at``) when its previous run is
+        older than this: the grace less one and a half heartbeats, less the liveness
+        bound. A live worker's last beat is at most one heartbeat (and a late beat's half)
+        older than the moment the database (or every worker) went away, and its next beat
+        lands at most ``beat_resume_seconds`` after the database is back; so an unwatched
+        gap any shorter, plus both, stays within the grace: no live worker is ever taken
+        for dead across a gap. After a longer one, silence counts from the resumption, and
+        the grace (at least two heartbeats, ``queueing.W001``) covers the bound. System
         check ``queueing.E003`` keeps the period at most half of it, so runs that follow
         each other (a slow run included) never count as a gap."""
-        beat = float(getattr(settings, "QUEUEING_HEARTBEAT_SECONDS", 10))
-        return self.grace_seconds - 1.5 * beat
+        return resume_gap_seconds(
+            grace=self.grace_seconds,
+            heartbeat=float(getattr(settings, "QUEUEING_HEARTBEAT_SECONDS", 10)),
+        )
 
     @property
     def task_name(self) -> str:
@@ -151,15 +173,20 @@ class Sweep:
         *,
         dry_run: bool = False,
         batch_size: int | None = None,
-        resumed_at: datetime.datetime | None = None,
+        watch: Watch | None = None,
     ) -> SweepContext:
         return SweepContext(
             name=self.name,
             batch_size=batch_size or self.batch_size,
             grace_seconds=self.grace_seconds,
             dry_run=dry_run,
-            resumed_at=resumed_at,
+            watch=watch,
         )
+
+
+def resume_gap_seconds(*, grace: float, heartbeat: float) -> float:
+    """See :attr:`Sweep.resume_gap_seconds` (and system check ``queueing.E003``)."""
+    return grace - 1.5 * heartbeat - beat_resume_seconds(heartbeat)
 
 
 _registry: dict[str, Sweep] = {}
@@ -202,11 +229,12 @@ def declare_sweep(
         _registry[name] = sweep
 
         if inline:
-            # Not periodic: workers run it in their maintenance loop. The task lets an
-            # operator ask any worker for one run now (the admin's "queue for a worker").
+            # Not periodic: workers run it in their maintenance loop. The task lets
+            # code ask any worker for one run now (request_sweep), through run_sweep's
+            # try-lock and clock like every other run.
             @task(name=sweep.tick_name, queue=SWEEP_QUEUE, retry=False, cancellable=True)
             def inline_tick(timestamp: int = 0) -> dict[str, Any] | None:
-                result = run_sweep_exclusively(name)
+                result = run_sweep(name)
                 return None if result is None else _counts(result)
 
             return func
@@ -214,7 +242,9 @@ def declare_sweep(
         # A cancelled sweep job or tick loses nothing: the next tick asks again.
         @task(name=sweep.task_name, queue=SWEEP_QUEUE, retry=False, cancellable=True)
         def run_job() -> dict[str, Any]:
-            return _counts(run_sweep(name))
+            result = run_sweep(name)
+            assert result is not None  # only an inline sweep is ever skipped
+            return _counts(result)
 
         @periodic(cron=cron, periodic_id=name)
         @task(name=sweep.tick_name, queue=SWEEP_QUEUE, retry=False, cancellable=True)
@@ -264,21 +294,29 @@ def bound_transaction(*, using: str = "default") -> None:
         cursor.execute(queries["bound_transaction"], {"ms": str(milliseconds)})
 
 
-def run_sweep_exclusively(name: str) -> SweepResult | None:
-    """Run the sweep in one bounded transaction under its try-lock, recording the run (and
-    whether it resumed after a gap: ``Sweep.resume_gap_seconds``); None when another run
-    holds the lock (it is doing this work right now)."""
+@contextlib.contextmanager
+def watch(name: str) -> Iterator[Watch | None]:
+    """The one way into an inline sweep's work (stalled recovery): a bounded transaction
+    under the sweep's try-lock that records this run on its clock
+    (``pgstage_inline_sweeps``) and yields the :class:`Watch`; None when another run holds
+    the lock (it is doing this work right now). The worker's maintenance loop,
+    ``manage.py sweep``, the admin and an operator's retry of a stalled job all come
+    through here, so none of them can take a live worker's job across a gap that the
+    others have seen (``Sweep.resume_gap_seconds``)."""
     sweep = get_sweep(name)
+    if not sweep.inline:
+        raise ValueError(f"sweep {name!r} is not inline: it has no recovery clock")
     with transaction.atomic():
         bound_transaction()
         if not locks.try_xact_lock(SWEEP_LOCK, name):
             logger.info("sweep %s: another run holds its lock; skipped", name)
-            return None
+            yield None
+            return
         with connections["default"].cursor() as cursor:
             cursor.execute(
                 queries["inline_sweep_clock"], {"name": name, "gap": sweep.resume_gap_seconds}
             )
-            resumed_at, resumed_now = cursor.fetchone()
+            resumed_at, resumed_now, unwatched = cursor.fetchone()
         if resumed_now:
             logger.info(
                 "sweep %s resumed after more than %.1f s without a run (the database, or "
@@ -286,7 +324,11 @@ def run_sweep_exclusively(name: str) -> SweepResult | None:
                 name,
                 sweep.resume_gap_seconds,
             )
-        return run_sweep(name, resumed_at=resumed_at)
+        yield Watch(
+            resumed_at=resumed_at,
+            resumed_now=resumed_now,
+            unwatched_seconds=None if unwatched is None else float(unwatched),
+        )
 
 
 def run_sweep(
@@ -294,13 +336,19 @@ def run_sweep(
     *,
     dry_run: bool = False,
     batch_size: int | None = None,
-    resumed_at: datetime.datetime | None = None,
-) -> SweepResult:
-    """Run one sweep once, in this process."""
+) -> SweepResult | None:
+    """Run one sweep once, in this process. An inline sweep (stalled recovery) runs
+    through :func:`watch` — its try-lock and clock — whoever calls: None when another run
+    holds its lock. A job sweep runs as is (its rows are taken ``FOR UPDATE SKIP
+    LOCKED`` and re-checked in every write), so it never returns None."""
     sweep = get_sweep(name)
-    result = sweep.func(
-        sweep.context(dry_run=dry_run, batch_size=batch_size, resumed_at=resumed_at)
-    )
+    if sweep.inline:
+        with watch(name) as clock:
+            if clock is None:
+                return None
+            result = sweep.func(sweep.context(dry_run=dry_run, batch_size=batch_size, watch=clock))
+    else:
+        result = sweep.func(sweep.context(dry_run=dry_run, batch_size=batch_size))
     if result.selected or result.failed:
         logger.info(
             "sweep %s: selected=%d changed=%d failed=%d%s",

@@ -16,11 +16,24 @@ What it adds to procrastinate's worker (3.10):
 * **It rides out the database going away** — terminated connections, a restart, a
   failover. procrastinate's worker exits on the first database error in any of its loops.
   Here each loop (fetch, heartbeat, LISTEN, periodic deferrer, maintenance, saving a job's
-  outcome) retries with capped, fully jittered backoff and logs one line per attempt with
-  its next delay (``queueing.outage``). LISTEN is established again on a fresh connection,
-  followed by one poll at once, so jobs enqueued during the outage start within LISTEN
-  latency. A loop that fails without a break for ``QUEUEING_DATABASE_OUTAGE_SECONDS``
-  stops the worker, which exits non-zero with a clear message for its supervisor.
+  outcome) retries with fully jittered backoff, capped at one second while the database is
+  out of reach, and logs one line per attempt with its next delay (``queueing.outage``);
+  any successful round trip ends a loop's failure streak. A loop that fails without a
+  break for ``QUEUEING_DATABASE_OUTAGE_SECONDS`` stops the worker, which exits non-zero
+  with a clear message for its supervisor — unless the database answered meanwhile.
+* **Its liveness does not wait on procrastinate's pool.** The psycopg pool's reconnect
+  delay doubles without a cap (1, 2, 4 … 128 s): after a one-minute outage a live worker
+  would stay silent long after recovery resumed, and its job would run twice. The
+  heartbeat beats on a connection of its own, tried again every second (or every
+  heartbeat, when shorter) while the database is away, so a live worker beats again
+  within one heartbeat interval of the database accepting connections (stalled recovery's
+  wait after a gap relies on it). The pool gives up a lost connection after
+  ``RECONNECT_SECONDS`` instead of retrying it on its doubling schedule, and as soon as
+  the heartbeat or LISTEN gets through again it opens what it lacks at once: fetching,
+  saving outcomes, defers from tasks and the periodic deferrer come back with it. LISTEN
+  is established again on a fresh connection, followed by one poll at once, so jobs
+  enqueued during the outage start within LISTEN latency and a second of the database's
+  return.
 * **A job's outcome is never dropped, and never written over another run.** Saving it is
   retried until the database is back, and fenced on the worker: a job that stalled
   recovery took back (this worker looked dead) is left to its new run; if this worker
@@ -71,7 +84,7 @@ from procrastinate.job_context import JobContext, JobResult
 from procrastinate.manager import get_channel_for_queues
 
 from queueing import giveup, sweeps
-from queueing.outage import Failures, describe
+from queueing.outage import RECONNECT_SECONDS, Failures, describe
 from queueing.sql import load
 
 logger = logging.getLogger(__name__)
@@ -164,7 +177,12 @@ class PgstageWorker(procrastinate_worker.Worker):
         connections.settings[DEFAULT_DB_ALIAS]["CONN_HEALTH_CHECKS"] = False
         self._gave_up: str | None = None
         self._side_task_failed: str | None = None
-        self.failures = Failures(window=outage_seconds(), on_expired=self._give_up)
+        #: When the heartbeat last beat, on its own connection (monotonic clock).
+        self._last_beat = float("-inf")
+        self.failures = Failures(
+            window=outage_seconds(), on_expired=self._give_up, reachable=self._beat_lately
+        )
+        self._pool: Any = None
         self._registering = asyncio.Lock()
         self._errors: dict[int, BaseException] = {}
         # Two threads for the worker's own Django work, each with one Django connection,
@@ -192,6 +210,22 @@ class PgstageWorker(procrastinate_worker.Worker):
         return call_next()
 
     # -- the outage window -------------------------------------------------------------
+
+    def _beat_lately(self) -> bool:
+        """The database answered the heartbeat's own connection within two intervals."""
+        return time.monotonic() - self._last_beat < 2 * self.update_heartbeat_interval
+
+    async def _reopen_pool(self) -> None:
+        """The database accepts connections again (the heartbeat's or LISTEN's own
+        connection just got through after failing): the pool opens the connections it
+        gave up on now (its ``check`` replaces dead ones and grows an empty pool back to
+        its size), and a loop waiting for one gets it at once."""
+        if self._pool is None:
+            return
+        try:
+            await self._pool.check()
+        except Exception as exc:  # the pool grows on demand anyway; this only hurries it
+            logger.warning("could not reopen the pool's connections now: %s", describe(exc))
 
     def _give_up(self, reason: str) -> None:
         logger.error("stopping the worker: %s", reason)
@@ -247,10 +281,14 @@ class PgstageWorker(procrastinate_worker.Worker):
             "registering the worker", self.app.job_manager.register_worker
         )
         # Fail fast when the pool has no live connection to give (its default is 30 s):
-        # each loop then backs off and says so, instead of hanging silently.
-        pool = getattr(connector, "pool", None)
-        if pool is not None:
-            pool.timeout = POOL_TIMEOUT_SECONDS
+        # each loop then backs off and says so, instead of hanging silently. And never
+        # let the pool retry a lost connection on its own doubling schedule (up to 128 s
+        # apart, then it drops it): it gives up at once, and opens it again when a loop
+        # asks for one or when the database is back (_reopen_pool).
+        self._pool = getattr(connector, "pool", None)
+        if self._pool is not None:
+            self._pool.timeout = POOL_TIMEOUT_SECONDS
+            self._pool.reconnect_timeout = RECONNECT_SECONDS
         self.run_task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
         loop_task = asyncio.create_task(self._run_loop(), name="worker loop")
@@ -360,6 +398,9 @@ class PgstageWorker(procrastinate_worker.Worker):
             )
 
     async def _process_job(self, context: JobContext) -> None:
+        # A fetch that found a job is a successful round trip as much as one that found
+        # none: with a backlog, the fetch loop never sees the latter between faults.
+        self.failures.recovered("fetching jobs")
         # This worker fetched a job it is still running: stalled recovery took it back
         # while this worker looked dead, and this worker fetched it again. The first run
         # goes on and saves the outcome; a second one here would run it twice.
@@ -374,28 +415,54 @@ class PgstageWorker(procrastinate_worker.Worker):
         await super()._process_job(context)
 
     async def _update_heartbeat(self) -> None:
-        pause = self.update_heartbeat_interval
-        while True:
-            await asyncio.sleep(pause)
-            try:
-                beating = self.worker_id
-                rows = await self.app.connector.execute_query_all_async(
-                    queries["beat"], worker_id=beating
-                )
+        """Beat every interval on a connection of its own, never the pool's: while the
+        database is away, try again every ``RECONNECT_SECONDS`` (or every interval, when
+        shorter), so a live worker beats again within one heartbeat interval of the
+        database accepting connections. Each beat is bounded by the interval: a
+        half-open connection is dropped and replaced, not waited on."""
+        interval = self.update_heartbeat_interval
+        connection: psycopg.AsyncConnection | None = None
+        pause = interval
+        try:
+            while True:
+                await asyncio.sleep(pause)
+                try:
+                    beating = self.worker_id
+                    async with asyncio.timeout(max(interval, RECONNECT_SECONDS)):
+                        if connection is None or connection.closed:
+                            connection = await psycopg.AsyncConnection.connect(
+                                **connector_params(), autocommit=True
+                            )
+                        cursor = await connection.execute(queries["beat"], {"worker_id": beating})
+                        rows = await cursor.fetchall()
+                except (psycopg.Error, OSError) as exc:
+                    if connection is not None:
+                        await connection.close()
+                        connection = None
+                    pause = min(interval, self.failures.failed("beating", exc))
+                    continue
+                self._last_beat = time.monotonic()
+                if self.failures.failing("beating"):
+                    self.failures.recovered("beating")
+                    await self._reopen_pool()
+                pause = interval
                 if not rows:
-                    await self._register_again(beating)
-            except procrastinate_exceptions.ConnectorException as exc:
-                # Beat again soon after the database returns: a long silence would make
-                # this worker look dead and its running jobs would be run elsewhere.
-                pause = min(self.update_heartbeat_interval, self.failures.failed("beating", exc))
-                continue
-            self.failures.recovered("beating")
-            pause = self.update_heartbeat_interval
+                    try:
+                        await self._register_again(beating)
+                    except procrastinate_exceptions.ConnectorException as exc:
+                        pause = min(interval, self.failures.failed("registering again", exc))
+                        continue
+                    self.failures.recovered("registering again")
+        finally:
+            if connection is not None:
+                await connection.close()
 
     async def _periodic_deferrer(self) -> None:
         while True:
-            deferrer = periodic.PeriodicDeferrer(
-                registry=self.app.periodic_registry, **self.app.periodic_defaults
+            deferrer = _ReportingDeferrer(
+                registry=self.app.periodic_registry,
+                on_success=functools.partial(self.failures.recovered, "deferring periodic jobs"),
+                **self.app.periodic_defaults,
             )
             try:
                 return await deferrer.worker()
@@ -431,7 +498,7 @@ class PgstageWorker(procrastinate_worker.Worker):
 
         async def sweep_all() -> None:
             for sweep in inline:
-                await self._in_maintenance_thread(sweeps.run_sweep_exclusively, sweep.name)
+                await self._in_maintenance_thread(sweeps.run_sweep, sweep.name)
 
         if not inline:
             await asyncio.Event().wait()  # nothing to run; a side task must not end
@@ -461,7 +528,9 @@ class PgstageWorker(procrastinate_worker.Worker):
                         await connection.execute(
                             psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel))
                         )
-                    self.failures.recovered("listening for jobs")
+                    if self.failures.failing("listening for jobs"):
+                        self.failures.recovered("listening for jobs")
+                        await self._reopen_pool()
                     self._new_job_event.set()
                     while True:
                         async for notify in connection.notifies(timeout=LISTEN_KEEPALIVE_SECONDS):
@@ -654,6 +723,20 @@ class PgstageWorker(procrastinate_worker.Worker):
                 action="stop_worker", queues=self.queues, context=None, job_result=None
             ),
         )
+
+
+class _ReportingDeferrer(periodic.PeriodicDeferrer):
+    """procrastinate's periodic deferrer, telling the worker each time a round of defers
+    went through: that ends its failure streak (it would otherwise grow across faults
+    hours apart, until the outage window stopped a worker whose database answers)."""
+
+    def __init__(self, *, on_success: Callable[[], None], **kwargs: Any):
+        super().__init__(**kwargs)
+        self._on_success = on_success
+
+    async def defer_jobs(self, jobs_to_defer: Any) -> None:
+        await super().defer_jobs(jobs_to_defer)
+        self._on_success()
 
 
 def install(app: Any) -> None:

@@ -212,8 +212,11 @@ def jobs(**filters) -> list[dict]:
     return rows
 
 
-def make_doing(job_id: int, *, attempts: int = 0, heartbeat_age_s: int = 120) -> int:
-    """A job claimed by a worker whose heartbeat is ``heartbeat_age_s`` old."""
+def make_doing(job_id: int, *, attempts: int = 0, heartbeat_age_s: float = 120) -> int:
+    """A job claimed by a worker whose heartbeat is ``heartbeat_age_s`` old, while stalled
+    recovery was running all along (its clock: a run just now, no gap for an hour); a test
+    of a gap moves the clock after this (:func:`recovery_ran`)."""
+    recovery_ran(last_run_ago=0, resumed_ago=3600)
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO procrastinate_workers (last_heartbeat) "

@@ -234,17 +234,13 @@ SELECT set_config('statement_timeout', %(ms)s, true),
        set_config('idle_in_transaction_session_timeout', %(ms)s, true);
 
 -- job_for_operator --
--- One job, row-locked for an operator's action, with whether its worker is alive (the
--- silence rule of stalled_jobs, counting from when recovery last resumed) and how long
--- recovery has not run, when that is longer than its resume gap (%(gap)s s): then nobody
--- is watching — no worker runs, or the database was just away and a live worker may not
--- have beaten yet — and no worker can be judged dead.
+-- One job, row-locked for an operator's action, with whether its worker is alive: the
+-- silence rule of stalled_jobs, counting from when recovery last resumed (read under
+-- recovery's try-lock, after the caller moved its clock: queueing.sweeps.watch).
 SELECT j.id, j.status, j.task_name, j.queueing_lock, j.args, j.abort_requested, j.worker_id,
        w.id IS NOT NULL
        AND greatest(w.last_heartbeat, pg_postmaster_start_time(), c.resumed_at)
-           >= now() - %(seconds)s * interval '1 second' AS worker_alive,
-       CASE WHEN c.last_run < now() - %(gap)s * interval '1 second'
-            THEN extract(epoch FROM now() - c.last_run) END AS unwatched_seconds
+           >= now() - %(seconds)s * interval '1 second' AS worker_alive
   FROM procrastinate_jobs j
   LEFT JOIN procrastinate_workers w ON w.id = j.worker_id
   LEFT JOIN pgstage_inline_sweeps c ON c.name = %(clock)s
@@ -274,15 +270,22 @@ RETURNING task_name, args;
 
 -- inline_sweep_clock --
 -- Under an inline sweep's try-lock: record this run; when the previous one was longer ago
--- than %(gap)s seconds (the grace less one heartbeat: the database, or every worker, was
--- away), record that the sweep resumed now. Returns when it last resumed.
+-- than %(gap)s seconds (Sweep.resume_gap_seconds: the database, or every
+-- worker, was away), record that the sweep resumed now. Returns when it last resumed,
+-- whether that is now, and how long ago the previous run was (NULL for the first run).
+WITH previous AS (
+    SELECT last_run FROM pgstage_inline_sweeps WHERE name = %(name)s
+)
 INSERT INTO pgstage_inline_sweeps AS s (name, last_run, resumed_at)
 VALUES (%(name)s, now(), now())
 ON CONFLICT (name) DO UPDATE
    SET resumed_at = CASE WHEN s.last_run < now() - %(gap)s * interval '1 second'
                          THEN now() ELSE s.resumed_at END,
        last_run = now()
-RETURNING resumed_at, resumed_at = now() AS resumed_now;
+RETURNING resumed_at,
+          coalesce((SELECT last_run FROM previous) < now() - %(gap)s * interval '1 second',
+                   true) AS resumed_now,
+          extract(epoch FROM now() - (SELECT last_run FROM previous)) AS unwatched_seconds;
 
 -- take_owed_give_up --
 -- One give-up hook still owed (this job's, or the oldest) of a task whose hook this

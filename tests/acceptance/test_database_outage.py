@@ -12,12 +12,27 @@ Fault model (each cell a test below):
   fallback is an hour), the running job is retried once through the normal path.
 - PostgreSQL stays away past the outage window:
   test_a_worker_exits_non_zero_when_the_database_stays_away
+- PostgreSQL stays away long enough for procrastinate's pool to back off (its reconnect
+  delay doubles: 1, 2, 4, 8, 16 s …) and returns between two of its attempts, while a job
+  runs: test_after_an_outage_a_live_worker_beats_and_fetches_at_once — the worker beats
+  again within one heartbeat interval of the database's return (before, it stayed silent
+  until the pool's next attempt: recovery took its running job back, and with the outage
+  window shorter than that attempt, the worker exited although the database was back),
+  and fetches a job enqueued at the return within LISTEN latency and a second (before,
+  at the pool's next attempt).
+- PostgreSQL kills fetches again and again while a backlog never empties:
+  test_killed_fetches_over_a_backlog_never_slow_or_stop_the_worker — each fault costs one
+  short pause (before, the failure streak ended only on a fetch that found no job: the
+  pauses grew to their cap, and once the streak outlasted the outage window the worker
+  stopped although its database answered).
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -60,7 +75,7 @@ def worker_env(pg: PrivateServer, **extra: str) -> dict[str, str]:
         "PGSTAGE_TASK_MODULES": "tests.queueing.tasks",
         "WORKER_HEARTBEAT_SECONDS": "1",
         "STALLED_WORKER_SECONDS": "5",
-        "STALLED_RECOVERY_SECONDS": "1.5",
+        "STALLED_RECOVERY_SECONDS": "1.2",
         **extra,
     }
 
@@ -84,6 +99,16 @@ def query(pg: PrivateServer, sql: str, params=None) -> list[tuple]:
                 raise
             time.sleep(0.2)
     return []
+
+
+def defer_long(pg: PrivateServer, task: str, release: Path) -> None:
+    """One job labelled ``long`` of ``task``, which runs until ``release`` exists."""
+    with pg.connect(application_name="pgstage-test") as conn:
+        conn.execute(
+            "INSERT INTO procrastinate_jobs (queue_name, task_name, args) VALUES "
+            "('default', %s, jsonb_build_object('label', 'long', 'release_file', %s::text))",
+            [task, str(release)],
+        )
 
 
 def statuses(pg: PrivateServer, task: str = "tests.record") -> dict[str, int]:
@@ -168,13 +193,7 @@ def test_a_database_restart_loses_and_repeats_nothing(db, start_worker, tmp_path
     worker = start_worker(env=worker_env(db, WORKER_POLLING_SECONDS="3600"), concurrency=2)
     pid = worker.process.pid
     release = tmp_path / "release"
-    with db.connect(application_name="pgstage-test") as conn:
-        conn.execute(
-            "INSERT INTO procrastinate_jobs (queue_name, task_name, args) VALUES "
-            "('default', 'tests.block', jsonb_build_object('label', 'long', "
-            "'release_file', %s::text))",
-            [str(release)],
-        )
+    defer_long(db, "tests.block", release)
     defer(db, [f"before-{i}" for i in range(50)])
     wait_for(lambda: "long:started" in effect_counts(db), message="the long job to start")
 
@@ -234,3 +253,120 @@ def test_a_worker_exits_non_zero_when_the_database_stays_away(db, start_worker):
     log = worker.log()
     assert "the database stayed unreachable while" in log
     assert "QUEUEING_DATABASE_OUTAGE_SECONDS" in log
+
+
+def server_epoch(pg: PrivateServer, sql: str, params=None) -> float | None:
+    [(value,)] = query(pg, f"SELECT extract(epoch FROM ({sql}))::float8", params)
+    return value
+
+
+def test_after_an_outage_a_live_worker_beats_and_fetches_at_once(db, start_worker, tmp_path):
+    # Beat every second, dead after 5 s of silence; the outage window (25 s) is longer
+    # than the outage, and shorter than the pool's first attempt after it (31 s).
+    env = worker_env(db, WORKER_POLLING_SECONDS="3600", DATABASE_OUTAGE_SECONDS="25")
+    worker = start_worker(env=env, concurrency=2)
+    pid = worker.process.pid
+    release = tmp_path / "release"
+    defer_long(db, "tests.outlast", release)
+    wait_for(lambda: "long:started" in effect_counts(db), message="the long job to start")
+    [(job_id, worker_id)] = query(
+        db, "SELECT id, worker_id FROM procrastinate_jobs WHERE task_name = 'tests.outlast'"
+    )
+
+    db.stop()
+    # The pool found its connections dead at once, and tries them again 1, 3, 7, 15 and
+    # 31 s later: the database returns between the last two.
+    time.sleep(17)
+    db.start()
+    back = server_epoch(db, "pg_postmaster_start_time()")
+    defer(db, ["after-return"])
+    wait_for(
+        lambda: (
+            server_epoch(
+                db, "SELECT last_heartbeat FROM procrastinate_workers WHERE id = %s", [worker_id]
+            )
+            > back
+        ),
+        timeout=30,
+        message=f"the first beat after the return\n{worker.log()[-3000:]}",
+    )
+    first_beat = server_epoch(
+        db, "SELECT last_heartbeat FROM procrastinate_workers WHERE id = %s", [worker_id]
+    )
+    wait_for(
+        lambda: effect_counts(db).get("after-return"),
+        timeout=60,
+        message=f"the job enqueued at the return\n{worker.log()[-3000:]}",
+    )
+    event_at = (
+        "SELECT e.at FROM procrastinate_events e JOIN procrastinate_jobs j ON j.id = e.job_id "
+        "WHERE e.type = %s AND j.args->>'label' = 'after-return'"
+    )
+    fetched = server_epoch(db, event_at, ["started"])
+    deferred = server_epoch(db, event_at, ["deferred"])
+    # Recovery has run for well over the stall threshold since the return.
+    time.sleep(6)
+    release.touch()
+    wait_for(
+        lambda: statuses(db, "tests.outlast") == {"succeeded": 1} or not worker.alive,
+        timeout=60,
+        message=f"the long job ({statuses(db, 'tests.outlast')})\n{worker.log()[-3000:]}",
+    )
+    assert worker.alive and worker.process.pid == pid, worker.log()[-3000:]
+    stalls = query(db, "SELECT stalls FROM pgstage_job_stalls WHERE job_id = %s", [job_id])
+    assert stalls == [], f"recovery took the live worker's job: {stalls}\n{worker.log()[-3000:]}"
+    counts = effect_counts(db)
+    assert (counts["long:started"], counts["long:finished"]) == (1, 1)
+    beat_delay, fetch_delay = first_beat - back, fetched - back
+    # The guarantee is LISTEN latency plus a second (the beat: one heartbeat interval,
+    # 1 s here, proven above by the job's stall count); the pool's own next attempt would
+    # have come some 12 s after the return. The margin is for a loaded machine.
+    assert fetch_delay < 5, f"fetching resumed {fetch_delay:.1f} s after the return"
+    assert_settled(db)
+    print(
+        f"\n17 s outage: first beat {beat_delay:.2f} s after the database accepted "
+        f"connections again, first job fetched {fetch_delay:.2f} s after it "
+        f"({fetched - deferred:.2f} s after it was enqueued); 0 stalls"
+    )
+
+
+KILL_EVERY_TENTH_FETCH = """
+CREATE SEQUENCE IF NOT EXISTS test_fetches;
+CREATE OR REPLACE FUNCTION test_kill_every_tenth_fetch() RETURNS trigger AS $$
+BEGIN
+    IF nextval('test_fetches') % 10 = 0 THEN
+        PERFORM pg_terminate_backend(pg_backend_pid());
+    END IF;
+    RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE OR REPLACE TRIGGER test_kill_every_tenth_fetch
+    BEFORE UPDATE OF status ON procrastinate_jobs FOR EACH ROW
+    WHEN (OLD.status = 'todo' AND NEW.status = 'doing')
+    EXECUTE FUNCTION test_kill_every_tenth_fetch()"""
+
+
+def test_killed_fetches_over_a_backlog_never_slow_or_stop_the_worker(db, start_worker):
+    with db.connect(application_name="pgstage-test") as conn:
+        conn.execute(KILL_EVERY_TENTH_FETCH)
+    try:
+        labels = [f"b-{i}" for i in range(600)]
+        defer(db, labels)  # a backlog: every fetch between the faults finds a job
+        # An outage window far shorter than the storm: only failure streaks that end at
+        # each successful fetch keep the worker running.
+        worker = start_worker(env=worker_env(db, DATABASE_OUTAGE_SECONDS="3"), concurrency=2)
+        wait_for(
+            lambda: statuses(db) == {"succeeded": 600} or not worker.alive,
+            timeout=180,
+            message=f"the backlog ({statuses(db)})\n{worker.log()[-3000:]}",
+        )
+        assert worker.alive, worker.log()[-3000:]
+    finally:
+        with db.connect(application_name="pgstage-test") as conn:
+            conn.execute("DROP TRIGGER test_kill_every_tenth_fetch ON procrastinate_jobs")
+    log = worker.log()
+    attempts = [int(n) for n in re.findall(r"while fetching jobs \(attempt (\d+)", log)]
+    assert len(attempts) >= 30, f"the fetches were not killed\n{log[-3000:]}"
+    assert set(attempts) == {1}, f"a streak outlived a successful fetch: {attempts}"
+    assert set(effect_counts(db)) == set(labels)
+    assert_settled(db)
+    print(f"\n{len(attempts)} fetches killed over a 600-job backlog; every pause the first")

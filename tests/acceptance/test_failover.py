@@ -216,7 +216,7 @@ def test_work_continues_on_the_promoted_standby_with_nothing_doubled_or_lost(
         "PGSTAGE_TASK_MODULES": "tests.acceptance.failover_tasks",
         LOG_VARIABLE: str(effects_log),
         "WORKER_HEARTBEAT_SECONDS": "1",
-        "STALLED_RECOVERY_SECONDS": "1.5",
+        "STALLED_RECOVERY_SECONDS": "1.2",
         "PIPELINE_LEASE_SECONDS": "5",
         "RETRY_BASE_SECONDS": "0.5",
         "RETRY_CAP_SECONDS": "2",

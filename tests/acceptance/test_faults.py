@@ -44,11 +44,11 @@ from tests.invariants import assert_invariants, assert_live
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 #: Fast clocks for the scenario's workers: beat every 0.5 s, dead after 3 s of silence,
-#: recovery every 1 s (E003: at most half of 3 s less 1.5 heartbeats).
+#: recovery every 0.8 s (E003: at most half of 3 s less 1.5 heartbeats less 0.5 s).
 FAST = {
     "WORKER_HEARTBEAT_SECONDS": "0.5",
     "STALLED_WORKER_SECONDS": "3",
-    "STALLED_RECOVERY_SECONDS": "1",
+    "STALLED_RECOVERY_SECONDS": "0.8",
     "STALLED_JOB_MAX_RECOVERIES": "5",
     "PGSTAGE_TASK_MODULES": "tests.queueing.tasks,tests.acceptance.slow_sweeps",
 }

@@ -31,12 +31,13 @@ RELEASES = {
 }
 
 #: The workers' clocks (short, so that a run of minutes sees recoveries): beat every 1 s,
-#: dead after 5 s of silence, recovery every 1.5 s (queueing.E003 allows at most half of
-#: 5 s less 1.5 heartbeats), leases and grace windows of seconds, quick retries.
+#: dead after 5 s of silence, recovery every 1.2 s (queueing.E003 allows at most half of
+#: 5 s less 1.5 heartbeats less the 1 s liveness bound), leases and grace windows of
+#: seconds, quick retries.
 WORKER_SETTINGS = {
     "WORKER_HEARTBEAT_SECONDS": "1",
     "STALLED_WORKER_SECONDS": "5",
-    "STALLED_RECOVERY_SECONDS": "1.5",
+    "STALLED_RECOVERY_SECONDS": "1.2",
     "STALLED_JOB_MAX_RECOVERIES": "3",
     "WORKER_POLLING_SECONDS": "2",
     "WORKER_GRACEFUL_TIMEOUT_SECONDS": "20",

@@ -27,7 +27,7 @@ from django.utils import timezone
 from pipeline.models import Anfrage, Catalog, PipelineRun, Position, Stage
 from pipeline.stages import pipeline_stage_enqueue
 from queueing.sweeps import run_sweep
-from tests.conftest import jobs, run_concurrently, wait_for
+from tests.conftest import jobs, recovery_ran, run_concurrently, wait_for
 from tests.factories import TenantFactory
 from tests.pipeline.conftest import submit
 
@@ -121,6 +121,7 @@ def test_a_worker_killed_inside_extract_leaves_no_duplicates_and_recovers(
         cursor.execute(
             "UPDATE procrastinate_workers SET last_heartbeat = now() - interval '1 hour'"
         )
+    recovery_ran(last_run_ago=0, resumed_ago=3600)  # and recovery watched all along
     result = run_sweep("stalled_jobs")
     assert result.notes == {"retried": 1}
     PipelineRun.objects.filter(anfrage=anfrage, stage="extract").update(

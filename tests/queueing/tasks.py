@@ -32,15 +32,29 @@ def enqueue_child(label: str, fail: bool) -> None:
             raise DoNotRetry("rolled back on purpose")
 
 
-@task(name="tests.block")
-def block(label: str, release_file: str, timeout: float = 60.0) -> None:
-    """Record the start (committed), wait until ``release_file`` exists, record the end."""
-    record(f"{label}:started")
+def _wait_for(release_file: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not Path(release_file).exists():
         if time.monotonic() > deadline:
             raise DoNotRetry("release file never appeared")
         time.sleep(0.05)
+
+
+@task(name="tests.block")
+def block(label: str, release_file: str, timeout: float = 60.0) -> None:
+    """Record the start (committed), wait until ``release_file`` exists, record the end."""
+    record(f"{label}:started")
+    _wait_for(release_file, timeout)
+    record(f"{label}:finished")
+
+
+@task(name="tests.outlast")
+def outlast(label: str, release_file: str, timeout: float = 120.0) -> None:
+    """As ``tests.block``, but its end is recorded on a fresh connection: a run that
+    outlasts a database restart succeeds, so only a second *run* shows in its effects."""
+    record(f"{label}:started")
+    _wait_for(release_file, timeout)
+    connection.close()
     record(f"{label}:finished")
 
 

@@ -1,5 +1,11 @@
-"""The framework's admin: the Sweeps page (list, run now, dry run, queue for a worker),
-procrastinate's job list filtered by singleton keys, and who may see them."""
+"""The framework's admin: the Sweeps page (list, run now, dry run), procrastinate's job
+list filtered by singleton keys, and who may see them.
+
+*Run now* never runs a job sweep inside the web request: it queues the sweep's singleton
+job (test_run_now_queues_a_job_sweeps_singleton_job_once). An inline sweep's (stalled
+recovery) goes through the workers' try-lock and clock: after a gap it leaves a live
+worker's job alone, and beside a running recovery it runs nothing
+(test_run_now_of_stalled_recovery_keeps_the_clock_and_the_lock)."""
 
 from __future__ import annotations
 
@@ -75,23 +81,22 @@ def test_the_page_lists_every_declared_sweep(staff_client):
     assert "none waiting" in html
 
 
-def test_run_now_runs_the_sweep_here_and_reports_its_counts(staff_client):
+def test_dry_run_counts_here_and_writes_nothing(staff_client):
     rows(False, False, True)
 
     assert post(staff_client, sweep="admin_swept", action="dry_run") == [
         "Sweep admin_swept (dry run) would select 3 row(s); nothing was written."
     ]
     assert Swept.objects.filter(state="new").count() == 3
-    assert post(staff_client, sweep="admin_swept", action="run") == [
-        "Sweep admin_swept ran: selected 3, changed 2, failed 1."
-    ]
-    assert Swept.objects.filter(state="done").count() == 2
     assert jobs(task_name="queueing.sweep.admin_swept") == []
 
 
-def test_queue_for_a_worker_enqueues_the_singleton_job_once(staff_client):
-    first = post(staff_client, sweep="admin_swept", action="enqueue")
-    second = post(staff_client, sweep="admin_swept", action="enqueue")
+def test_run_now_queues_a_job_sweeps_singleton_job_once(staff_client):
+    rows(False)
+    first = post(staff_client, sweep="admin_swept", action="run")
+    second = post(staff_client, sweep="admin_swept", action="run")
+
+    assert Swept.objects.filter(state="new").count() == 1  # not run in the request
 
     [job] = jobs(task_name="queueing.sweep.admin_swept")
     assert job["queueing_lock"] == "exclusive/sweep:admin_swept"
@@ -130,7 +135,7 @@ def test_a_failing_sweep_is_reported_on_the_page(staff_client, monkeypatch):
 
     monkeypatch.setattr("queueing.admin.run_sweep", broken)
 
-    assert post(staff_client, sweep="admin_swept", action="run") == [
+    assert post(staff_client, sweep="admin_swept", action="dry_run") == [
         "Sweep admin_swept failed: relation does not exist (see the server log)."
     ]
 
@@ -163,7 +168,7 @@ def test_sweeps_need_staff_and_the_job_view_permission(client):
     assert client.get(url).status_code == 302  # anonymous: to the login page
 
     client.force_login(UserFactory(username="visitor"))
-    response = client.post(url, {"sweep": "admin_swept", "action": "enqueue"})
+    response = client.post(url, {"sweep": "admin_swept", "action": "run"})
     assert response.status_code == 302 and response["Location"].startswith("/admin/login/")
 
     staff = UserFactory(username="clerk", is_staff=True)

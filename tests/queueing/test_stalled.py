@@ -14,10 +14,18 @@ A job runs, and
 - the server restarts (every heartbeat is old, the workers alive): acceptance,
   test_a_database_restart_loses_and_repeats_nothing; a crash restart or failover, which
   does not move the server's start time, and any other gap in recovery:
-  test_after_a_gap_recovery_waits_one_threshold_before_it_takes_anything
+  test_after_a_gap_recovery_waits_one_threshold_before_it_takes_anything; a gap just
+  short of a resumption, when the live worker's first beat after it is still due:
+  test_a_gap_too_short_to_resume_still_leaves_room_for_the_first_beat_after_it
 Recovery requeues it, and
 - a fresh job holds its queueing lock (1446/1543):
   test_fresh_job_holding_the_queueing_lock_supersedes_the_stalled_one
+Recovery is run by an operator (``manage.py sweep stalled_jobs``, ``sweep --all``, the
+admin's *Run now*, a retry of the job) right after a gap that the workers' own recovery
+already saw (or that the operator's run is the first to see), while the live worker has not
+beaten again yet: test_an_operators_recovery_after_a_gap_keeps_a_live_workers_job
+(before, these paths ran the sweep without the clock and took the job: it ran twice);
+while a worker's recovery runs: test_an_operators_recovery_beside_a_running_one_skips
 Recovery runs, and
 - a previous recovery died in ``doing`` (1408): test_a_dead_recovery_job_never_wedges_recovery
 - another recovery runs right now: test_two_recovery_ticks_never_overlap
@@ -29,17 +37,22 @@ Recovery runs, and
 
 from __future__ import annotations
 
+import io
 import threading
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, connections, transaction
+from django.urls import reverse
 from procrastinate.contrib.django import app
 
 import tests.queueing.tasks  # noqa: F401
 from queueing import locks
 from queueing.enqueue import Policy, enqueue
+from queueing.jobs import RetryOutcome, job_retry
 from queueing.sweeps import SWEEP_LOCK, request_sweep, run_sweep
 from tests.conftest import jobs, make_doing, recovery_ran
+from tests.factories import UserFactory
 from tests.queueing.tasks import given_up
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -142,9 +155,9 @@ def test_after_a_gap_recovery_waits_one_threshold_before_it_takes_anything(clean
     """A crash restart or a failover does not move pg_postmaster_start_time(): when
     recovery runs again after the gap every heartbeat is old, yet the workers are alive
     and beat again within moments. Silence counts from when recovery resumed."""
-    recovery_ran(last_run_ago=600, resumed_ago=86400)  # nothing ran for ten minutes
     job = enqueue("tests.record", args={"label": "x"})
     make_doing(job.job_id, heartbeat_age_s=120)
+    recovery_ran(last_run_ago=600, resumed_ago=86400)  # nothing ran for ten minutes
 
     assert tick()["changed"] == 0
     # The worker stays silent for a whole threshold after recovery resumed: it is dead.
@@ -152,6 +165,33 @@ def test_after_a_gap_recovery_waits_one_threshold_before_it_takes_anything(clean
         cursor.execute("UPDATE pgstage_inline_sweeps SET resumed_at = resumed_at - interval '60 s'")
     assert tick()["changed"] == 1
     assert jobs()[0]["status"] == "todo"
+
+
+def test_a_gap_too_short_to_resume_still_leaves_room_for_the_first_beat_after_it(
+    clean_queue, settings
+):
+    """Beat every 10 s, dead after 30 s. The worker's last beat was 15 s (a late one's
+    1.5 heartbeats) before a 14.3 s gap; its first beat after the database's return is
+    due within the liveness bound (1 s). Recovery runs 0.2 s and 0.9 s after the return:
+    neither may take the job (before, a gap under 15 s was no resumption, and the second
+    run counted 30.2 s of silence)."""
+    settings.QUEUEING_STALLED_WORKER_SECONDS = 30
+    settings.QUEUEING_HEARTBEAT_SECONDS = 10
+    job = enqueue("tests.record", args={"label": "x"})
+    make_doing(job.job_id, heartbeat_age_s=15 + 14.3 + 0.2)
+    recovery_ran(last_run_ago=14.3 + 0.2, resumed_ago=3600)
+    assert run_sweep("stalled_jobs").selected == 0
+
+    with connection.cursor() as cursor:  # 0.7 s later: the beat is still due
+        cursor.execute(
+            "UPDATE procrastinate_workers SET last_heartbeat = last_heartbeat - interval '0.7 s'"
+        )
+        cursor.execute(
+            "UPDATE pgstage_inline_sweeps SET last_run = last_run - interval '0.7 s', "
+            "resumed_at = resumed_at - interval '0.7 s'"
+        )
+    assert run_sweep("stalled_jobs").selected == 0
+    assert jobs()[0]["status"] == "doing"
 
 
 def test_a_dead_recovery_job_never_wedges_recovery(continuous_recovery):
@@ -207,3 +247,74 @@ def test_two_recovery_ticks_never_overlap(continuous_recovery):
         release.set()
         holder.join(timeout=10)
     assert tick()["changed"] == 1
+
+
+def _operator_runs_recovery(how: str, client) -> str:
+    """Run stalled recovery as an operator would; returns what the operator was told."""
+    if how in ("command", "command --all"):
+        out = io.StringIO()
+        args = ["stalled_jobs"] if how == "command" else ["--all"]
+        call_command("sweep", *args, stdout=out, stderr=io.StringIO())
+        return out.getvalue()
+    client.force_login(UserFactory(username="ops", is_staff=True, is_superuser=True))
+    response = client.post(
+        reverse("admin:queueing_sweeps"), {"sweep": "stalled_jobs", "action": "run"}, follow=True
+    )
+    return " ".join(str(m) for m in response.context["messages"])
+
+
+@pytest.mark.parametrize("how", ["command", "command --all", "admin"])
+@pytest.mark.parametrize("workers_recovery_saw_the_gap", [True, False])
+def test_an_operators_recovery_after_a_gap_keeps_a_live_workers_job(
+    clean_queue, client, how, workers_recovery_saw_the_gap
+):
+    job = enqueue("tests.record", args={"label": "live"})
+    # The database was away for 60 s; the job's worker beat just before and, alive, has
+    # not beaten again yet (it beats within one heartbeat of the database's return).
+    worker_id = make_doing(job.job_id, heartbeat_age_s=61)
+    if workers_recovery_saw_the_gap:
+        recovery_ran(last_run_ago=0.5, resumed_ago=0.5)  # a worker's run resumed it
+    else:
+        recovery_ran(last_run_ago=60, resumed_ago=3600)  # the operator's run comes first
+
+    told = _operator_runs_recovery(how, client)
+
+    assert jobs(id=job.job_id)[0]["status"] == "doing", told
+    assert jobs(id=job.job_id)[0]["worker_id"] == worker_id
+    assert stalls(job.job_id) == 0
+    # Once the worker stays silent a whole threshold after recovery resumed, it is dead.
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pgstage_inline_sweeps SET resumed_at = resumed_at - interval '60 s'")
+    _operator_runs_recovery(how, client)
+    assert jobs(id=job.job_id)[0]["status"] == "todo"
+
+
+def test_an_operators_recovery_beside_a_running_one_skips(continuous_recovery, client):
+    """A worker's recovery holds the try-lock: the command, the admin and a retry of a
+    stalled job do not run a second recovery beside it."""
+    job = enqueue("tests.record", args={"label": "dead"})
+    make_doing(job.job_id)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                assert locks.try_xact_lock(SWEEP_LOCK, "stalled_jobs")
+                holding.set()
+                release.wait(timeout=10)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(timeout=10)
+        assert "skipped: another run holds its lock" in _operator_runs_recovery("command", client)
+        assert "is running right now" in _operator_runs_recovery("admin", client)
+        retried = job_retry(job_id=job.job_id)
+        assert retried.outcome is RetryOutcome.WAITING_FOR_RECOVERY, retried
+        assert jobs(id=job.job_id)[0]["status"] == "doing"
+    finally:
+        release.set()
+        holder.join()
+    assert job_retry(job_id=job.job_id).outcome is RetryOutcome.RECOVERED

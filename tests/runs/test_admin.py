@@ -11,6 +11,8 @@ from django.contrib import admin
 from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
+from procrastinate.contrib.django import app as procrastinate_app
+from procrastinate.contrib.django.models import ProcrastinateJob
 
 from runs import admission, durability, operations, processing
 from runs.credits import credit_grant
@@ -258,7 +260,7 @@ def test_promote_action_says_when_there_was_nothing_to_promote(staff_client, see
     ]
 
 
-def test_run_a_sweep_now_records_an_unsaved_run(staff_client, settings):
+def test_run_a_sweep_now_queues_the_job_that_records_an_unsaved_run(staff_client, settings):
     job = AnalysisJobFactory()
     backdate("analysis_jobs", [job.pk], seconds=settings.SWEEP_GRACE_SECONDS + 1)
 
@@ -266,9 +268,11 @@ def test_run_a_sweep_now_records_an_unsaved_run(staff_client, settings):
         reverse("admin:queueing_sweeps"), {"sweep": "unsaved_runs", "action": "run"}, follow=True
     )
 
-    assert [str(m) for m in response.context["messages"]] == [
-        "Sweep unsaved_runs ran: selected 1, changed 1, failed 0."
-    ]
+    [message] = [str(m) for m in response.context["messages"]]
+    assert message.startswith("Sweep unsaved_runs queued for a worker as job ")
+    assert not AnalysisRun.objects.exists()  # nothing ran inside the web request
+    [queued] = ProcrastinateJob.objects.filter(task_name="queueing.sweep.unsaved_runs")
+    procrastinate_app.tasks[queued.task_name]()  # what a worker runs for it
     assert AnalysisRun.objects.get().saved_by == SavedBy.WORKER
 
 

@@ -258,6 +258,12 @@ class Analyses(RuleBasedStateMachine):
             "CASE WHEN id = %s THEN now() ELSE last_heartbeat - %s::interval END",
             [self.worker_id, interval],
         )
+        # Stalled recovery watched all along (a live worker runs it): its clock's last
+        # resumption moves back with the heartbeats, its last run stays recent.
+        execute(
+            "UPDATE pgstage_inline_sweeps SET resumed_at = resumed_at - %s::interval",
+            [interval],
+        )
 
     # -- invariants --------------------------------------------------------------------
 

@@ -130,7 +130,7 @@ TARGETS = {
 #: change the action's model, staff with exactly the permissions the action needs, and a
 #: superuser.
 LEVELS = ("view", "change", "needed", "superuser")
-SWEEP_ACTIONS = ["run", "dry_run", "enqueue"]
+SWEEP_ACTIONS = ["run", "dry_run"]
 
 
 def declared_actions() -> dict[tuple[str, str], object]:

@@ -1,5 +1,8 @@
 """Run sweeps once, in this process. Safe from cron and beside running workers: each
-sweep takes its rows FOR UPDATE SKIP LOCKED and re-checks state in every write."""
+sweep takes its rows FOR UPDATE SKIP LOCKED and re-checks state in every write, and an
+inline sweep (stalled recovery) runs under the same try-lock and clock as the workers'
+own runs (``queueing.sweeps.watch``): skipped while a worker's run holds the lock, and
+after a gap it takes no job whose worker may not have beaten again yet."""
 
 from __future__ import annotations
 
@@ -66,6 +69,9 @@ class Command(BaseCommand):
             except UnknownSweep as exc:
                 raise CommandError(f"{exc}. Run 'manage.py sweep --list'.") from exc
             result = run_sweep(sweep_name, dry_run=dry_run, batch_size=batch_size)
+            if result is None:
+                rows.append([sweep_name, "-", "-", "-", "skipped: another run holds its lock"])
+                continue
             notes = ", ".join(f"{k}={v}" for k, v in sorted(result.notes.items()))
             rows.append(
                 [

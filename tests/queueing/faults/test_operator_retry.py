@@ -18,7 +18,7 @@ from django.db import connection, transaction
 import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
 from queueing.enqueue import Policy, enqueue
 from queueing.jobs import RetryOutcome, job_retry
-from queueing.sweeps import run_sweep_exclusively
+from queueing.sweeps import run_sweep
 from tests.conftest import jobs, recovery_ran, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -49,7 +49,7 @@ def test_an_operator_retry_after_a_gap_keeps_a_live_workers_job(
             [running["worker_id"]],
         )
         recovery_ran(last_run_ago=60, resumed_ago=60)
-        recovery = run_sweep_exclusively("stalled_jobs")
+        recovery = run_sweep("stalled_jobs")
         assert recovery is not None and recovery.selected == 0  # recovery: alive
         outcome = job_retry(job_id=job.job_id)
 

@@ -11,7 +11,7 @@ import pytest
 import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
 from queueing.enqueue import Policy, enqueue
 from queueing.jobs import RetryOutcome, job_retry
-from queueing.sweeps import run_sweep_exclusively
+from queueing.sweeps import run_sweep
 from tests.conftest import jobs, make_doing, recovery_ran
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -28,7 +28,7 @@ def test_an_operator_retry_while_no_recovery_runs_says_what_to_do(clean_queue):
     assert jobs(id=job.job_id)[0]["status"] == "doing"
 
     # A worker started: its recovery ran (and resumed), then watched one threshold.
-    run_sweep_exclusively("stalled_jobs")
+    run_sweep("stalled_jobs")
     recovery_ran(last_run_ago=0, resumed_ago=60)
     assert job_retry(job_id=job.job_id).outcome is RetryOutcome.RECOVERED
     assert jobs(id=job.job_id)[0]["status"] == "todo"

@@ -1,8 +1,9 @@
 """Stalled recovery's clock (``pgstage_inline_sweeps``): when is a silent worker dead?
 
 Recovery records that it *resumed* when its previous run is older than the threshold
-less 1.5 heartbeats (``Sweep.resume_gap_seconds``), and ``stalled_jobs`` counts a worker's
-silence from the latest of its heartbeat, the server's start and that resumption:
+less 1.5 heartbeats and less the liveness bound (``Sweep.resume_gap_seconds``), and
+``stalled_jobs`` counts a worker's silence from the latest of its heartbeat, the server's
+start and that resumption:
 
 - a database away for a little less than the threshold (a failover, a network blip: no
   new postmaster) is a gap all the same, so the workers' last beats, up to one heartbeat
@@ -27,7 +28,7 @@ from django.db import connection, transaction
 import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
 from queueing.checks import check_database
 from queueing.enqueue import Policy, enqueue
-from queueing.sweeps import run_sweep_exclusively
+from queueing.sweeps import run_sweep
 from tests.conftest import jobs, make_doing, recovery_ran, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -45,7 +46,7 @@ def _sweep_after_outage(*, worker_id: int, heartbeat_age: float, outage: float) 
                 [heartbeat_age, worker_id],
             )
             recovery_ran(last_run_ago=outage + 1, resumed_ago=3600)
-            if run_sweep_exclusively("stalled_jobs") is not None:
+            if run_sweep("stalled_jobs") is not None:
                 return
         # The worker's own maintenance loop held the try-lock: try again.
 
@@ -91,15 +92,16 @@ def test_a_database_blip_shorter_than_the_threshold_takes_no_live_workers_job(
 
 
 def test_a_recovery_period_that_cannot_watch_continuously_is_refused(settings):
-    """A period near the resume gap (threshold less 1.5 heartbeats: 2.25 s here) would make
+    """A period near the resume gap (threshold less 1.5 heartbeats less the liveness bound:
+    3 - 0.75 - 0.5 = 1.75 s here) would make
     every run of a lone worker's loop (sleep + the run's own time) a resumption: refused
     at start (queueing.E003), which leaves half the gap for slow runs."""
     settings.QUEUEING_STALLED_WORKER_SECONDS = 3
     settings.QUEUEING_HEARTBEAT_SECONDS = 0.5
-    for period in (3, 2.25, 2.2, 1.2):
+    for period in (3, 1.75, 1.7, 0.9):
         settings.QUEUEING_STALLED_RECOVERY_SECONDS = period
         assert [e.id for e in check_database(None)] == ["queueing.E003"], period
-    settings.QUEUEING_STALLED_RECOVERY_SECONDS = 1.125
+    settings.QUEUEING_STALLED_RECOVERY_SECONDS = 0.875
     assert check_database(None) == []
 
 
@@ -113,12 +115,12 @@ def test_a_lone_worker_at_the_longest_period_allowed_still_recovers(effects, tas
     recovery_ran(last_run_ago=0, resumed_ago=3600)
 
     # The lone surviving worker: threshold 3 s, heartbeat 0.5 s, so the resume gap is
-    # 2.25 s; recovery every 1.125 s, the longest period E003 lets through.
+    # 1.75 s; recovery every 0.875 s, the longest period E003 lets through.
     worker = task_worker(
         env={
             "WORKER_HEARTBEAT_SECONDS": "0.5",
             "STALLED_WORKER_SECONDS": "3",
-            "STALLED_RECOVERY_SECONDS": "1.125",
+            "STALLED_RECOVERY_SECONDS": "0.875",
         }
     )
     try:
