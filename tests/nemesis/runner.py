@@ -31,10 +31,11 @@ from tests.nemesis.history import History, read_history
 from tests.nemesis.nemesis import KINDS, NemesisConfig
 
 #: The fault kinds of the default run: every kind the current code survives. The
-#: database's own faults (a restart, a refusal, a storm of terminated sessions) are left
-#: out while a live worker's heartbeat waits on procrastinate's job pool after them: the
-#: seeds that show it are in seeds.toml; ``--kinds`` (``make nemesis KINDS=…``) adds them.
-DEFAULT_KINDS = tuple(k for k in KINDS if k not in ("pg_restart", "pg_down", "terminate"))
+#: database's own faults (a restart, a refusal, a storm of terminated sessions) and a reset
+#: of a worker's connections are left out while a live worker's heartbeat waits on
+#: procrastinate's job pool after them: the seeds that show it are in seeds.toml;
+#: ``--kinds`` (``make nemesis KINDS=…``) adds them.
+DEFAULT_KINDS = tuple(k for k in KINDS if k not in ("pg_restart", "pg_down", "terminate", "reset"))
 RELEASES = ["old", "old", "new"]
 
 

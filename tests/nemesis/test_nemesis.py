@@ -61,7 +61,7 @@ def run_nemesis(tmp_path: Path, *, seed: int, seconds: float, scale: float, **ex
 
 def permanent_seeds() -> list:
     params = []
-    for entry in tomllib.loads(SEEDS_FILE.read_text())["seed"]:
+    for index, entry in enumerate(tomllib.loads(SEEDS_FILE.read_text())["seed"]):
         marks = [pytest.mark.timeout(entry["seconds"] + 900)]
         if entry.get("defect"):
             marks.append(pytest.mark.xfail(reason=f"known defect: {entry['defect']}"))
@@ -72,7 +72,7 @@ def permanent_seeds() -> list:
                     reason=f"a {entry['seconds']} s seed: NEMESIS_LONG_SEEDS=1 replays it",
                 )
             )
-        params.append(pytest.param(entry, id=f"seed-{entry['seed']}", marks=marks))
+        params.append(pytest.param(entry, id=f"{index}-seed-{entry['seed']}", marks=marks))
     return params
 
 
