@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from django.contrib import admin
 from django.urls import reverse
+from django.utils import timezone
 
-from accounts.models import ApiToken, Tenant, User
+from accounts.models import ApiToken, AuthFailure, Tenant, User
 from accounts.services import api_token_create
 from tests.factories import TenantFactory, UserFactory
 
@@ -28,6 +29,9 @@ def staff_client(client):
 def token(db):
     user = UserFactory(username="alice", tenant=TenantFactory(slug="acme"))
     api_token_create(user=user)
+    AuthFailure.objects.create(
+        scope="login", address="198.51.100.1", window_start=timezone.now(), failures=3
+    )
     return ApiToken.objects.get(user=user)
 
 

@@ -169,7 +169,7 @@ def test_replay_failed_analyses_counts_refusals_and_goes_on():
         (["--user", "nobody"], "no user 'nobody'"),
         (["--since", "yesterday"], "give an age"),
         (["--since", "2025-13-45"], "give an age"),
-        (["--limit", "0"], "at least 1"),
+        (["--limit", "0"], "from 1 to"),
     ],
 )
 def test_replay_failed_analyses_refuses_bad_options(args, message):
