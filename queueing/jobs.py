@@ -19,7 +19,6 @@ finishing it or stalled recovery taking it.
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass
 
 from django.db import IntegrityError, connection, transaction
@@ -128,26 +127,33 @@ class CancelRefused(QueueingError):
 def job_cancel(*, job_id: int, actor: str) -> bool:
     """Cancel a waiting job and settle its domain row through its task's give-up hook;
     False when the job is not waiting (running jobs finish; failed ones are over).
-    Raises :class:`CancelRefused` for a task whose work nothing else would do (no hook,
-    not declared cancellable), e.g. the judge of a recorded run."""
+
+    One transaction under the job's row: the statement that cancels records the owed
+    hook (``queueing.giveup``), and when this process has the hook it runs at once, in
+    the same transaction; otherwise a worker that has it runs it. A job of a task this
+    process does not know (removed in this release; see docs/deploy.md) may be cancelled
+    too: no worker here could run it. Raises :class:`CancelRefused` for a known task whose
+    work nothing else would do (no hook, not declared cancellable), e.g. the judge of a
+    recorded run."""
     task_name = (
         ProcrastinateJob.objects.filter(pk=job_id).values_list("task_name", flat=True).first()
     )
-    if task_name is not None and not giveup.is_cancellable(task_name):
+    if task_name is None:
+        return False
+    if task_name in giveup.known_tasks() and not giveup.is_cancellable(task_name):
         raise CancelRefused(
             f"job {job_id} ({task_name}) cannot be cancelled: nothing else would do its work "
             "and its domain would wait for ever; fix what it waits for, or cancel what it "
             "belongs to (e.g. the analysis) instead"
         )
+    reason = f"its job {job_id} was cancelled by {actor}"
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(queries["cancel_waiting_job"], {"job_id": job_id})
-        row = cursor.fetchone()
-        if row is None:
-            return False
-        task_name, args = row
-        giveup.give_up(
-            task_name=task_name,
-            args=json.loads(args) if isinstance(args, str) else args,
-            reason=f"its job {job_id} was cancelled by {actor}",
+        cursor.execute(
+            queries["cancel_waiting_job"],
+            {"job_id": job_id, "owed_reason": reason if giveup.owes(task_name) else None},
         )
+        if cursor.fetchone() is None:
+            return False
+        if giveup.has_hook(task_name):
+            giveup.settle_owed(job_id=job_id)
     return True

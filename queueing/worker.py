@@ -85,6 +85,8 @@ POOL_TIMEOUT_SECONDS = 5.0
 MAINTENANCE_SECONDS = 10.0
 #: Per job thread: the failure epoch its Django connection was last renewed at.
 _job_threads = threading.local()
+#: A job's outcome that ends it for good, owing its task's give-up hook.
+GIVE_UPS = (jobs.Status.FAILED, jobs.Status.ABORTED)
 
 
 class WorkerStopped(procrastinate_exceptions.ProcrastinateException):
@@ -336,7 +338,7 @@ class PgstageWorker(procrastinate_worker.Worker):
             }
             if orphan["abort_requested"]:
                 note = "aborted as requested"
-                if giveup.has_hook(orphan["task_name"]):
+                if giveup.owes(orphan["task_name"]):
                     # It never ran and never will: its domain settles, as for any abort.
                     fenced["owed_reason"] = f"its job {orphan['id']} was aborted before it ran"
                 await connector.execute_query_all_async(
@@ -539,9 +541,14 @@ class PgstageWorker(procrastinate_worker.Worker):
         assert job.id
         connector = self.app.connector
         error = self._errors.pop(job.id, None)
+        owes_hook = giveup.owes(job.task_name)
         owed_reason = None
-        if status == jobs.Status.FAILED and giveup.has_hook(job.task_name):
-            owed_reason = f"its job {job.id} failed for good after {job.attempts + 1} attempt(s)"
+        if status in GIVE_UPS and owes_hook:
+            owed_reason = (
+                f"its job {job.id} failed for good after {job.attempts + 1} attempt(s)"
+                if status == jobs.Status.FAILED
+                else f"its job {job.id} was aborted"
+            )
             if error is not None:
                 owed_reason += f": {describe(error)}"
 
@@ -556,8 +563,11 @@ class PgstageWorker(procrastinate_worker.Worker):
                         priority=retry_decision.priority,
                         queue=retry_decision.queue,
                         lock=retry_decision.lock,
+                        abort_reason=f"its job {job.id} was aborted" if owes_hook else None,
                     )
-                    return "retried" if rows else "taken"
+                    if not rows:
+                        return "taken"
+                    return "aborted" if rows[0]["abort_requested"] else "retried"
                 except procrastinate_exceptions.UniqueViolation:
                     # A fresh job holds the queueing lock and will do the same work: it
                     # owes no give-up.
@@ -583,7 +593,8 @@ class PgstageWorker(procrastinate_worker.Worker):
             outcome = await self._with_retries(f"saving the outcome of job {job.id}", persist)
         finally:
             self._job_ids_to_abort.pop(job.id, None)
-        if outcome == "finished" and owed_reason is not None:
+        gave_up = outcome == "finished" and owed_reason is not None
+        if gave_up or (outcome == "aborted" and owes_hook):
             await self._settle(job)
         elif outcome == "taken":
             logger.warning(

@@ -77,8 +77,23 @@ SELECT id,
   FROM requeued;
 
 -- end_stalled_job --
--- End a stalled job for good ('failed', or 'aborted' when an abort was requested).
-SELECT procrastinate_finish_job_v1(%(job_id)s, %(status)s::procrastinate_job_status, false);
+-- End a stalled job for good ('failed', or 'aborted' when an abort was requested) and, in
+-- the same statement, record that it owes its task's give-up hook (%(owed_reason)s not
+-- NULL; a superseded job owes nothing): some worker that has the hook runs it
+-- (queueing.giveup.settle_owed), whichever worker ran this recovery.
+WITH ended AS (
+    SELECT id, task_name, args,
+           procrastinate_finish_job_v1(id, %(status)s::procrastinate_job_status, false)
+      FROM procrastinate_jobs
+     WHERE id = %(job_id)s
+), owed AS (
+    INSERT INTO pgstage_owed_give_ups (job_id, task_name, args, reason)
+    SELECT id, task_name, args, %(owed_reason)s::text
+      FROM ended
+     WHERE %(owed_reason)s::text IS NOT NULL
+    ON CONFLICT (job_id) DO NOTHING
+)
+SELECT id FROM ended;
 
 -- ledger_claim --
 -- Claim a stage in one statement: insert, or take over a row that is not 'success' and
@@ -266,11 +281,21 @@ SELECT id
 SELECT procrastinate_retry_job_v2(%(job_id)s, now(), NULL, NULL, NULL);
 
 -- cancel_waiting_job --
--- Cancel a job only while it waits, returning what its give-up hook needs.
-UPDATE procrastinate_jobs
-   SET status = 'cancelled'
- WHERE id = %(job_id)s AND status = 'todo'
-RETURNING task_name, args;
+-- Cancel a job only while it waits and, in the same statement, record that it owes its
+-- task's give-up hook (%(owed_reason)s not NULL). Back comes the job's task name.
+WITH cancelled AS (
+    UPDATE procrastinate_jobs
+       SET status = 'cancelled'
+     WHERE id = %(job_id)s AND status = 'todo'
+    RETURNING id, task_name, args
+), owed AS (
+    INSERT INTO pgstage_owed_give_ups (job_id, task_name, args, reason)
+    SELECT id, task_name, args, %(owed_reason)s::text
+      FROM cancelled
+     WHERE %(owed_reason)s::text IS NOT NULL
+    ON CONFLICT (job_id) DO NOTHING
+)
+SELECT task_name FROM cancelled;
 
 -- inline_sweep_clock --
 -- Under an inline sweep's try-lock: record this run; when the previous one was longer ago
@@ -285,16 +310,16 @@ ON CONFLICT (name) DO UPDATE
 RETURNING resumed_at, resumed_at = now() AS resumed_now;
 
 -- take_owed_give_up --
--- One give-up hook still owed (this job's, or the oldest) of a task whose hook this
--- process has (%(hooked)s: a worker of another release, or with other task modules,
--- leaves the row for one that has it), taken for the caller's transaction, which runs the
--- hook: committed, the hook ran once; rolled back (the worker died), the row is back for
--- the next run. SKIP LOCKED: two workers never run one hook.
+-- One give-up still owed (this job's, or the oldest) of a task this process knows
+-- (%(known)s: a worker of another release, or with other task modules, leaves the row for
+-- one that knows it), taken for the caller's transaction, which runs the hook (if the
+-- task has one): committed, the hook ran once; rolled back (the worker died), the row is
+-- back for the next run. SKIP LOCKED: two workers never run one hook.
 DELETE FROM pgstage_owed_give_ups
  WHERE job_id = (SELECT job_id
                    FROM pgstage_owed_give_ups
                   WHERE (%(job_id)s::bigint IS NULL OR job_id = %(job_id)s::bigint)
-                    AND task_name = ANY(%(hooked)s::text[])
+                    AND task_name = ANY(%(known)s::text[])
                   ORDER BY created_at, job_id
                   LIMIT 1
                     FOR UPDATE SKIP LOCKED)

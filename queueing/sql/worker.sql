@@ -64,16 +64,28 @@ SELECT id FROM finished;
 
 -- retry_job_fenced --
 -- procrastinate's retry, only while the job is still this worker's (see finish_job_fenced).
+-- procrastinate ends a job whose abort was requested 'failed' instead of retrying it:
+-- that is a give-up, and records the owed hook in this statement (%(abort_reason)s not
+-- NULL: its task has a hook). Back comes whether it was aborted.
 WITH mine AS (
-    SELECT id
+    SELECT id, task_name, args, abort_requested
       FROM procrastinate_jobs
      WHERE id = %(job_id)s
        AND status = 'doing'
        AND (worker_id = %(worker_id)s OR worker_id IS NULL)
        FOR UPDATE
+), retried AS (
+    SELECT id, task_name, args, abort_requested,
+           procrastinate_retry_job_v2(id, %(retry_at)s, %(priority)s, %(queue)s, %(lock)s)
+      FROM mine
+), owed AS (
+    INSERT INTO pgstage_owed_give_ups (job_id, task_name, args, reason)
+    SELECT id, task_name, args, %(abort_reason)s::text
+      FROM retried
+     WHERE abort_requested AND %(abort_reason)s::text IS NOT NULL
+    ON CONFLICT (job_id) DO NOTHING
 )
-SELECT procrastinate_retry_job_v2(id, %(retry_at)s, %(priority)s, %(queue)s, %(lock)s)
-  FROM mine;
+SELECT id, abort_requested FROM retried;
 
 -- orphans --
 -- Jobs this worker was given but never heard of: the fetch committed, then the connection
