@@ -39,6 +39,7 @@ from prometheus_client.registry import Collector
 from psycopg.types.json import Jsonb
 
 from pipeline.models import PipelineRun
+from queueing.jobs import unrunnable_tasks
 from queueing.ledger import LedgerStatus
 from queueing.sql import load
 from queueing.sweeps import SweepContext, SweepResult, declare_sweep
@@ -91,6 +92,11 @@ def _empty_families() -> dict[str, Family]:
             "gauge", "Jobs waiting to run (procrastinate todo) per queue.", ("queue",)
         ),
         "pgstage_jobs": Family("gauge", JOBS_DOC, ("queue", "status")),
+        "pgstage_jobs_without_worker": Family(
+            "gauge",
+            "Waiting jobs whose task no live worker has, per task (they wait for one).",
+            ("task",),
+        ),
         "pgstage_pipeline_runs": Family("gauge", STAGES_DOC, ("stage", "status")),
         "pgstage_pipeline_stage_duration_seconds": Family(
             "summary",
@@ -156,6 +162,8 @@ def collect_live(families: dict[str, Family]) -> None:
         .order_by()
     ):
         stages.samples[(row["stage"], row["status"])] = row["n"]
+    for unrunnable in unrunnable_tasks():
+        families["pgstage_jobs_without_worker"].samples[(unrunnable.task_name,)] = unrunnable.jobs
     for bucket, count in unsaved_counts_by_age().items():
         families["pgstage_unsaved_runs"].samples[(bucket,)] = count
 

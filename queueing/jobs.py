@@ -11,6 +11,9 @@ services do what an operator means:
   while its worker is alive, and recovered now (as stalled recovery would) once it is not.
 * :func:`job_cancel` — a waiting job is cancelled and its task's give-up hook settles the
   domain row (e.g. the analysis is failed and refunded, the next one starts).
+* :func:`unrunnable_tasks` — the task names of waiting jobs that no live worker has (a
+  worker fetches only its own tasks' jobs): they wait, visibly, for a worker that has
+  the task, or for an operator's cancel.
 
 Each runs in one transaction under the job's row lock, so it cannot race the job's worker
 finishing it or stalled recovery taking it.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from procrastinate.contrib.django.models import ProcrastinateJob
 
@@ -118,6 +122,30 @@ def job_retry(*, job_id: int) -> Retried:
             holder_id=holder,
             detail=f"job {holder} holds its singleton key {queueing_lock!r} and does the same work",
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unrunnable:
+    """Waiting jobs of one task name that no live worker has."""
+
+    task_name: str
+    jobs: int
+    oldest_job_id: int
+
+
+def unrunnable_tasks() -> list[Unrunnable]:
+    """Per task name, the waiting jobs that no live worker has the task of (a worker is
+    live when it beat within ``QUEUEING_STALLED_WORKER_SECONDS``). They wait until a
+    worker that has the task runs, or an operator cancels them (docs/deploy.md). One
+    read, no lock; it scans the waiting jobs, so callers run it once a scrape or a
+    period, not per job."""
+    seconds = float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30))
+    with connection.cursor() as cursor:
+        cursor.execute(queries["unrunnable_tasks"], {"seconds": seconds})
+        return [
+            Unrunnable(task_name=name, jobs=count, oldest_job_id=oldest)
+            for name, count, oldest in cursor.fetchall()
+        ]
 
 
 class CancelRefused(QueueingError):

@@ -57,14 +57,14 @@ import logging
 import select
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import psycopg
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 from procrastinate import exceptions as procrastinate_exceptions
-from procrastinate import jobs, periodic, retry, utils
+from procrastinate import jobs, manager, periodic, retry, utils
 from procrastinate import worker as procrastinate_worker
 from procrastinate.contrib.django.utils import connector_params
 from procrastinate.job_context import JobContext, JobResult
@@ -73,6 +73,7 @@ from procrastinate.manager import get_channel_for_queues
 from queueing import giveup, sweeps
 from queueing.outage import Failures, describe
 from queueing.sql import load
+from queueing.sql import queries as queueing_queries
 
 logger = logging.getLogger(__name__)
 queries = load("queueing", "worker.sql")
@@ -108,6 +109,11 @@ def heartbeat_seconds() -> float:
 
 def stalled_seconds() -> float:
     return float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30))
+
+
+def unrunnable_check_seconds() -> float:
+    """How often a worker looks for jobs whose task no live worker has."""
+    return float(getattr(settings, "QUEUEING_UNRUNNABLE_CHECK_SECONDS", 60))
 
 
 def prune_after_seconds() -> float:
@@ -154,12 +160,56 @@ def _in_django(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         close_old_connections()
 
 
+class TaskNameJobManager(manager.JobManager):
+    """procrastinate's job manager, except that a worker fetches only jobs of the task
+    names its app has, and registers with those names.
+
+    procrastinate's fetch takes any job of the worker's queues; a job of a task the worker
+    lacks then fails for good (``TaskNotFound``) — during a rolling deploy, every job of a
+    task the new release added that an old worker fetches. Here such a job waits for a
+    worker that has its task (``fetch_job`` in ``sql/worker.sql``: procrastinate's fetch
+    with one more condition, in the same one statement). The names registered with the
+    worker (``pgstage_worker_tasks``) tell which waiting jobs no live worker can run
+    (:func:`queueing.jobs.unrunnable_tasks`)."""
+
+    def __init__(self, *, connector: Any, tasks: Callable[[], Mapping[str, Any]]):
+        super().__init__(connector=connector)
+        self._tasks = tasks
+
+    def task_names(self) -> list[str]:
+        """Every name a job of this app's tasks may carry (aliases included)."""
+        return sorted(self._tasks())
+
+    async def fetch_job(self, queues: Iterable[str] | None, worker_id: int) -> jobs.Job | None:
+        row = await self.connector.execute_query_one_async(
+            query=queries["fetch_job"],
+            queues=list(queues) if queues is not None else None,
+            worker_id=worker_id,
+            task_names=self.task_names(),
+        )
+        return None if row["id"] is None else jobs.Job.from_row(row)
+
+    async def register_worker(self) -> int:
+        row = await self.connector.execute_query_one_async(
+            query=queries["register_worker"], task_names=self.task_names()
+        )
+        return row["worker_id"]
+
+
+def fetch_by_task_name(app: Any) -> TaskNameJobManager:
+    """Give ``app`` the :class:`TaskNameJobManager` (idempotent); returns it."""
+    if not isinstance(app.job_manager, TaskNameJobManager):
+        app.job_manager = TaskNameJobManager(connector=app.connector, tasks=lambda: app.tasks)
+    return app.job_manager
+
+
 class PgstageWorker(procrastinate_worker.Worker):
     """procrastinate's worker with a drain heartbeat, a maintenance loop, database-outage
     resilience, fenced outcomes and give-up hooks (see the module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("update_heartbeat_interval", heartbeat_seconds())
+        self.job_manager = fetch_by_task_name(kwargs["app"] if "app" in kwargs else args[0])
         middleware = list(kwargs.pop("task_middleware", None) or [])
         super().__init__(*args, task_middleware=[self._fresh_connection, *middleware], **kwargs)
         # Every Django connection of this process is built from this one settings dict.
@@ -282,7 +332,10 @@ class PgstageWorker(procrastinate_worker.Worker):
                 return
             running = [c.job.id for c in self._running_jobs.values() if c.job.id]
             row = await self.app.connector.execute_query_one_async(
-                queries["register_and_adopt"], old_worker_id=old, job_ids=running
+                queries["register_and_adopt"],
+                old_worker_id=old,
+                job_ids=running,
+                task_names=self.job_manager.task_names(),
             )
             self.worker_id = row["worker_id"]
         lost = sorted(set(running) - set(row["adopted"]))
@@ -448,6 +501,34 @@ class PgstageWorker(procrastinate_worker.Worker):
             self._maintenance_period(),
         )
 
+    async def _watch_unrunnable(self) -> None:
+        """Every ``QUEUEING_UNRUNNABLE_CHECK_SECONDS``: say once per task name when jobs
+        wait that no live worker can run (this worker fetches only its own tasks' jobs,
+        and so does every other), and once when they have a worker again or are gone —
+        never a line per job or per check."""
+        reported: set[str] = set()
+
+        async def check() -> None:
+            rows = await self.app.connector.execute_query_all_async(
+                queueing_queries["unrunnable_tasks"], seconds=stalled_seconds()
+            )
+            now = {row["task_name"]: row for row in rows}
+            for name in sorted(now.keys() - reported):
+                logger.warning(
+                    "%d job(s) of task %s wait (oldest: job %s): no live worker has this "
+                    "task; they run when a worker that has it starts, or an operator "
+                    "cancels them (docs/deploy.md, mixed releases)",
+                    now[name]["jobs"],
+                    name,
+                    now[name]["oldest_job_id"],
+                )
+            for name in sorted(reported - now.keys()):
+                logger.info("jobs of task %s no longer wait without a worker", name)
+            reported.clear()
+            reported.update(now)
+
+        await self._every_period("looking for unrunnable jobs", check, unrunnable_check_seconds())
+
     async def _listen(self) -> None:
         """LISTEN on a session connection of its own; on any failure, connect again with
         backoff. Each time LISTEN is (re)established, poll once at once: notifications
@@ -509,6 +590,7 @@ class PgstageWorker(procrastinate_worker.Worker):
             asyncio.create_task(self._poll_jobs_to_abort(), name="poll_jobs_to_abort"),
             asyncio.create_task(self._maintain(), name="maintenance"),
             asyncio.create_task(self._settle_owed(), name="give_up_hooks"),
+            asyncio.create_task(self._watch_unrunnable(), name="unrunnable_tasks"),
         ]
         if self.listen_notify:
             side_tasks.append(asyncio.create_task(self._listen(), name="listener"))
@@ -669,9 +751,11 @@ class PgstageWorker(procrastinate_worker.Worker):
 
 def install(app: Any) -> None:
     """``PROCRASTINATE_ON_APP_READY``: make procrastinate build a :class:`PgstageWorker`
-    wherever it builds a worker (its ``worker`` command, ``app.run_worker``)."""
+    wherever it builds a worker (its ``worker`` command, ``app.run_worker``), fetching by
+    task name (:class:`TaskNameJobManager`)."""
 
     def build_worker(**kwargs: Any) -> PgstageWorker:
         return PgstageWorker(app=app, **{**app.worker_defaults, **kwargs})
 
+    fetch_by_task_name(app)
     app._worker = build_worker

@@ -324,3 +324,22 @@ DELETE FROM pgstage_owed_give_ups
                   LIMIT 1
                     FOR UPDATE SKIP LOCKED)
 RETURNING job_id, task_name, args, reason;
+
+-- unrunnable_tasks --
+-- Waiting jobs whose task no live worker has (workers register their task names in
+-- pgstage_worker_tasks; a worker is live when it beat within %(seconds)s s), per task
+-- name. A worker fetches only its own tasks' jobs, so these wait for a worker that has
+-- the task. A worker of a release before pgstage_worker_tasks registers no names and
+-- counts for none.
+WITH live AS (
+    SELECT DISTINCT unnest(t.task_names) AS task_name
+      FROM pgstage_worker_tasks t
+      JOIN procrastinate_workers w ON w.id = t.worker_id
+     WHERE w.last_heartbeat >= now() - %(seconds)s * interval '1 second'
+)
+SELECT j.task_name, count(*) AS jobs, min(j.id) AS oldest_job_id
+  FROM procrastinate_jobs j
+ WHERE j.status = 'todo'
+   AND NOT EXISTS (SELECT 1 FROM live WHERE live.task_name = j.task_name)
+ GROUP BY j.task_name
+ ORDER BY j.task_name;
