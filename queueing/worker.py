@@ -51,9 +51,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import datetime
 import functools
 import json
 import logging
+import random
 import select
 import threading
 import time
@@ -70,7 +72,8 @@ from procrastinate.contrib.django.utils import connector_params
 from procrastinate.job_context import JobContext, JobResult
 from procrastinate.manager import get_channel_for_queues
 
-from queueing import giveup, sweeps
+from queueing import current, giveup, sweeps
+from queueing.exceptions import PollLater
 from queueing.outage import Failures, describe
 from queueing.sql import load
 from queueing.sql import queries as queueing_queries
@@ -109,6 +112,11 @@ def heartbeat_seconds() -> float:
 
 def stalled_seconds() -> float:
     return float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30))
+
+
+def busy_poll_seconds() -> float:
+    """How long a job that raised :class:`PollLater` without a delay of its own waits."""
+    return float(getattr(settings, "QUEUEING_BUSY_POLL_SECONDS", 2))
 
 
 def unrunnable_check_seconds() -> float:
@@ -211,7 +219,11 @@ class PgstageWorker(procrastinate_worker.Worker):
         kwargs.setdefault("update_heartbeat_interval", heartbeat_seconds())
         self.job_manager = fetch_by_task_name(kwargs["app"] if "app" in kwargs else args[0])
         middleware = list(kwargs.pop("task_middleware", None) or [])
-        super().__init__(*args, task_middleware=[self._fresh_connection, *middleware], **kwargs)
+        super().__init__(
+            *args,
+            task_middleware=[self._fresh_connection, self._in_job, self._in_async_job, *middleware],
+            **kwargs,
+        )
         # Every Django connection of this process is built from this one settings dict.
         connections.settings[DEFAULT_DB_ALIAS]["CONN_HEALTH_CHECKS"] = False
         self._gave_up: str | None = None
@@ -242,6 +254,18 @@ class PgstageWorker(procrastinate_worker.Worker):
         else:
             _drop_if_ended_by_server()
         return call_next()
+
+    def _in_job(self, call_next: Callable[[], Any], context: Any, worker: Any) -> Any:
+        """Sync task middleware: the job's code knows its job (``queueing.current``)."""
+        with current.running(context.job.id):
+            return call_next()
+
+    async def _in_async_job(
+        self, call_next: Callable[[], Awaitable[Any]], context: Any, worker: Any
+    ) -> Any:
+        """Async task middleware: as :meth:`_in_job`, for async tasks."""
+        with current.running(context.job.id):
+            return await call_next()
 
     # -- the outage window -------------------------------------------------------------
 
@@ -610,6 +634,11 @@ class PgstageWorker(procrastinate_worker.Worker):
         # it before it saves the outcome).
         if isinstance(exc_info, BaseException) and context.job.id is not None:
             self._errors[context.job.id] = exc_info
+        if isinstance(exc_info, PollLater) and status == jobs.Status.FAILED:
+            # Not a failure: one line, no traceback, however often it polls.
+            job = context.job
+            logger.info("job %s (%s) polls again: %s", job.id, job.task_name, exc_info)
+            return
         super()._log_job_outcome(status, context, job_result, job_retry, exc_info)
 
     async def _persist_job_status(
@@ -633,8 +662,25 @@ class PgstageWorker(procrastinate_worker.Worker):
             )
             if error is not None:
                 owed_reason += f": {describe(error)}"
+        poll = isinstance(error, PollLater) and status == jobs.Status.FAILED
+        if poll:
+            seconds = error.seconds if error.seconds is not None else busy_poll_seconds()
+            poll_at = utils.utcnow() + datetime.timedelta(
+                seconds=random.uniform(seconds / 2, seconds)
+            )
+            retry_decision = retry.RetryDecision(retry_at=poll_at)
 
         async def persist() -> str:
+            if poll:
+                rows = await connector.execute_query_all_async(
+                    queries["poll_job_fenced"],
+                    job_id=job.id,
+                    worker_id=self.worker_id,
+                    retry_at=retry_decision.retry_at,
+                )
+                if rows:
+                    return "polls"
+                # Taken, or its abort was requested: as procrastinate's retry below.
             if retry_decision is not None:
                 try:
                     rows = await connector.execute_query_all_async(

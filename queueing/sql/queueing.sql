@@ -97,13 +97,17 @@ SELECT id FROM ended;
 
 -- ledger_claim --
 -- Claim a stage in one statement: insert, or take over a row that is not 'success' and
--- not held under a live lease. The CASE/UNION reports why nothing was claimed; a row that
+-- not held by a live holder. A holder is live while its lease runs and, when it claimed
+-- inside a job (holder_job_id), while that job is 'doing' and is not the claimer's own:
+-- stalled recovery taking the holder's job back from a dead worker (to 'todo', or to a
+-- new run, which may be this claimer) ends the lease on recovery's own clock, long before
+-- the lease would run out. The CASE/UNION reports why nothing was claimed; a row that
 -- committed after this statement's snapshot is invisible here and reported as busy.
 WITH claimed AS (
     INSERT INTO {table} AS r ({keys}, status, attempts, input_hash, started_at,
-                              lease_expires_at, finished_at, error)
+                              lease_expires_at, finished_at, error, holder_job_id)
     VALUES ({values}, 'running', 1, %(input_hash)s, now(),
-            now() + %(lease_seconds)s * interval '1 second', NULL, '')
+            now() + %(lease_seconds)s * interval '1 second', NULL, '', %(job_id)s)
     ON CONFLICT ({keys}) DO UPDATE
        SET status = 'running',
            attempts = r.attempts + 1,
@@ -111,9 +115,16 @@ WITH claimed AS (
            started_at = now(),
            lease_expires_at = EXCLUDED.lease_expires_at,
            finished_at = NULL,
-           error = ''
+           error = '',
+           holder_job_id = EXCLUDED.holder_job_id
      WHERE r.status <> 'success'
-       AND (r.status <> 'running' OR r.lease_expires_at < now())
+       AND (r.status <> 'running'
+            OR r.lease_expires_at < now()
+            OR r.holder_job_id = %(job_id)s
+            OR (r.holder_job_id IS NOT NULL
+                AND NOT EXISTS (SELECT 1
+                                  FROM procrastinate_jobs j
+                                 WHERE j.id = r.holder_job_id AND j.status = 'doing')))
     RETURNING r.id, r.attempts
 )
 SELECT 'claimed' AS outcome, id, attempts FROM claimed

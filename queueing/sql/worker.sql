@@ -154,6 +154,19 @@ WITH mine AS (
 )
 SELECT id, abort_requested FROM retried;
 
+-- poll_job_fenced --
+-- Put the job back to wait until %(retry_at)s without counting an attempt: its run did
+-- not fail, the work is held by another live holder (queueing.exceptions.PollLater).
+-- Only while the job is still this worker's and no abort was requested (no row back:
+-- the caller then saves it as procrastinate's retry would, which ends an aborted job).
+UPDATE procrastinate_jobs
+   SET status = 'todo', scheduled_at = %(retry_at)s
+ WHERE id = %(job_id)s
+   AND status = 'doing'
+   AND NOT abort_requested
+   AND (worker_id = %(worker_id)s OR worker_id IS NULL)
+RETURNING id;
+
 -- orphans --
 -- Jobs this worker was given but never heard of: the fetch committed, then the connection
 -- died before its reply arrived. They never started. Read only while no fetch is in
