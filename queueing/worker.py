@@ -33,11 +33,19 @@ What it adds to procrastinate's worker (3.10):
 * **Its row survives an outage.** Only workers silent far longer than any live one can be
   are pruned, and a worker whose row went missing registers again and takes its running
   jobs back, in one statement.
+* **It fetches only jobs of its own tasks** (:class:`TaskNameJobManager`): procrastinate's
+  worker fetches any job of its queues and fails one of a task it lacks for good
+  (``TaskNotFound``), e.g. a newer release's job during a rolling deploy. Here that job
+  waits for a worker that has the task, and each worker says so once per task name.
 * **Jobs that fail for good settle their domain.** The statement that saves a job's last
-  attempt as ``failed`` records that it owes its task's ``on_give_up`` hook; the hook
-  runs right after, and if this worker dies first, the next maintenance run of any
-  worker runs it (``queueing.giveup``): a domain row never stays active behind a failed
-  job.
+  attempt as ``failed`` (or the job aborted) records that it owes its task's
+  ``on_give_up`` hook; the hook runs right after, and if this worker dies first, the next
+  maintenance run of a worker that has the hook runs it (``queueing.giveup``): a domain
+  row never stays active behind a failed job.
+* **Waiting on a busy holder is no attempt.** A task that raises
+  :class:`~queueing.exceptions.PollLater` (a stage ledger's *busy*) is put back to wait a
+  short, jittered interval without counting an attempt, logged in one line. Each job's
+  code knows its job (``queueing.current``), so a ledger claim records its holder.
 * **No health-check round trip per job.** Django would ``SELECT 1`` on a reused connection
   before every job (``CONN_HEALTH_CHECKS``). Here a job thread reconnects once before its
   next job after the worker saw a database error, and drops a connection the server
