@@ -23,7 +23,8 @@ hook, or, for a task without one, by deleting the row. So a hook is never lost, 
 by a worker that cannot run it. A task removed from the code can keep its hook for its
 jobs still waiting (:func:`queueing.app.retired_task`).
 
-So a domain row never stays ``running`` behind a job that is over (docs/design.md, invariant 13): the
+So a domain row never stays ``running`` behind a job that is over (invariant 13 of
+docs/design.md): the
 hook marks it failed, refunds, hands the slot on. Hooks must be idempotent (a
 compare-and-set on the domain row): a job can be given up on from two places at once,
 e.g. its worker's last failure racing an operator's cancel. A hook that raises is logged
