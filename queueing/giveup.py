@@ -24,8 +24,7 @@ by a worker that cannot run it. A task removed from the code can keep its hook f
 jobs still waiting (:func:`queueing.app.retired_task`).
 
 So a domain row never stays ``running`` behind a job that is over (invariant 13 of
-docs/design.md): the
-hook marks it failed, refunds, hands the slot on. Hooks must be idempotent (a
+docs/design.md): the hook marks it failed, refunds, hands the slot on. Hooks must be idempotent (a
 compare-and-set on the domain row): a job can be given up on from two places at once,
 e.g. its worker's last failure racing an operator's cancel. A hook that raises is logged
 (once: it is not run again) and leaves the row to the domain's own resume sweep, which is
