@@ -37,6 +37,8 @@ env = environ.Env(
     RETRY_BASE_SECONDS=(float, 2.0),
     RETRY_CAP_SECONDS=(float, 300.0),
     JOB_RETENTION_SECONDS=(int, 3 * 24 * 3600),
+    BUSY_POLL_SECONDS=(float, 2.0),
+    UNRUNNABLE_CHECK_SECONDS=(float, 60.0),
     WORKER_GRACEFUL_TIMEOUT_SECONDS=(float, 60.0),
     PGSTAGE_DATA_DIR=(str, str(BASE_DIR / ".data")),
     STORAGE_ROOT=(str, ""),
@@ -300,6 +302,11 @@ QUEUEING_RETRY_CAP_SECONDS = env("RETRY_CAP_SECONDS")
 # queueing: succeeded, cancelled and aborted jobs are deleted after this long (failed
 # jobs stay for inspection).
 QUEUEING_JOB_RETENTION_SECONDS = env("JOB_RETENTION_SECONDS")
+# queueing: a job whose work a live holder does (a stage "busy") waits this long (jittered
+# down to half) before it polls again, without counting an attempt; workers log jobs that
+# no live worker has the task of, checked this often.
+QUEUEING_BUSY_POLL_SECONDS = env("BUSY_POLL_SECONDS")
+QUEUEING_UNRUNNABLE_CHECK_SECONDS = env("UNRUNNABLE_CHECK_SECONDS")
 #: The environment variable of each setting named differently, for operators' pages.
 SETTING_ENVIRONMENT_NAMES = {
     "QUEUEING_STALLED_WORKER_SECONDS": "STALLED_WORKER_SECONDS",

@@ -16,7 +16,6 @@ Every stage runs the same protocol (:func:`pipeline_stage_run`):
 
 from __future__ import annotations
 
-import datetime
 import enum
 import hashlib
 import json
@@ -28,7 +27,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.utils import timezone
 
 from pipeline import storage
 from pipeline.audit import audit_entry_create
@@ -62,7 +60,7 @@ from pipeline.models import (
 from pipeline.queries import QUERIES
 from pipeline.selectors import catalog_for, parse_stage
 from queueing.enqueue import Enqueued, Policy, enqueue, job_params
-from queueing.exceptions import DoNotRetry, LeaseLost, RetryLater
+from queueing.exceptions import DoNotRetry, LeaseLost, PollLater
 from queueing.keys import KeyFormat
 from queueing.ledger import Claim, Ledger, LedgerStatus, Outcome
 from queueing.rows import insert_or_get, replace_children
@@ -440,7 +438,7 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
 
     Must run outside ``transaction.atomic()`` (the claim commits on its own). The claim is
     one statement: an already successful stage is *skipped*; a stage another worker holds
-    under a live lease raises ``RetryLater``. Results, ``success`` and the next stage's job
+    under a live lease raises ``PollLater``. Results, ``success`` and the next stage's job
     commit in one transaction; a worker whose lease was taken over commits nothing
     (``LEASE_LOST``). An error marks the run ``failed`` and propagates, to be retried.
     """
@@ -461,11 +459,9 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
     if claim.outcome is Outcome.DONE:
         return StageOutcome.SKIPPED
     if claim.outcome is Outcome.BUSY:
-        # Never skip: the holder may die; its lease then expires and a retry takes over.
-        raise RetryLater(
-            f"{stage.value} of inquiry {anfrage.id} is running elsewhere",
-            deadline=timezone.now() + datetime.timedelta(seconds=2 * lease),
-        )
+        # Never skip: the holder may die; recovery then takes its job back, its lease
+        # ends with it, and a poll takes over. A poll is no attempt.
+        raise PollLater(f"{stage.value} of inquiry {anfrage.id} is running elsewhere")
     try:
         with LEDGER.renewing(claim, lease_seconds=lease) as renewal:
             result = work.compute(anfrage, inputs)

@@ -39,7 +39,7 @@ from procrastinate.contrib.django.models import ProcrastinateJob
 
 from queueing.enqueue import Policy, queueing_lock_for
 from queueing.exceptions import UnknownSweep
-from queueing.jobs import CancelRefused, RetryOutcome, job_cancel, job_retry
+from queueing.jobs import CancelRefused, RetryOutcome, job_cancel, job_retry, unrunnable_tasks
 from queueing.sweeps import SWEEP_KEY, Sweep, SweepResult, get_sweep, request_sweep, run_sweep
 from queueing.sweeps import sweeps as declared_sweeps
 
@@ -120,15 +120,58 @@ def _describe(name: str, result: SweepResult, *, dry_run: bool) -> str:
     )
 
 
+class RunnableFilter(admin.SimpleListFilter):
+    """The waiting jobs whose task no live worker has (a worker fetches only its own
+    tasks' jobs): they wait for a worker that has it, or for a cancel."""
+
+    title = "runnable"
+    parameter_name = "runnable"
+    NO_WORKER = "no_worker"
+
+    def lookups(self, request: HttpRequest, model_admin):
+        return [(self.NO_WORKER, "waiting, no live worker has its task")]
+
+    def queryset(self, request: HttpRequest, queryset):
+        if self.value() != self.NO_WORKER:
+            return queryset
+        names = [u.task_name for u in unrunnable_tasks()]
+        return queryset.filter(status="todo", task_name__in=names)
+
+
 class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
     """procrastinate's job admin, plus the Sweeps page. Its retry and cancel go through
     the framework (``queueing.jobs``) and need the change permission on jobs: a running
     job is never retried under its live worker, a retry that a live job's key blocks
     points at that job, a cancel settles the job's domain row and is refused where nothing
-    else would do the job's work. procrastinate's *abort* is left out: a sync task cannot
-    be interrupted, so it would only mark the job."""
+    else would do the job's work. The list says which task names have waiting jobs that no
+    live worker can run, and filters to them (:class:`RunnableFilter`). procrastinate's
+    *abort* is left out: a sync task cannot be interrupted, so it would only mark the job."""
 
     change_list_template = "admin/queueing/job_change_list.html"
+    list_filter = [RunnableFilter, *ProcrastinateJobAdmin.list_filter]
+
+    def changelist_view(self, request: HttpRequest, extra_context=None):
+        if request.method == "GET":
+            self._warn_unrunnable(request)
+        return super().changelist_view(request, extra_context)
+
+    def _warn_unrunnable(self, request: HttpRequest) -> None:
+        """One line per task name whose waiting jobs no live worker can run."""
+        query = urlencode({RunnableFilter.parameter_name: RunnableFilter.NO_WORKER})
+        url = f"{reverse(JOB_CHANGELIST)}?{query}"
+        for unrunnable in unrunnable_tasks():
+            self.message_user(
+                request,
+                format_html(
+                    "{} job(s) of task {} wait: no live worker has this task. They run when "
+                    'a worker that has it starts; cancel them to give them up. <a href="{}">'
+                    "Show them</a>.",
+                    unrunnable.jobs,
+                    unrunnable.task_name,
+                    url,
+                ),
+                messages.WARNING,
+            )
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         # procrastinate's admin answers False to every change permission (its change form

@@ -46,6 +46,17 @@ def task(
     return decorator
 
 
+def retired_task(*, name: str, on_give_up: giveup.GiveUpHook) -> None:
+    """Keep the give-up hook of a task removed from the code, for its jobs still waiting.
+
+    Workers fetch only jobs of tasks they have, so a removed task's jobs wait (the admin,
+    ``/metrics`` and the workers' logs show them). An operator cancels them (the job
+    admin's cancel, ``queueing.jobs.job_cancel``); with this declaration the cancel, in
+    this release, settles each job's domain row through the hook. Drop it once no job of
+    the task is left (docs/deploy.md, mixed releases)."""
+    giveup.register(name, on_give_up, cancellable=True)
+
+
 def periodic(*, cron: str, periodic_id: str = ""):
     """procrastinate's periodic decorator (cron takes an optional sixth field: seconds)."""
     return procrastinate_app.periodic(cron=cron, periodic_id=periodic_id)

@@ -66,3 +66,15 @@ class RetryLater(QueueingError):
 
 class DoNotRetry(QueueingError):
     """Raised by a task whose failure is final: the job fails at once, without retries."""
+
+
+class PollLater(QueueingError):
+    """Raised by a task whose work a live holder does right now (a stage ledger's *busy*):
+    the job waits ``seconds`` (jittered down to half) and runs again. It did not fail, so
+    the run is no attempt: however long the holder works, the job's retry budget stays
+    whole, and a dead holder's work is taken over on the next poll after stalled recovery
+    declared it dead (``queueing.ledger``)."""
+
+    def __init__(self, message: str | None = None, *, seconds: float | None = None):
+        super().__init__(message)
+        self.seconds = seconds

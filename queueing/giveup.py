@@ -1,19 +1,30 @@
 """Give-up hooks: when a job will never do its work, its domain settles at once.
 
 A task declared ``@task(name=..., on_give_up=hook)`` gets ``hook(reason=..., **args)``
-called, in a transaction, whenever one of its jobs ends without doing its work for good:
+called, in a transaction, whenever one of its jobs ends without doing its work for good.
+Every path that decides so records, in the statement that changes the job's status, that
+the job owes its hook (a row of ``pgstage_owed_give_ups``):
 
-* its last attempt failed — the task's retry strategy had no retry left, and the worker
-  saved the job ``failed`` (one decision, procrastinate's own). The statement that saves
-  the failure also records that the job owes its hook (``pgstage_owed_give_ups``); the
-  worker's maintenance thread runs it right after, in a transaction that deletes that
-  row. A worker that dies in between, or never hears that its commit landed, leaves the
-  row: the next maintenance run of any worker runs the hook (:func:`settle_owed`);
-* stalled recovery gave up on it (its workers kept dying: the stall budget is spent);
-* an operator cancelled it (``queueing.jobs.job_cancel``, the job admin's action).
+* its last attempt failed, or it was aborted — the worker's statement that saves the
+  outcome (``finish_job_fenced`` / ``retry_job_fenced``);
+* stalled recovery gave up on it (its workers kept dying: the stall budget is spent; or
+  its abort was requested and its worker died) — ``end_stalled_job``, whichever worker
+  (or operator's retry) ran the recovery;
+* an operator cancelled it (``queueing.jobs.job_cancel``, the job admin's action) —
+  ``cancel_waiting_job``.
 
-So a domain row never stays ``running`` behind a job that is over (DESIGN §5, 13): the
-hook marks it failed, refunds, hands the slot on. Hooks must be idempotent (a
+A job that is *superseded* (a waiting job with its singleton key does the same work) owes
+nothing. Only a process that has the task's hook runs it (:func:`settle_owed`), in a
+transaction that deletes the owed row: a worker's hooks thread, every maintenance period,
+and right after its own give-ups; a cancel, in the cancel's own transaction. A process
+that does not know the task at all (another release, other ``PGSTAGE_TASK_MODULES``)
+records the row anyway (:func:`owes`): a process that knows the task settles it — with the
+hook, or, for a task without one, by deleting the row. So a hook is never lost, nor run
+by a worker that cannot run it. A task removed from the code can keep its hook for its
+jobs still waiting (:func:`queueing.app.retired_task`).
+
+So a domain row never stays ``running`` behind a job that is over (invariant 13 of
+docs/design.md): the hook marks it failed, refunds, hands the slot on. Hooks must be idempotent (a
 compare-and-set on the domain row): a job can be given up on from two places at once,
 e.g. its worker's last failure racing an operator's cancel. A hook that raises is logged
 (once: it is not run again) and leaves the row to the domain's own resume sweep, which is
@@ -58,6 +69,20 @@ def has_hook(task_name: str) -> bool:
     return task_name in _hooks
 
 
+def known_tasks() -> set[str]:
+    """The task names this process knows: its procrastinate tasks, and retired tasks
+    whose hook it keeps."""
+    from procrastinate.contrib.django import app
+
+    return set(app.tasks) | set(_hooks)
+
+
+def owes(task_name: str) -> bool:
+    """Whether giving up on a job of ``task_name`` records an owed hook: when this process
+    has its hook, or does not know the task (a process that knows it settles the row)."""
+    return task_name in _hooks or task_name not in known_tasks()
+
+
 def give_up(*, task_name: str, args: Mapping[str, Any], reason: str) -> bool:
     """Run ``task_name``'s hook in a transaction (a savepoint inside the caller's); True
     when a hook ran. Never raises: a failing hook is logged."""
@@ -75,22 +100,26 @@ def give_up(*, task_name: str, args: Mapping[str, Any], reason: str) -> bool:
 
 
 def settle_owed(*, job_id: int | None = None, limit: int = 100) -> int:
-    """Run give-up hooks still owed (``job_id``'s, or the oldest ``limit``) of the tasks
-    whose hooks this process has, each in a transaction of its own that also deletes its
-    owed row: committed, the hook ran once; rolled back (this process died), the row
-    waits for the next run. Returns how many rows were settled."""
+    """Settle give-ups still owed (``job_id``'s, or the oldest ``limit``) of the tasks this
+    process knows, each in a transaction of its own (a savepoint inside the caller's) that
+    also deletes its owed row: committed, the hook ran once; rolled back (this process
+    died), the row waits for the next run. A known task without a hook owed nothing: its
+    row just goes. Rows of tasks this process does not know stay for one that does.
+    Returns how many rows were settled."""
     settled = 0
     while settled < limit:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
-                queries["take_owed_give_up"], {"job_id": job_id, "hooked": sorted(_hooks)}
+                queries["take_owed_give_up"], {"job_id": job_id, "known": sorted(known_tasks())}
             )
             row = cursor.fetchone()
             if row is None:
                 break
             owed_job, task_name, args, reason = row
             args = json.loads(args) if isinstance(args, str) else args
-            if not give_up(task_name=task_name, args=args, reason=reason):
+            if not has_hook(task_name):
+                logger.info("job %s (%s) was given up on; no hook to run", owed_job, task_name)
+            elif not give_up(task_name=task_name, args=args, reason=reason):
                 logger.warning("job %s owed a give-up hook that did not complete", owed_job)
         settled += 1
         if job_id is not None:

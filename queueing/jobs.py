@@ -11,6 +11,9 @@ services do what an operator means:
   while its worker is alive, and recovered now (as stalled recovery would) once it is not.
 * :func:`job_cancel` — a waiting job is cancelled and its task's give-up hook settles the
   domain row (e.g. the analysis is failed and refunded, the next one starts).
+* :func:`unrunnable_tasks` — the task names of waiting jobs that no live worker has (a
+  worker fetches only its own tasks' jobs): they wait, visibly, for a worker that has
+  the task, or for an operator's cancel.
 
 Each runs in one transaction under the job's row lock, so it cannot race the job's worker
 finishing it or stalled recovery taking it.
@@ -19,9 +22,9 @@ finishing it or stalled recovery taking it.
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from procrastinate.contrib.django.models import ProcrastinateJob
 
@@ -132,6 +135,30 @@ def job_retry(*, job_id: int) -> Retried:
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class Unrunnable:
+    """Waiting jobs of one task name that no live worker has."""
+
+    task_name: str
+    jobs: int
+    oldest_job_id: int
+
+
+def unrunnable_tasks() -> list[Unrunnable]:
+    """Per task name, the waiting jobs that no live worker has the task of (a worker is
+    live when it beat within ``QUEUEING_STALLED_WORKER_SECONDS``). They wait until a
+    worker that has the task runs, or an operator cancels them (docs/deploy.md). One
+    read, no lock; it scans the waiting jobs, so callers run it once a scrape or a
+    period, not per job."""
+    seconds = float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30))
+    with connection.cursor() as cursor:
+        cursor.execute(queries["unrunnable_tasks"], {"seconds": seconds})
+        return [
+            Unrunnable(task_name=name, jobs=count, oldest_job_id=oldest)
+            for name, count, oldest in cursor.fetchall()
+        ]
+
+
 class CancelRefused(QueueingError):
     """This job's task may not be cancelled: nothing else would do its work."""
 
@@ -139,26 +166,33 @@ class CancelRefused(QueueingError):
 def job_cancel(*, job_id: int, actor: str) -> bool:
     """Cancel a waiting job and settle its domain row through its task's give-up hook;
     False when the job is not waiting (running jobs finish; failed ones are over).
-    Raises :class:`CancelRefused` for a task whose work nothing else would do (no hook,
-    not declared cancellable), e.g. the judge of a recorded run."""
+
+    One transaction under the job's row: the statement that cancels records the owed
+    hook (``queueing.giveup``), and when this process has the hook it runs at once, in
+    the same transaction; otherwise a worker that has it runs it. A job of a task this
+    process does not know (removed in this release; see docs/deploy.md) may be cancelled
+    too: no worker here could run it. Raises :class:`CancelRefused` for a known task whose
+    work nothing else would do (no hook, not declared cancellable), e.g. the judge of a
+    recorded run."""
     task_name = (
         ProcrastinateJob.objects.filter(pk=job_id).values_list("task_name", flat=True).first()
     )
-    if task_name is not None and not giveup.is_cancellable(task_name):
+    if task_name is None:
+        return False
+    if task_name in giveup.known_tasks() and not giveup.is_cancellable(task_name):
         raise CancelRefused(
             f"job {job_id} ({task_name}) cannot be cancelled: nothing else would do its work "
             "and its domain would wait for ever; fix what it waits for, or cancel what it "
             "belongs to (e.g. the analysis) instead"
         )
+    reason = f"its job {job_id} was cancelled by {actor}"
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(queries["cancel_waiting_job"], {"job_id": job_id})
-        row = cursor.fetchone()
-        if row is None:
-            return False
-        task_name, args = row
-        giveup.give_up(
-            task_name=task_name,
-            args=json.loads(args) if isinstance(args, str) else args,
-            reason=f"its job {job_id} was cancelled by {actor}",
+        cursor.execute(
+            queries["cancel_waiting_job"],
+            {"job_id": job_id, "owed_reason": reason if giveup.owes(task_name) else None},
         )
+        if cursor.fetchone() is None:
+            return False
+        if giveup.has_hook(task_name):
+            giveup.settle_owed(job_id=job_id)
     return True

@@ -6,9 +6,18 @@ columns with a unique constraint over them (e.g. ``(tenant_id, anfrage_id, stage
 
 * ``claim`` is one ``INSERT … ON CONFLICT … DO UPDATE … WHERE`` (no SELECT-then-INSERT):
   *claimed* (with a fencing token, the attempt number), *done* (already ``success``: skip)
-  or *busy* (another worker holds a live lease: retry later, never skip).
+  or *busy* (a live holder has it: poll again soon, never skip —
+  :class:`~queueing.exceptions.PollLater`, which is no attempt).
 * ``complete`` and ``fail`` are compare-and-set on the token, so a worker whose lease
   expired cannot overwrite its successor's row.
+
+A holder is live while its lease runs **and**, when it claimed inside a job (the claim
+records it: ``holder_job_id``, from ``queueing.current``), while that job is ``doing``.
+A worker that dies holding a stage is declared dead by stalled recovery, which takes its
+job back; from then on its lease is dead too, so the stage is taken over within the stall
+threshold (plus one recovery period and one poll), not at the lease's end: by the job's
+own new run at once, by any other claimer on its next poll. A claim made outside a job
+(a command, a test) is held by its lease alone.
 
 ``claim`` must commit before the work starts (call it outside ``atomic()``), so that its
 lease is visible to other workers. Work that may outlast the lease runs inside
@@ -30,7 +39,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections, models
 
-from queueing import sql
+from queueing import current, sql
 from queueing.exceptions import LeaseLost
 
 logger = logging.getLogger(__name__)
@@ -53,6 +62,8 @@ class LedgerEntry(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
+    #: The procrastinate job that holds the claim (NULL: claimed outside a job).
+    holder_job_id = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         abstract = True
@@ -121,13 +132,16 @@ class Ledger:
         self, *, input_hash: str = "", lease_seconds: float | None = None, **key: Any
     ) -> Claim:
         """Claim the stage named by ``key`` in one statement. Race-free: of any number of
-        concurrent claimers exactly one gets *claimed*; the others see *busy* or *done*."""
+        concurrent claimers exactly one gets *claimed*; the others see *busy* or *done*.
+        Inside a job, the claim records the job as its holder (see the module
+        docstring)."""
         missing = set(self.key_fields) ^ set(key)
         if missing:
             raise TypeError(f"claim() needs exactly the key fields {self.key_fields}")
         params: dict[str, Any] = {f"key_{i}": key[f] for i, f in enumerate(self.key_fields)}
         params["input_hash"] = input_hash
         params["lease_seconds"] = self.lease_seconds if lease_seconds is None else lease_seconds
+        params["job_id"] = current.job_id()
         with connections[self.using].cursor() as cursor:
             cursor.execute(self._statements["claim"], params)
             row = cursor.fetchone()

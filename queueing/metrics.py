@@ -55,6 +55,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from psycopg.types.json import Jsonb
 
+from queueing.jobs import unrunnable_tasks
 from queueing.ledger import LedgerEntry, LedgerStatus
 from queueing.sql import load
 from queueing.sweeps import SweepContext, SweepResult, declare_sweep
@@ -150,6 +151,11 @@ class QueueingMetrics(MetricSource):
                 "Seconds since each inline sweep (stalled recovery) last ran on any worker.",
                 ("sweep",),
             ),
+            "pgstage_jobs_without_worker": Family(
+                "gauge",
+                "Waiting jobs whose task no live worker has, per task (they wait for one).",
+                ("task",),
+            ),
         }
         for state in ("alive", "silent"):
             families["pgstage_workers"].samples[(state,)] = 0
@@ -183,6 +189,10 @@ class QueueingMetrics(MetricSource):
         families["pgstage_workers"].samples[("silent",)] = silent
         for name, age in sweeps:
             families["pgstage_inline_sweep_age_seconds"].samples[(name,)] = float(age)
+        for unrunnable in unrunnable_tasks():
+            families["pgstage_jobs_without_worker"].samples[(unrunnable.task_name,)] = (
+                unrunnable.jobs
+            )
 
     def collect_history(self, families: dict[str, Family]) -> None:
         jobs = families["pgstage_jobs"]

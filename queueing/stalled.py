@@ -3,8 +3,10 @@
 procrastinate has no built-in recovery (and its own ``retry_stalled_jobs`` recipe ignores
 ``max_attempts``). This sweep finds ``doing`` jobs whose worker stopped heart-beating (or
 was pruned) and puts each back to ``todo``; a job whose workers keep dying gives up after
-``QUEUEING_STALLED_MAX_RECOVERIES`` recoveries, ends ``failed`` and runs its task's
-give-up hook, so its domain row settles.
+``QUEUEING_STALLED_MAX_RECOVERIES`` recoveries and ends ``failed``; that statement
+records the give-up hook it owes, which a worker that has the hook runs
+(``queueing.giveup``), so its domain row settles even when the recovering worker lacks
+the task.
 
 Why it is built the way it is:
 
@@ -36,7 +38,6 @@ Why it is built the way it is:
 from __future__ import annotations
 
 import functools
-import json
 import logging
 
 from django.conf import settings
@@ -55,8 +56,17 @@ def max_recoveries() -> int:
     return int(getattr(settings, "QUEUEING_STALLED_MAX_RECOVERIES", 3))
 
 
-def _end(cursor, job_id: int, status: str) -> None:
-    cursor.execute(queries["end_stalled_job"], {"job_id": job_id, "status": status})
+def _end(cursor, job_id: int, task_name: str, status: str, *, owed_reason: str | None) -> None:
+    """End the job for good; a give-up (``owed_reason``) records, in the same statement,
+    the hook it owes, which a worker that has the hook runs (``giveup.settle_owed``)."""
+    cursor.execute(
+        queries["end_stalled_job"],
+        {
+            "job_id": job_id,
+            "status": status,
+            "owed_reason": owed_reason if giveup.owes(task_name) else None,
+        },
+    )
 
 
 def recover_job(row, *, watch: Watch) -> str:
@@ -67,26 +77,27 @@ def recover_job(row, *, watch: Watch) -> str:
     silence from ``watch.resumed_at``."""
     if not isinstance(watch, Watch):
         raise TypeError("recover_job needs the Watch of queueing.sweeps.watch(STALLED_SWEEP)")
-    job_id, task_name, queueing_lock, args, abort_requested, worker_id = row
-    args = json.loads(args) if isinstance(args, str) else args
+    job_id, task_name, queueing_lock, _args, abort_requested, worker_id = row
     with connection.cursor() as cursor:
         cursor.execute(queries["count_stall"], {"job_id": job_id, "worker_id": worker_id})
         (stalls,) = cursor.fetchone()
         if abort_requested:
-            _end(cursor, job_id, "aborted")
-            giveup.give_up(
-                task_name=task_name,
-                args=args,
-                reason=f"its job {job_id} was asked to abort and its worker died",
+            _end(
+                cursor,
+                job_id,
+                task_name,
+                "aborted",
+                owed_reason=f"its job {job_id} was asked to abort and its worker died",
             )
             logger.warning("stalled job %s (%s) aborted as requested", job_id, task_name)
             return "aborted"
         if stalls > max_recoveries():
-            _end(cursor, job_id, "failed")
-            giveup.give_up(
-                task_name=task_name,
-                args=args,
-                reason=f"its job {job_id} lost its worker {stalls} times "
+            _end(
+                cursor,
+                job_id,
+                task_name,
+                "failed",
+                owed_reason=f"its job {job_id} lost its worker {stalls} times "
                 f"(QUEUEING_STALLED_MAX_RECOVERIES={max_recoveries()})",
             )
             logger.warning(
@@ -97,7 +108,7 @@ def recover_job(row, *, watch: Watch) -> str:
             with transaction.atomic():
                 cursor.execute(queries["requeue_stalled_job"], {"job_id": job_id})
         except IntegrityError:
-            _end(cursor, job_id, "failed")
+            _end(cursor, job_id, task_name, "failed", owed_reason=None)
             logger.warning(
                 "stalled job %s (%s) superseded by a waiting job with lock %r",
                 job_id,

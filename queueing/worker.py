@@ -46,11 +46,19 @@ What it adds to procrastinate's worker (3.10):
 * **Its row survives an outage.** Only workers silent far longer than any live one can be
   are pruned, and a worker whose row went missing registers again and takes its running
   jobs back, in one statement.
+* **It fetches only jobs of its own tasks** (:class:`TaskNameJobManager`): procrastinate's
+  worker fetches any job of its queues and fails one of a task it lacks for good
+  (``TaskNotFound``), e.g. a newer release's job during a rolling deploy. Here that job
+  waits for a worker that has the task, and each worker says so once per task name.
 * **Jobs that fail for good settle their domain.** The statement that saves a job's last
-  attempt as ``failed`` records that it owes its task's ``on_give_up`` hook; the hook
-  runs right after, and if this worker dies first, the next maintenance run of any
-  worker runs it (``queueing.giveup``): a domain row never stays active behind a failed
-  job.
+  attempt as ``failed`` (or the job aborted) records that it owes its task's
+  ``on_give_up`` hook; the hook runs right after, and if this worker dies first, the next
+  maintenance run of a worker that has the hook runs it (``queueing.giveup``): a domain
+  row never stays active behind a failed job.
+* **Waiting on a busy holder is no attempt.** A task that raises
+  :class:`~queueing.exceptions.PollLater` (a stage ledger's *busy*) is put back to wait a
+  short, jittered interval without counting an attempt, logged in one line. Each job's
+  code knows its job (``queueing.current``), so a ledger claim records its holder.
 * **No health-check round trip per job.** Django would ``SELECT 1`` on a reused connection
   before every job (``CONN_HEALTH_CHECKS``). Here a job thread reconnects once before its
   next job after the worker saw a database error, and drops a connection the server
@@ -64,28 +72,32 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import datetime
 import functools
 import json
 import logging
+import random
 import select
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import psycopg
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 from procrastinate import exceptions as procrastinate_exceptions
-from procrastinate import jobs, periodic, retry, utils
+from procrastinate import jobs, manager, periodic, retry, utils
 from procrastinate import worker as procrastinate_worker
 from procrastinate.contrib.django.utils import connector_params
 from procrastinate.job_context import JobContext, JobResult
 from procrastinate.manager import get_channel_for_queues
 
-from queueing import giveup, sweeps
+from queueing import current, giveup, sweeps
+from queueing.exceptions import PollLater
 from queueing.outage import RECONNECT_SECONDS, Failures, describe
 from queueing.sql import load
+from queueing.sql import queries as queueing_queries
 
 logger = logging.getLogger(__name__)
 queries = load("queueing", "worker.sql")
@@ -98,6 +110,8 @@ POOL_TIMEOUT_SECONDS = 5.0
 MAINTENANCE_SECONDS = 10.0
 #: Per job thread: the failure epoch its Django connection was last renewed at.
 _job_threads = threading.local()
+#: A job's outcome that ends it for good, owing its task's give-up hook.
+GIVE_UPS = (jobs.Status.FAILED, jobs.Status.ABORTED)
 
 
 class WorkerStopped(procrastinate_exceptions.ProcrastinateException):
@@ -119,6 +133,16 @@ def heartbeat_seconds() -> float:
 
 def stalled_seconds() -> float:
     return float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30))
+
+
+def busy_poll_seconds() -> float:
+    """How long a job that raised :class:`PollLater` without a delay of its own waits."""
+    return float(getattr(settings, "QUEUEING_BUSY_POLL_SECONDS", 2))
+
+
+def unrunnable_check_seconds() -> float:
+    """How often a worker looks for jobs whose task no live worker has."""
+    return float(getattr(settings, "QUEUEING_UNRUNNABLE_CHECK_SECONDS", 60))
 
 
 def prune_after_seconds() -> float:
@@ -165,14 +189,62 @@ def _in_django(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         close_old_connections()
 
 
+class TaskNameJobManager(manager.JobManager):
+    """procrastinate's job manager, except that a worker fetches only jobs of the task
+    names its app has, and registers with those names.
+
+    procrastinate's fetch takes any job of the worker's queues; a job of a task the worker
+    lacks then fails for good (``TaskNotFound``) — during a rolling deploy, every job of a
+    task the new release added that an old worker fetches. Here such a job waits for a
+    worker that has its task (``fetch_job`` in ``sql/worker.sql``: procrastinate's fetch
+    with one more condition, in the same one statement). The names registered with the
+    worker (``pgstage_worker_tasks``) tell which waiting jobs no live worker can run
+    (:func:`queueing.jobs.unrunnable_tasks`)."""
+
+    def __init__(self, *, connector: Any, tasks: Callable[[], Mapping[str, Any]]):
+        super().__init__(connector=connector)
+        self._tasks = tasks
+
+    def task_names(self) -> list[str]:
+        """Every name a job of this app's tasks may carry (aliases included)."""
+        return sorted(self._tasks())
+
+    async def fetch_job(self, queues: Iterable[str] | None, worker_id: int) -> jobs.Job | None:
+        row = await self.connector.execute_query_one_async(
+            query=queries["fetch_job"],
+            queues=list(queues) if queues is not None else None,
+            worker_id=worker_id,
+            task_names=self.task_names(),
+        )
+        return None if row["id"] is None else jobs.Job.from_row(row)
+
+    async def register_worker(self) -> int:
+        row = await self.connector.execute_query_one_async(
+            query=queries["register_worker"], task_names=self.task_names()
+        )
+        return row["worker_id"]
+
+
+def fetch_by_task_name(app: Any) -> TaskNameJobManager:
+    """Give ``app`` the :class:`TaskNameJobManager` (idempotent); returns it."""
+    if not isinstance(app.job_manager, TaskNameJobManager):
+        app.job_manager = TaskNameJobManager(connector=app.connector, tasks=lambda: app.tasks)
+    return app.job_manager
+
+
 class PgstageWorker(procrastinate_worker.Worker):
     """procrastinate's worker with a drain heartbeat, a maintenance loop, database-outage
     resilience, fenced outcomes and give-up hooks (see the module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("update_heartbeat_interval", heartbeat_seconds())
+        self.job_manager = fetch_by_task_name(kwargs["app"] if "app" in kwargs else args[0])
         middleware = list(kwargs.pop("task_middleware", None) or [])
-        super().__init__(*args, task_middleware=[self._fresh_connection, *middleware], **kwargs)
+        super().__init__(
+            *args,
+            task_middleware=[self._fresh_connection, self._in_job, self._in_async_job, *middleware],
+            **kwargs,
+        )
         # Every Django connection of this process is built from this one settings dict.
         connections.settings[DEFAULT_DB_ALIAS]["CONN_HEALTH_CHECKS"] = False
         self._gave_up: str | None = None
@@ -208,6 +280,18 @@ class PgstageWorker(procrastinate_worker.Worker):
         else:
             _drop_if_ended_by_server()
         return call_next()
+
+    def _in_job(self, call_next: Callable[[], Any], context: Any, worker: Any) -> Any:
+        """Sync task middleware: the job's code knows its job (``queueing.current``)."""
+        with current.running(context.job.id):
+            return call_next()
+
+    async def _in_async_job(
+        self, call_next: Callable[[], Awaitable[Any]], context: Any, worker: Any
+    ) -> Any:
+        """Async task middleware: as :meth:`_in_job`, for async tasks."""
+        with current.running(context.job.id):
+            return await call_next()
 
     # -- the outage window -------------------------------------------------------------
 
@@ -318,7 +402,10 @@ class PgstageWorker(procrastinate_worker.Worker):
                 return
             running = [c.job.id for c in self._running_jobs.values() if c.job.id]
             row = await self.app.connector.execute_query_one_async(
-                queries["register_and_adopt"], old_worker_id=old, job_ids=running
+                queries["register_and_adopt"],
+                old_worker_id=old,
+                job_ids=running,
+                task_names=self.job_manager.task_names(),
             )
             self.worker_id = row["worker_id"]
         lost = sorted(set(running) - set(row["adopted"]))
@@ -374,7 +461,7 @@ class PgstageWorker(procrastinate_worker.Worker):
             }
             if orphan["abort_requested"]:
                 note = "aborted as requested"
-                if giveup.has_hook(orphan["task_name"]):
+                if giveup.owes(orphan["task_name"]):
                     # It never ran and never will: its domain settles, as for any abort.
                     fenced["owed_reason"] = f"its job {orphan['id']} was aborted before it ran"
                 await connector.execute_query_all_async(
@@ -513,6 +600,34 @@ class PgstageWorker(procrastinate_worker.Worker):
             self._maintenance_period(),
         )
 
+    async def _watch_unrunnable(self) -> None:
+        """Every ``QUEUEING_UNRUNNABLE_CHECK_SECONDS``: say once per task name when jobs
+        wait that no live worker can run (this worker fetches only its own tasks' jobs,
+        and so does every other), and once when they have a worker again or are gone —
+        never a line per job or per check."""
+        reported: set[str] = set()
+
+        async def check() -> None:
+            rows = await self.app.connector.execute_query_all_async(
+                queueing_queries["unrunnable_tasks"], seconds=stalled_seconds()
+            )
+            now = {row["task_name"]: row for row in rows}
+            for name in sorted(now.keys() - reported):
+                logger.warning(
+                    "%d job(s) of task %s wait (oldest: job %s): no live worker has this "
+                    "task; they run when a worker that has it starts, or an operator "
+                    "cancels them (docs/deploy.md, mixed releases)",
+                    now[name]["jobs"],
+                    name,
+                    now[name]["oldest_job_id"],
+                )
+            for name in sorted(reported - now.keys()):
+                logger.info("jobs of task %s no longer wait without a worker", name)
+            reported.clear()
+            reported.update(now)
+
+        await self._every_period("looking for unrunnable jobs", check, unrunnable_check_seconds())
+
     async def _listen(self) -> None:
         """LISTEN on a session connection of its own; on any failure, connect again with
         backoff. Each time LISTEN is (re)established, poll once at once: notifications
@@ -576,6 +691,7 @@ class PgstageWorker(procrastinate_worker.Worker):
             asyncio.create_task(self._poll_jobs_to_abort(), name="poll_jobs_to_abort"),
             asyncio.create_task(self._maintain(), name="maintenance"),
             asyncio.create_task(self._settle_owed(), name="give_up_hooks"),
+            asyncio.create_task(self._watch_unrunnable(), name="unrunnable_tasks"),
         ]
         if self.listen_notify:
             side_tasks.append(asyncio.create_task(self._listen(), name="listener"))
@@ -595,6 +711,11 @@ class PgstageWorker(procrastinate_worker.Worker):
         # it before it saves the outcome).
         if isinstance(exc_info, BaseException) and context.job.id is not None:
             self._errors[context.job.id] = exc_info
+        if isinstance(exc_info, PollLater) and status == jobs.Status.FAILED:
+            # Not a failure: one line, no traceback, however often it polls.
+            job = context.job
+            logger.info("job %s (%s) polls again: %s", job.id, job.task_name, exc_info)
+            return
         super()._log_job_outcome(status, context, job_result, job_retry, exc_info)
 
     async def _persist_job_status(
@@ -608,13 +729,35 @@ class PgstageWorker(procrastinate_worker.Worker):
         assert job.id
         connector = self.app.connector
         error = self._errors.pop(job.id, None)
+        owes_hook = giveup.owes(job.task_name)
         owed_reason = None
-        if status == jobs.Status.FAILED and giveup.has_hook(job.task_name):
-            owed_reason = f"its job {job.id} failed for good after {job.attempts + 1} attempt(s)"
+        if status in GIVE_UPS and owes_hook:
+            owed_reason = (
+                f"its job {job.id} failed for good after {job.attempts + 1} attempt(s)"
+                if status == jobs.Status.FAILED
+                else f"its job {job.id} was aborted"
+            )
             if error is not None:
                 owed_reason += f": {describe(error)}"
+        poll = isinstance(error, PollLater) and status == jobs.Status.FAILED
+        if poll:
+            seconds = error.seconds if error.seconds is not None else busy_poll_seconds()
+            poll_at = utils.utcnow() + datetime.timedelta(
+                seconds=random.uniform(seconds / 2, seconds)
+            )
+            retry_decision = retry.RetryDecision(retry_at=poll_at)
 
         async def persist() -> str:
+            if poll:
+                rows = await connector.execute_query_all_async(
+                    queries["poll_job_fenced"],
+                    job_id=job.id,
+                    worker_id=self.worker_id,
+                    retry_at=retry_decision.retry_at,
+                )
+                if rows:
+                    return "polls"
+                # Taken, or its abort was requested: as procrastinate's retry below.
             if retry_decision is not None:
                 try:
                     rows = await connector.execute_query_all_async(
@@ -625,8 +768,11 @@ class PgstageWorker(procrastinate_worker.Worker):
                         priority=retry_decision.priority,
                         queue=retry_decision.queue,
                         lock=retry_decision.lock,
+                        abort_reason=f"its job {job.id} was aborted" if owes_hook else None,
                     )
-                    return "retried" if rows else "taken"
+                    if not rows:
+                        return "taken"
+                    return "aborted" if rows[0]["abort_requested"] else "retried"
                 except procrastinate_exceptions.UniqueViolation:
                     # A fresh job holds the queueing lock and will do the same work: it
                     # owes no give-up.
@@ -652,7 +798,8 @@ class PgstageWorker(procrastinate_worker.Worker):
             outcome = await self._with_retries(f"saving the outcome of job {job.id}", persist)
         finally:
             self._job_ids_to_abort.pop(job.id, None)
-        if outcome == "finished" and owed_reason is not None:
+        gave_up = outcome == "finished" and owed_reason is not None
+        if gave_up or (outcome == "aborted" and owes_hook):
             await self._settle(job)
         elif outcome == "taken":
             logger.warning(
@@ -741,9 +888,11 @@ class _ReportingDeferrer(periodic.PeriodicDeferrer):
 
 def install(app: Any) -> None:
     """``PROCRASTINATE_ON_APP_READY``: make procrastinate build a :class:`PgstageWorker`
-    wherever it builds a worker (its ``worker`` command, ``app.run_worker``)."""
+    wherever it builds a worker (its ``worker`` command, ``app.run_worker``), fetching by
+    task name (:class:`TaskNameJobManager`)."""
 
     def build_worker(**kwargs: Any) -> PgstageWorker:
         return PgstageWorker(app=app, **{**app.worker_defaults, **kwargs})
 
+    fetch_by_task_name(app)
     app._worker = build_worker

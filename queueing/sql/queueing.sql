@@ -77,18 +77,37 @@ SELECT id,
   FROM requeued;
 
 -- end_stalled_job --
--- End a stalled job for good ('failed', or 'aborted' when an abort was requested).
-SELECT procrastinate_finish_job_v1(%(job_id)s, %(status)s::procrastinate_job_status, false);
+-- End a stalled job for good ('failed', or 'aborted' when an abort was requested) and, in
+-- the same statement, record that it owes its task's give-up hook (%(owed_reason)s not
+-- NULL; a superseded job owes nothing): some worker that has the hook runs it
+-- (queueing.giveup.settle_owed), whichever worker ran this recovery.
+WITH ended AS (
+    SELECT id, task_name, args,
+           procrastinate_finish_job_v1(id, %(status)s::procrastinate_job_status, false)
+      FROM procrastinate_jobs
+     WHERE id = %(job_id)s
+), owed AS (
+    INSERT INTO pgstage_owed_give_ups (job_id, task_name, args, reason)
+    SELECT id, task_name, args, %(owed_reason)s::text
+      FROM ended
+     WHERE %(owed_reason)s::text IS NOT NULL
+    ON CONFLICT (job_id) DO NOTHING
+)
+SELECT id FROM ended;
 
 -- ledger_claim --
 -- Claim a stage in one statement: insert, or take over a row that is not 'success' and
--- not held under a live lease. The CASE/UNION reports why nothing was claimed; a row that
+-- not held by a live holder. A holder is live while its lease runs and, when it claimed
+-- inside a job (holder_job_id), while that job is 'doing' and is not the claimer's own:
+-- stalled recovery taking the holder's job back from a dead worker (to 'todo', or to a
+-- new run, which may be this claimer) ends the lease on recovery's own clock, long before
+-- the lease would run out. The CASE/UNION reports why nothing was claimed; a row that
 -- committed after this statement's snapshot is invisible here and reported as busy.
 WITH claimed AS (
     INSERT INTO {table} AS r ({keys}, status, attempts, input_hash, started_at,
-                              lease_expires_at, finished_at, error)
+                              lease_expires_at, finished_at, error, holder_job_id)
     VALUES ({values}, 'running', 1, %(input_hash)s, now(),
-            now() + %(lease_seconds)s * interval '1 second', NULL, '')
+            now() + %(lease_seconds)s * interval '1 second', NULL, '', %(job_id)s)
     ON CONFLICT ({keys}) DO UPDATE
        SET status = 'running',
            attempts = r.attempts + 1,
@@ -96,9 +115,16 @@ WITH claimed AS (
            started_at = now(),
            lease_expires_at = EXCLUDED.lease_expires_at,
            finished_at = NULL,
-           error = ''
+           error = '',
+           holder_job_id = EXCLUDED.holder_job_id
      WHERE r.status <> 'success'
-       AND (r.status <> 'running' OR r.lease_expires_at < now())
+       AND (r.status <> 'running'
+            OR r.lease_expires_at < now()
+            OR r.holder_job_id = %(job_id)s
+            OR (r.holder_job_id IS NOT NULL
+                AND NOT EXISTS (SELECT 1
+                                  FROM procrastinate_jobs j
+                                 WHERE j.id = r.holder_job_id AND j.status = 'doing')))
     RETURNING r.id, r.attempts
 )
 SELECT 'claimed' AS outcome, id, attempts FROM claimed
@@ -262,11 +288,21 @@ SELECT id
 SELECT procrastinate_retry_job_v2(%(job_id)s, now(), NULL, NULL, NULL);
 
 -- cancel_waiting_job --
--- Cancel a job only while it waits, returning what its give-up hook needs.
-UPDATE procrastinate_jobs
-   SET status = 'cancelled'
- WHERE id = %(job_id)s AND status = 'todo'
-RETURNING task_name, args;
+-- Cancel a job only while it waits and, in the same statement, record that it owes its
+-- task's give-up hook (%(owed_reason)s not NULL). Back comes the job's task name.
+WITH cancelled AS (
+    UPDATE procrastinate_jobs
+       SET status = 'cancelled'
+     WHERE id = %(job_id)s AND status = 'todo'
+    RETURNING id, task_name, args
+), owed AS (
+    INSERT INTO pgstage_owed_give_ups (job_id, task_name, args, reason)
+    SELECT id, task_name, args, %(owed_reason)s::text
+      FROM cancelled
+     WHERE %(owed_reason)s::text IS NOT NULL
+    ON CONFLICT (job_id) DO NOTHING
+)
+SELECT task_name FROM cancelled;
 
 -- inline_sweep_clock --
 -- Under an inline sweep's try-lock: record this run; when the previous one was longer ago
@@ -288,17 +324,36 @@ RETURNING resumed_at,
           extract(epoch FROM now() - (SELECT last_run FROM previous)) AS unwatched_seconds;
 
 -- take_owed_give_up --
--- One give-up hook still owed (this job's, or the oldest) of a task whose hook this
--- process has (%(hooked)s: a worker of another release, or with other task modules,
--- leaves the row for one that has it), taken for the caller's transaction, which runs the
--- hook: committed, the hook ran once; rolled back (the worker died), the row is back for
--- the next run. SKIP LOCKED: two workers never run one hook.
+-- One give-up still owed (this job's, or the oldest) of a task this process knows
+-- (%(known)s: a worker of another release, or with other task modules, leaves the row for
+-- one that knows it), taken for the caller's transaction, which runs the hook (if the
+-- task has one): committed, the hook ran once; rolled back (the worker died), the row is
+-- back for the next run. SKIP LOCKED: two workers never run one hook.
 DELETE FROM pgstage_owed_give_ups
  WHERE job_id = (SELECT job_id
                    FROM pgstage_owed_give_ups
                   WHERE (%(job_id)s::bigint IS NULL OR job_id = %(job_id)s::bigint)
-                    AND task_name = ANY(%(hooked)s::text[])
+                    AND task_name = ANY(%(known)s::text[])
                   ORDER BY created_at, job_id
                   LIMIT 1
                     FOR UPDATE SKIP LOCKED)
 RETURNING job_id, task_name, args, reason;
+
+-- unrunnable_tasks --
+-- Waiting jobs whose task no live worker has (workers register their task names in
+-- pgstage_worker_tasks; a worker is live when it beat within %(seconds)s s), per task
+-- name. A worker fetches only its own tasks' jobs, so these wait for a worker that has
+-- the task. A worker of a release before pgstage_worker_tasks registers no names and
+-- counts for none.
+WITH live AS (
+    SELECT DISTINCT unnest(t.task_names) AS task_name
+      FROM pgstage_worker_tasks t
+      JOIN procrastinate_workers w ON w.id = t.worker_id
+     WHERE w.last_heartbeat >= now() - %(seconds)s * interval '1 second'
+)
+SELECT j.task_name, count(*) AS jobs, min(j.id) AS oldest_job_id
+  FROM procrastinate_jobs j
+ WHERE j.status = 'todo'
+   AND NOT EXISTS (SELECT 1 FROM live WHERE live.task_name = j.task_name)
+ GROUP BY j.task_name
+ ORDER BY j.task_name;

@@ -1,3 +1,67 @@
+-- fetch_job --
+-- procrastinate_fetch_job_v2 (procrastinate 3.10) with one more condition: only jobs of
+-- the task names this worker has (%(task_names)s), as pg-boss and Oban workers subscribe
+-- by name. A job of a task it lacks (a newer release's task during a rolling deploy,
+-- other PGSTAGE_TASK_MODULES) waits for a worker that has it, instead of being fetched
+-- and failed for good (TaskNotFound). The rest is procrastinate's fetch word for word
+-- (tests/queueing/test_fetch.py keeps it so). One row, all NULL when no job is ready, as
+-- procrastinate's.
+WITH candidate AS (
+    SELECT jobs.*
+        FROM procrastinate_jobs AS jobs
+        WHERE
+            -- reject the job if its lock has earlier or higher priority jobs
+            NOT EXISTS (
+                SELECT 1
+                    FROM procrastinate_jobs AS other_jobs
+                    WHERE
+                        jobs.lock IS NOT NULL
+                        AND other_jobs.lock = jobs.lock
+                        AND (
+                            -- job with same lock is already running
+                            other_jobs.status = 'doing'
+                            OR
+                            -- job with same lock is waiting and has higher priority (or same priority but was queued first)
+                            (
+                                other_jobs.status = 'todo'
+                                AND (
+                                    other_jobs.priority > jobs.priority
+                                    OR (
+                                    other_jobs.priority = jobs.priority
+                                    AND other_jobs.id < jobs.id
+                                    )
+                                )
+                            )
+                        )
+            )
+            AND jobs.status = 'todo'
+            AND (%(queues)s::varchar[] IS NULL OR jobs.queue_name = ANY( %(queues)s::varchar[] ))
+            AND (jobs.scheduled_at IS NULL OR jobs.scheduled_at <= now())
+            AND jobs.task_name = ANY( %(task_names)s::varchar[] )
+        ORDER BY jobs.priority DESC, jobs.id ASC LIMIT 1
+        FOR UPDATE OF jobs SKIP LOCKED
+), fetched AS (
+UPDATE procrastinate_jobs
+    SET status = 'doing', worker_id = %(worker_id)s
+    FROM candidate
+    WHERE procrastinate_jobs.id = candidate.id
+    RETURNING procrastinate_jobs.*
+)
+SELECT id, status, task_name, priority, lock, queueing_lock, args, scheduled_at, queue_name, attempts, worker_id
+  FROM (SELECT) AS one LEFT JOIN fetched ON true;
+
+-- register_worker --
+-- procrastinate's registration, and in the same statement the task names this worker
+-- has (pgstage_worker_tasks, deleted with the worker's row): what tells a job whose task
+-- no live worker has (queueing.jobs.unrunnable_tasks).
+WITH registered AS (
+    SELECT worker_id FROM procrastinate_register_worker_v1()
+), tasks AS (
+    INSERT INTO pgstage_worker_tasks (worker_id, task_names)
+    SELECT worker_id, %(task_names)s::text[] FROM registered
+)
+SELECT worker_id FROM registered;
+
 -- beat --
 -- Refresh this worker's heartbeat; no row back means its row is gone (pruned while the
 -- worker could not reach the database), and it must register again.
@@ -14,6 +78,9 @@ RETURNING id;
 -- without its jobs.
 WITH registered AS (
     INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id
+), tasks AS (
+    INSERT INTO pgstage_worker_tasks (worker_id, task_names)
+    SELECT id, %(task_names)s::text[] FROM registered
 ), adopted AS (
     UPDATE procrastinate_jobs
        SET worker_id = (SELECT id FROM registered)
@@ -64,16 +131,41 @@ SELECT id FROM finished;
 
 -- retry_job_fenced --
 -- procrastinate's retry, only while the job is still this worker's (see finish_job_fenced).
+-- procrastinate ends a job whose abort was requested 'failed' instead of retrying it:
+-- that is a give-up, and records the owed hook in this statement (%(abort_reason)s not
+-- NULL: its task has a hook). Back comes whether it was aborted.
 WITH mine AS (
-    SELECT id
+    SELECT id, task_name, args, abort_requested
       FROM procrastinate_jobs
      WHERE id = %(job_id)s
        AND status = 'doing'
        AND (worker_id = %(worker_id)s OR worker_id IS NULL)
        FOR UPDATE
+), retried AS (
+    SELECT id, task_name, args, abort_requested,
+           procrastinate_retry_job_v2(id, %(retry_at)s, %(priority)s, %(queue)s, %(lock)s)
+      FROM mine
+), owed AS (
+    INSERT INTO pgstage_owed_give_ups (job_id, task_name, args, reason)
+    SELECT id, task_name, args, %(abort_reason)s::text
+      FROM retried
+     WHERE abort_requested AND %(abort_reason)s::text IS NOT NULL
+    ON CONFLICT (job_id) DO NOTHING
 )
-SELECT procrastinate_retry_job_v2(id, %(retry_at)s, %(priority)s, %(queue)s, %(lock)s)
-  FROM mine;
+SELECT id, abort_requested FROM retried;
+
+-- poll_job_fenced --
+-- Put the job back to wait until %(retry_at)s without counting an attempt: its run did
+-- not fail, the work is held by another live holder (queueing.exceptions.PollLater).
+-- Only while the job is still this worker's and no abort was requested (no row back:
+-- the caller then saves it as procrastinate's retry would, which ends an aborted job).
+UPDATE procrastinate_jobs
+   SET status = 'todo', scheduled_at = %(retry_at)s
+ WHERE id = %(job_id)s
+   AND status = 'doing'
+   AND NOT abort_requested
+   AND (worker_id = %(worker_id)s OR worker_id IS NULL)
+RETURNING id;
 
 -- orphans --
 -- Jobs this worker was given but never heard of: the fetch committed, then the connection

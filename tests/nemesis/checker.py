@@ -5,7 +5,8 @@ A job may run again when its run's outcome could not be saved — its worker die
 cut off (SIGKILL, exit, a partition past the stall threshold), or its connection failed
 under it (a reset, a terminated session, a database restart or refusal, a statement
 timeout) — but a worker that is alive and reachable keeps its job: no sweep, operator or
-recovery takes it while it heart-beats (DESIGN §5.12, and docs/reliability.md "silence
+recovery takes it while it heart-beats (invariant 12 of
+docs/design.md, and docs/reliability.md "silence
 counts from the server's start and from when recovery resumed"). So the properties:
 
 Generic jobs (their effects are lines outside the database, :mod:`tests.nemesis.effects`):

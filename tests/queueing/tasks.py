@@ -9,7 +9,9 @@ from django.db import connection, transaction
 
 from queueing.app import task
 from queueing.enqueue import enqueue
-from queueing.exceptions import DoNotRetry
+from queueing.exceptions import DoNotRetry, PollLater
+from queueing.ledger import Ledger
+from tests.queueing.models import Step
 
 
 def record(label: str) -> None:
@@ -100,3 +102,26 @@ def two_phase(label: str, first: str, second: str) -> None:
     while not release.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     record(f"{label}:finished")
+
+
+STEPS = Ledger(model=Step, key_fields=("unit", "stage"), lease_seconds=600)
+
+
+@task(name="tests.stage")
+def stage(unit: str, hold: str) -> None:
+    """A stage in the ledger (lease 600 s): its first run to claim holds it until the file
+    ``hold`` exists; later runs compute at once. Busy polls (``PollLater``)."""
+    claim = STEPS.claim(unit=unit, stage="s")
+    if claim.outcome == "done":
+        record(f"{unit}:skipped")
+        return
+    if not claim.claimed:
+        raise PollLater(f"stage {unit} is held elsewhere")
+    record(f"{unit}:claimed:{claim.token}")
+    if claim.token == 1:
+        deadline = time.monotonic() + 120
+        while not Path(hold).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    with transaction.atomic():
+        STEPS.complete(claim)
+        record(f"{unit}:completed")

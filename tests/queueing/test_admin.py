@@ -177,3 +177,22 @@ def test_sweeps_need_staff_and_the_job_view_permission(client):
     staff.user_permissions.add(Permission.objects.get(codename="view_procrastinatejob"))
     assert client.get(url).status_code == 200
     assert jobs(task_name="queueing.sweep.admin_swept") == []
+
+
+def test_the_job_list_shows_jobs_no_live_worker_can_run(staff_client):
+    with connection.cursor() as cursor:
+        # A live worker that has tests.record, none that has tests.settled.
+        cursor.execute("INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id")
+        (live,) = cursor.fetchone()
+        cursor.execute(
+            "INSERT INTO pgstage_worker_tasks VALUES (%s, ARRAY['tests.record'])", [live]
+        )
+    runnable = enqueue("tests.record", args={"label": "runs"})
+    stranded = enqueue("tests.settled", args={"label": "stranded"})
+
+    page = staff_client.get(JOB_LIST)
+    [warning] = [str(m) for m in page.context["messages"]]
+    assert "1 job(s) of task tests.settled wait: no live worker has this task" in warning
+    filtered = staff_client.get(f"{JOB_LIST}?runnable=no_worker")
+    assert [j.pk for j in filtered.context["cl"].result_list] == [stranded.job_id]
+    assert runnable.job_id not in [j.pk for j in filtered.context["cl"].result_list]

@@ -10,6 +10,11 @@ claim
 compute
   - the holder dies, its lease runs out: a successor claims with token + 1, the old holder
     is fenced off (test_expired_lease_is_reclaimed_and_the_old_holder_is_fenced_off)
+  - the holder's worker dies and stalled recovery takes its job back: its lease is dead
+    at once, for other jobs (test_a_holder_whose_job_recovery_took_back_loses_its_lease_at_once)
+    and for the job's own new run (test_a_new_run_of_the_holders_own_job_takes_over_at_once);
+    with real workers, SIGKILL mid-stage: faults/test_dead_holder.py; a claim outside any
+    job is held by its lease alone (test_a_claim_outside_a_job_is_held_by_its_lease_alone)
   - the holder lives longer than its lease: the renewal keeps it; a second claimer is
     *busy* (test_renewal_keeps_a_live_holders_lease_past_its_length)
   - the holder stalled and was taken over while its renewal thread runs: the stale
@@ -31,9 +36,12 @@ from __future__ import annotations
 import pytest
 from django.db import OperationalError, connection, transaction
 
+import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
+from queueing import current
+from queueing.enqueue import enqueue
 from queueing.exceptions import LeaseLost
 from queueing.ledger import Ledger, Outcome
-from tests.conftest import run_concurrently, wait_for
+from tests.conftest import make_doing, run_concurrently, wait_for
 from tests.queueing.models import Step
 
 LEDGER = Ledger(model=Step, key_fields=("unit", "stage"), lease_seconds=60)
@@ -205,3 +213,48 @@ def test_the_renewal_thread_closes_its_connection():
         wait_for(lambda: renewal.renewals >= 1, timeout=10, message="a renewal")
         assert backends() == before + 1
     wait_for(lambda: backends() == before, timeout=10, message="the renewal's connection closed")
+
+
+def _job_doing() -> int:
+    """A job a live worker runs now."""
+    job = enqueue("tests.record", args={"label": "holder"})
+    make_doing(job.job_id, heartbeat_age_s=0)
+    return job.job_id
+
+
+def test_a_holder_whose_job_recovery_took_back_loses_its_lease_at_once(clean_queue):
+    holder, other = _job_doing(), _job_doing()
+    with current.running(holder):
+        held = LEDGER.claim(unit="dead", stage="s")
+    assert held.claimed
+    # While the holder's job runs, its lease holds, for other jobs and outside any job.
+    with current.running(other):
+        assert LEDGER.claim(unit="dead", stage="s").outcome is Outcome.BUSY
+    assert LEDGER.claim(unit="dead", stage="s").outcome is Outcome.BUSY
+    # Stalled recovery declared the holder's worker dead and put its job back: the lease
+    # (590 s to go) is dead with it, and the next poll takes over.
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE procrastinate_jobs SET status = 'todo' WHERE id = %s", [holder])
+    with current.running(other):
+        taken = LEDGER.claim(unit="dead", stage="s")
+    assert taken.claimed and taken.token == 2
+    with pytest.raises(LeaseLost):
+        LEDGER.complete(held)
+    assert Step.objects.get(pk=taken.entry_id).holder_job_id == other
+
+
+def test_a_new_run_of_the_holders_own_job_takes_over_at_once(clean_queue):
+    """Recovery took the job back and a worker runs it again (it is ``doing`` again): its
+    new run is not blocked by the lease of its own dead run."""
+    job = _job_doing()
+    with current.running(job):
+        first = LEDGER.claim(unit="rerun", stage="s")
+        again = LEDGER.claim(unit="rerun", stage="s")
+    assert first.claimed and again.claimed and again.token == 2
+
+
+def test_a_claim_outside_a_job_is_held_by_its_lease_alone(clean_queue):
+    held = LEDGER.claim(unit="lease", stage="s")
+    assert held.claimed and Step.objects.get(pk=held.entry_id).holder_job_id is None
+    with current.running(_job_doing()):
+        assert LEDGER.claim(unit="lease", stage="s").outcome is Outcome.BUSY

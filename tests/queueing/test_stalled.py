@@ -9,7 +9,11 @@ A job runs, and
 - its worker's row was pruned: test_a_job_without_a_worker_row_is_recovered
 - it retried (RetryLater, backoff), then lost its worker:
   test_retries_do_not_spend_the_stall_budget
-- its workers keep dying: test_the_stall_budget_fails_the_job_and_settles_its_domain
+- its workers keep dying: test_the_stall_budget_fails_the_job_and_settles_its_domain;
+  the recovering process lacks the task:
+  test_a_give_up_by_recovery_in_a_process_without_the_task_is_owed (with real workers:
+  faults/test_owed_give_ups.py); its task has no hook:
+  test_a_give_up_of_a_task_without_a_hook_owes_nothing
 - an abort was requested, then its worker died: test_an_aborted_stalled_job_is_not_run_again
 - the server restarts (every heartbeat is old, the workers alive): acceptance,
   test_a_database_restart_loses_and_repeats_nothing; a crash restart or failover, which
@@ -47,7 +51,7 @@ from django.urls import reverse
 from procrastinate.contrib.django import app
 
 import tests.queueing.tasks  # noqa: F401
-from queueing import locks
+from queueing import giveup, locks
 from queueing.enqueue import Policy, enqueue
 from queueing.jobs import RetryOutcome, job_retry
 from queueing.sweeps import SWEEP_LOCK, request_sweep, run_sweep
@@ -63,6 +67,12 @@ def stalls(job_id: int) -> int:
         cursor.execute("SELECT stalls FROM pgstage_job_stalls WHERE job_id = %s", [job_id])
         row = cursor.fetchone()
     return row[0] if row else 0
+
+
+def owed() -> list[int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT job_id FROM pgstage_owed_give_ups ORDER BY job_id")
+        return [row[0] for row in cursor.fetchall()]
 
 
 def test_live_workers_jobs_are_left_alone(clean_queue):
@@ -108,9 +118,38 @@ def test_the_stall_budget_fails_the_job_and_settles_its_domain(effects, settings
         assert run_sweep("stalled_jobs").notes == {expected: 1}
     [row] = jobs()
     assert row["status"] == "failed" and stalls(job.job_id) == 3
-    # The task's give-up hook ran once, with the job's arguments and why.
+    # The statement that failed it recorded the hook it owes; recovery runs no hook (its
+    # worker may lack it), a worker's hooks loop does: once, with the arguments and why.
+    assert owed() == [job.job_id] and given_up(effects()) == {}
+    assert giveup.settle_owed() == 1 and giveup.settle_owed() == 0
     [(label, reason)] = given_up(effects()).items()
     assert label == "s" and "lost its worker 3 times" in reason
+    assert owed() == []
+
+
+def test_a_give_up_by_recovery_in_a_process_without_the_task_is_owed(effects, settings):
+    """The recovering process does not know the task (another release's worker): the
+    give-up is recorded all the same, for a process that has the hook."""
+    settings.QUEUEING_STALLED_MAX_RECOVERIES = 0
+    job = enqueue("tests.settled", args={"label": "elsewhere"})
+    make_doing(job.job_id)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE procrastinate_jobs SET task_name = 'tests.not_in_this_release' WHERE id = %s",
+            [job.job_id],
+        )
+    assert run_sweep("stalled_jobs").notes == {"gave_up": 1}
+    assert owed() == [job.job_id]
+    # This process cannot settle it (it does not know the task): the row waits.
+    assert giveup.settle_owed() == 0 and owed() == [job.job_id]
+
+
+def test_a_give_up_of_a_task_without_a_hook_owes_nothing(clean_queue, settings):
+    settings.QUEUEING_STALLED_MAX_RECOVERIES = 0
+    job = enqueue("tests.record", args={"label": "no-hook"})
+    make_doing(job.job_id)
+    assert run_sweep("stalled_jobs").notes == {"gave_up": 1}
+    assert owed() == []
 
 
 def test_an_aborted_stalled_job_is_not_run_again(effects):
@@ -121,7 +160,9 @@ def test_an_aborted_stalled_job_is_not_run_again(effects):
             "UPDATE procrastinate_jobs SET abort_requested = true WHERE id = %s", [job.job_id]
         )
     assert run_sweep("stalled_jobs").notes == {"aborted": 1}
-    assert jobs()[0]["status"] == "aborted" and "a" in given_up(effects())
+    assert jobs()[0]["status"] == "aborted" and owed() == [job.job_id]
+    giveup.settle_owed()
+    assert "a" in given_up(effects())
 
 
 def test_fresh_job_holding_the_queueing_lock_supersedes_the_stalled_one(clean_queue):

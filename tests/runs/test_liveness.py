@@ -25,6 +25,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from queueing import giveup
 from queueing.jobs import job_cancel
 from queueing.sweeps import run_sweep
 from runs import admission, processing
@@ -100,6 +101,9 @@ def test_stalled_recovery_giving_up_settles_the_analysis(clean_queue, settings):
     make_doing(job["id"], heartbeat_age_s=3600)
 
     assert run_sweep("stalled_jobs").notes == {"gave_up": 1}
+    # Recovery records the give-up; a process that has the hook runs it.
+    assert status(first.id) == JobStatus.RUNNING
+    assert giveup.settle_owed(job_id=job["id"]) == 1
     assert status(first.id) == JobStatus.FAILED and refunds(first.id) == 1
     assert status(second.id) == JobStatus.PENDING
 

@@ -167,6 +167,7 @@ class Analyses(RuleBasedStateMachine):
                         "priority": None,
                         "queue": None,
                         "lock": None,
+                        "abort_reason": None,
                     },
                 )
                 return True

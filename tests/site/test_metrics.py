@@ -214,3 +214,12 @@ def test_admission_rejections_are_counted_by_reason_and_write_nothing(client, sc
     assert rejections("invalid_payload") == before_payload + 1
     assert rejections("unauthenticated") == 0.0
     assert not AnalysisJob.objects.filter(user=broke).exists()
+
+
+def test_jobs_no_live_worker_can_run_are_a_gauge_per_task(scrape):
+    from queueing.enqueue import enqueue
+
+    enqueue("runs.process_job", args={"job_id": 1, "tenant": 1})
+    enqueue("runs.process_job", args={"job_id": 2, "tenant": 1})
+    # No worker runs in this test: nobody has the task.
+    assert value(scrape(), "pgstage_jobs_without_worker", task="runs.process_job") == 2

@@ -33,3 +33,9 @@ def _settle(*, reason: str, label: str, **_: object) -> None:
 def fails_once_for_good(label: str) -> None:
     record(f"ran:{label}")
     raise DoNotRetry(f"{label} fails for good")
+
+
+@task(name="review.added_in_next_release", on_give_up=_settle)
+def added_in_next_release(label: str) -> None:
+    """A task only the next release's workers have (they load this module)."""
+    record(f"ran:{label}")

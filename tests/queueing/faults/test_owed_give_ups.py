@@ -14,7 +14,9 @@ import json
 import pytest
 from django.db import connection
 
-from tests.conftest import wait_for
+import tests.queueing.faults.tasks  # noqa: F401  (this process enqueues its jobs)
+from queueing.enqueue import enqueue
+from tests.conftest import jobs, make_doing, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -72,3 +74,24 @@ def test_a_worker_without_the_hook_does_not_eat_an_owed_give_up(effects, task_wo
     finally:
         with connection.cursor() as cursor:
             cursor.execute("DELETE FROM pgstage_owed_give_ups")
+
+
+def test_a_give_up_by_stalled_recovery_in_a_worker_without_the_hook_runs_on_one_with_it(
+    effects, task_worker
+):
+    """Stalled recovery spends a job's stall budget in a worker that lacks the task's
+    hook. Before the fix it ran the hook inline (none there), recorded nothing owed, and
+    the hook never ran; now the statement that fails the job records the owed hook."""
+    job = enqueue("review.fails_once_for_good", args={"label": "stalled"})
+    make_doing(job.job_id, heartbeat_age_s=3600)  # its worker died long ago
+    other = task_worker(env={**FAST, "STALLED_JOB_MAX_RECOVERIES": "0"}, name="other-tasks")
+    wait_for(lambda: jobs()[0]["status"] == "failed", message="recovery gives the job up")
+    _wait_for_recovery_passes(3)  # its owed-hook loop runs on the same cadence
+    assert _owed() == [(job.job_id, "review.fails_once_for_good")], other.log()[-2000:]
+    assert "gave-up:stalled" not in effects()
+
+    task_worker(env=KNOWS_HOOK, name="knows-the-hook")
+    wait_for(lambda: "gave-up:stalled" in effects(), message="the owed hook")
+    wait_for(lambda: _owed() == [], message="the owed row settled")
+    _wait_for_recovery_passes(2)
+    assert effects().count("gave-up:stalled") == 1 and "ran:stalled" not in effects()

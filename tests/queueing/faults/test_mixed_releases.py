@@ -1,0 +1,103 @@
+"""Mixed releases during a rolling deploy, with real worker subprocesses (docs/deploy.md).
+
+A worker fetches only jobs of the tasks it has. Fault model — while workers of two
+releases run side by side:
+- the new release adds a task; only old workers run so far:
+  test_a_new_task_waits_on_old_workers_and_runs_on_a_new_one (before the fix, an old
+  worker fetched its job and failed it for good, TaskNotFound, with no give-up owed);
+- the new release removes a task whose jobs still wait; only new workers run:
+  test_a_removed_tasks_jobs_wait_visibly_and_a_cancel_settles_them.
+Each such job is visible: one log line per task name (not per job or per check), the job
+admin (``test_admin.py``) and ``/metrics`` (``tests/site``).
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+import tests.queueing.faults.tasks  # noqa: F401  (this process knows the new release's task)
+from queueing.enqueue import enqueue
+from queueing.jobs import job_cancel, unrunnable_tasks
+from tests.conftest import jobs, wait_for
+from tests.queueing.faults.test_owed_give_ups import _wait_for_recovery_passes
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+FAST = {
+    "WORKER_HEARTBEAT_SECONDS": "0.5",
+    "STALLED_WORKER_SECONDS": "3",
+    "STALLED_RECOVERY_SECONDS": "1",
+    "UNRUNNABLE_CHECK_SECONDS": "0.5",
+    "WORKER_POLLING_SECONDS": "0.5",
+}
+OLD_RELEASE = {**FAST, "PGSTAGE_TASK_MODULES": "tests.queueing.tasks"}
+NEW_RELEASE = {
+    **FAST,
+    "PGSTAGE_TASK_MODULES": "tests.queueing.tasks,tests.queueing.faults.tasks",
+}
+
+
+def _owed() -> list[int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT job_id FROM pgstage_owed_give_ups ORDER BY job_id")
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _waiting_lines(log: str, task_name: str) -> list[str]:
+    return [line for line in log.splitlines() if f"of task {task_name} wait" in line]
+
+
+def test_a_new_task_waits_on_old_workers_and_runs_on_a_new_one(effects, task_worker):
+    old = task_worker(env=OLD_RELEASE, name="old-release")
+    new_task = enqueue("review.added_in_next_release", args={"label": "n"})
+    known = enqueue("tests.record", args={"label": "known"})
+    # The old worker runs what it has, and only says, once, that the new task's job waits.
+    wait_for(lambda: "known" in effects(), message="the old worker's own job")
+    wait_for(
+        lambda: _waiting_lines(old.log(), "review.added_in_next_release"),
+        message="the old worker's line about the job it cannot run",
+    )
+    _wait_for_recovery_passes(3)  # several more checks (they run twice as often)
+    assert len(_waiting_lines(old.log(), "review.added_in_next_release")) == 1
+    by_id = {j["id"]: j for j in jobs()}
+    assert by_id[new_task.job_id]["status"] == "todo", old.log()[-2000:]
+    assert by_id[new_task.job_id]["attempts"] == 0 and by_id[known.job_id]["status"] == "succeeded"
+    assert [u.task_name for u in unrunnable_tasks()] == ["review.added_in_next_release"]
+    assert _owed() == [] and "ran:n" not in effects()
+
+    task_worker(env=NEW_RELEASE, name="new-release")
+    wait_for(lambda: "ran:n" in effects(), message="the new worker runs the new task's job")
+    wait_for(lambda: {j["id"]: j["status"] for j in jobs()}[new_task.job_id] == "succeeded")
+    assert effects().count("ran:n") == 1
+    assert unrunnable_tasks() == [] and _owed() == []
+    wait_for(
+        lambda: "jobs of task review.added_in_next_release no longer wait" in old.log(),
+        message="the old worker's all-clear",
+    )
+
+
+def test_a_removed_tasks_jobs_wait_visibly_and_a_cancel_settles_them(effects, task_worker):
+    new = task_worker(
+        env={**FAST, "PGSTAGE_TASK_MODULES": "tests.queueing.tasks,tests.queueing.faults.retired"},
+        name="new-release",
+    )
+    # A job an old worker of the previous release would have run: no process of this
+    # release (this one included) has the task any more.
+    job = enqueue("tests.settled", args={"label": "gone"})
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE procrastinate_jobs SET task_name = 'review.removed' WHERE id = %s", [job.job_id]
+        )
+    wait_for(lambda: _waiting_lines(new.log(), "review.removed"), message="the waiting line")
+    assert jobs()[0]["status"] == "todo" and jobs()[0]["attempts"] == 0
+    assert [u.task_name for u in unrunnable_tasks()] == ["review.removed"]
+
+    # The operator cancels it (the job admin's action calls the same service): the cancel
+    # records the give-up it owes, and the worker that kept the retired task's hook runs it.
+    assert job_cancel(job_id=job.job_id, actor="operator") is True
+    assert jobs()[0]["status"] == "cancelled"
+    wait_for(lambda: "gave-up:gone" in effects(), message="the retired task's hook")
+    wait_for(lambda: _owed() == [], message="the owed row settled")
+    assert effects().count("gave-up:gone") == 1
+    assert unrunnable_tasks() == []
