@@ -14,7 +14,7 @@ admin (``test_admin.py``) and ``/metrics`` (``tests/site``).
 from __future__ import annotations
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 import tests.queueing.faults.tasks  # noqa: F401  (this process knows the new release's task)
 from queueing.enqueue import enqueue
@@ -84,19 +84,23 @@ def test_a_removed_tasks_jobs_wait_visibly_and_a_cancel_settles_them(effects, ta
     )
     # A job an old worker of the previous release would have run: no process of this
     # release (this one included) has the task any more.
-    job = enqueue("tests.settled", args={"label": "gone"})
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE procrastinate_jobs SET task_name = 'review.removed' WHERE id = %s", [job.job_id]
-        )
+    # (Renamed in the enqueue's transaction, so the worker never sees it as tests.settled.)
+    with transaction.atomic():
+        job = enqueue("tests.settled", args={"label": "gone"})
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE procrastinate_jobs SET task_name = 'review.removed' WHERE id = %s",
+                [job.job_id],
+            )
     wait_for(lambda: _waiting_lines(new.log(), "review.removed"), message="the waiting line")
-    assert jobs()[0]["status"] == "todo" and jobs()[0]["attempts"] == 0
+    [row] = jobs(id=job.job_id)
+    assert row["status"] == "todo" and row["attempts"] == 0
     assert [u.task_name for u in unrunnable_tasks()] == ["review.removed"]
 
     # The operator cancels it (the job admin's action calls the same service): the cancel
     # records the give-up it owes, and the worker that kept the retired task's hook runs it.
     assert job_cancel(job_id=job.job_id, actor="operator") is True
-    assert jobs()[0]["status"] == "cancelled"
+    assert jobs(id=job.job_id)[0]["status"] == "cancelled"
     wait_for(lambda: "gave-up:gone" in effects(), message="the retired task's hook")
     wait_for(lambda: _owed() == [], message="the owed row settled")
     assert effects().count("gave-up:gone") == 1
