@@ -8,7 +8,7 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-    dependencies = [("queueing", "0006_owed_give_ups")]
+    dependencies = [("queueing", "0007_metrics_snapshot")]
 
     operations = [
         migrations.RunSQL(
