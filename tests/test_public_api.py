@@ -15,7 +15,7 @@ from tests.conftest import ROOT
 PAGE = (ROOT / "docs" / "api.md").read_text()
 
 PUBLIC = {
-    "queueing.app": ["task", "periodic"],
+    "queueing.app": ["task", "periodic", "retired_task"],
     "queueing.keys": ["KeyFormat", "validate_key"],
     "queueing.enqueue": ["enqueue", "job_params", "Policy", "Enqueued"],
     "queueing.ledger": ["LedgerEntry", "Ledger", "Claim", "Outcome", "LedgerStatus"],
@@ -31,6 +31,8 @@ PUBLIC = {
         "request_sweep",
         "sweeps",
         "get_sweep",
+        "watch",
+        "Watch",
     ],
     "queueing.backoff": ["JitteredBackoff", "DEFAULT_RETRY", "retry_from_settings"],
     "queueing.exceptions": [
@@ -43,8 +45,16 @@ PUBLIC = {
         "UnknownTask",
         "UnknownSweep",
         "RowVanished",
+        "PollLater",
     ],
-    "queueing.jobs": ["job_retry", "job_cancel", "Retried", "CancelRefused"],
+    "queueing.jobs": [
+        "job_retry",
+        "job_cancel",
+        "Retried",
+        "CancelRefused",
+        "unrunnable_tasks",
+        "Unrunnable",
+    ],
     "queueing.logs": ["PlainFormatter", "JsonFormatter", "JobEventFilter", "register_key_format"],
     "queueing.health": ["healthz_view", "readyz_view", "readiness", "Check"],
     "queueing.metrics": ["metrics_view", "MetricSource", "Family", "PROCESS_REGISTRY"],
