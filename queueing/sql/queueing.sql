@@ -284,7 +284,13 @@ SELECT id
  LIMIT 1;
 
 -- retry_failed_job --
--- procrastinate's retry of a failed job, at once.
+-- procrastinate's retry of a failed job, at once. In the same statement, the give-up it
+-- still owes (recorded when it failed, not yet settled by a process that has its hook)
+-- is withdrawn: the job is no longer given up, and its hook run behind (or during) the new
+-- run would settle a domain row that is being worked on. Failing again records it anew.
+WITH withdrawn AS (
+    DELETE FROM pgstage_owed_give_ups WHERE job_id = %(job_id)s
+)
 SELECT procrastinate_retry_job_v2(%(job_id)s, now(), NULL, NULL, NULL);
 
 -- cancel_waiting_job --

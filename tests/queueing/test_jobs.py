@@ -23,6 +23,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 
 import tests.queueing.tasks  # noqa: F401
+from queueing import giveup
 from queueing.enqueue import Policy, enqueue
 from queueing.jobs import CancelRefused, RetryOutcome, job_cancel, job_retry
 from queueing.sql import queries
@@ -166,3 +167,22 @@ def test_a_task_whose_work_nothing_else_would_do_cannot_be_cancelled(clean_queue
     with pytest.raises(CancelRefused, match=r"\(tests.record\) cannot be cancelled"):
         job_cancel(job_id=job.job_id, actor="admin:ops")
     assert status(job.job_id) == "todo"
+
+
+def test_retrying_a_failed_job_withdraws_the_give_up_it_still_owes(clean_queue):
+    # A worker without the hook gave the job up (stalled recovery, or a worker of another
+    # release): the statement recorded the hook as owed, for a worker that has it. Before
+    # one settles it, an operator retries the job: it is no longer given up, and its hook
+    # must not run behind (or during) its new run.
+    job = enqueue("tests.settled", args={"label": "retried"})
+    with connection.cursor() as cursor:
+        cursor.execute(
+            queries["end_stalled_job"],
+            {"job_id": job.job_id, "status": "failed", "owed_reason": "its worker died"},
+        )
+    assert job_retry(job_id=job.job_id).outcome is RetryOutcome.RETRIED
+    assert status(job.job_id) == "todo"
+    assert giveup.settle_owed() == 0
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pgstage_owed_give_ups WHERE job_id = %s", [job.job_id])
+        assert cursor.fetchone()[0] == 0
