@@ -195,6 +195,14 @@ def test_a_worker_whose_row_was_pruned_registers_again_and_keeps_its_job(
     wait_for(lambda: "registered again" in worker.log(), message=f"re-registration\n{worker.log()}")
     [adopted] = jobs(task_name="tests.block")
     assert adopted["worker_id"] not in (None, running["worker_id"])
+    # Its new row says which tasks it has: its tasks' jobs do not look unrunnable.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT task_names FROM pgstage_worker_tasks WHERE worker_id = %s",
+            [adopted["worker_id"]],
+        )
+        [(names,)] = cursor.fetchall()
+    assert "tests.block" in names
     assert run_sweep("stalled_jobs").selected == 0
     release.touch()
     wait_for(lambda: statuses() == {"tests.block": ["succeeded"]}, message="job end")
