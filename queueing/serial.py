@@ -78,6 +78,10 @@ class StartJob:
         }
 
 
+#: A session inside a transaction block (a broken one is neither: nothing to roll back).
+_IN_BLOCK = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
+
+
 def _fragments(*parts: str | psql.Composable | None) -> psql.Composable:
     """``, a, b`` for the parts given (nothing when none): a caller's optional SQL."""
     given = [psql.SQL(p) if isinstance(p, str) else p for p in parts if p]
@@ -238,7 +242,8 @@ class SerialQueue:
         raw = connection.connection
         with connection.cursor() as cursor, connection.cursor() as statement_cursor:
             try:
-                with raw.pipeline():
+                # Errors surface at an execute or at the pipeline's end: Django's either way.
+                with connection.wrap_database_errors, raw.pipeline():
                     if own:
                         cursor.execute("BEGIN")
                     if lock is not None:
@@ -247,7 +252,7 @@ class SerialQueue:
                     if own:
                         cursor.execute("COMMIT")
             except BaseException:
-                if own and raw.info.transaction_status != TransactionStatus.IDLE:
+                if own and raw.info.transaction_status in _IN_BLOCK:
                     cursor.execute("ROLLBACK")
                 raise
             return statement_cursor.fetchone()
