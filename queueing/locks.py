@@ -56,6 +56,16 @@ def xact_lock(ns: Namespace, key: str | int, *, using: str = "default") -> None:
         cursor.execute(queries["advisory_xact_lock"], {"namespace": ns.name, "key": str(key)})
 
 
+def xact_lock_statement(ns: Namespace, key: str | int) -> tuple[str, dict[str, str]]:
+    """The statement (and its parameters) that takes the lock on ``(ns, key)``, for a
+    caller that sends it in a pipeline inside a transaction block it opened itself (BEGIN
+    and COMMIT in the same pipeline: ``SerialQueue.admit``), where :func:`xact_lock`'s
+    check of Django's transaction state does not apply."""
+    if _declared.get(ns.name) is not ns:
+        raise UnknownNamespace(f"lock namespace {ns.name!r} was not declared")
+    return queries["advisory_xact_lock"], {"namespace": ns.name, "key": str(key)}
+
+
 def try_xact_lock(ns: Namespace, key: str | int, *, using: str = "default") -> bool:
     """Take the lock on ``(ns, key)`` if free, without waiting; True when taken."""
     _check(ns, using)

@@ -4,7 +4,7 @@
 advisory lock: ``start`` (e.g. ``pending``) when no first-pass sibling is active or
 queued, else ``queued`` — a late admit never jumps the queue; when the slot is free but
 older rows wait (it was freed without a promotion: a crash, an operator), the oldest is
-promoted in the same transaction. *Promote* moves the oldest ``queued`` row to ``start`` under the
+promoted in the same statement. *Promote* moves the oldest ``queued`` row to ``start`` under the
 same lock, only when no sibling is active. Rows with a parent (e.g. delta re-checks) bypass
 the queue: they are born ``start`` and never block it. Two admitters or promoters on the
 same key serialise on the lock, across processes and hosts.
@@ -13,14 +13,17 @@ same key serialise on the lock, across processes and hosts.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from django.db import connections, models, transaction
 from psycopg import sql as psql
+from psycopg.pq import TransactionStatus
 
 from queueing import locks, sql
+from queueing.enqueue import Policy, job_params, queueing_lock_prefix
+from queueing.keys import KeyFormat
 from queueing.rows import model_defaults
 
 
@@ -32,6 +35,59 @@ class Admitted:
     promoted: int | None = None
     #: 1-based place among the key's queued rows (0 when not queued).
     position: int = 0
+    #: The values of the caller's ``report``.
+    report: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refused:
+    """The guard refused: nothing was written. ``report``: the caller's ``report`` values,
+    read under the lock in the refusing statement (which check failed)."""
+
+    report: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartJob:
+    """The job each row gets when it starts (born ``start``, or promoted), enqueued by the
+    admission's own statement: ``task`` with ``args`` plus the row's id under ``id_arg``,
+    keyed by ``key`` (a format whose last part is the row's id; ``leading``: its other
+    parts) under ``policy``. The same columns as ``queueing.enqueue.enqueue`` writes."""
+
+    task: str
+    id_arg: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    key: KeyFormat | None = None
+    leading: Mapping[str, Any] = field(default_factory=dict)
+    policy: Policy = Policy.NONE
+    queue: str | None = None
+
+    def params(self) -> dict[str, Any]:
+        job = job_params(self.task, args=dict(self.args), queue=self.queue)
+        return {
+            "job_queue": job["queue"],
+            "job_task_name": job["task_name"],
+            "job_priority": job["priority"],
+            "job_args": job["args"],
+            "job_id_arg": self.id_arg,
+            "job_lock_prefix": (
+                queueing_lock_prefix(self.key, self.policy, **self.leading)
+                if self.key is not None
+                else None
+            ),
+        }
+
+
+#: A session inside a transaction block (a broken one is neither: nothing to roll back).
+_IN_BLOCK = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
+
+
+def _fragments(*parts: str | psql.Composable | None) -> psql.Composable:
+    """``, a, b`` for the parts given (nothing when none): a caller's optional SQL."""
+    given = [psql.SQL(p) if isinstance(p, str) else p for p in parts if p]
+    if not given:
+        return psql.SQL("")
+    return psql.Composed([psql.SQL(", "), psql.SQL(", ").join(given)])
 
 
 @dataclass(frozen=True)
@@ -83,30 +139,57 @@ class SerialQueue:
         guard: str | None = None,
         then: str | None = None,
         params: Mapping[str, Any] | None = None,
-    ) -> Admitted | None:
+        before: str | None = None,
+        computed: Mapping[str, str] | None = None,
+        report: str | None = None,
+        start_job: StartJob | None = None,
+    ) -> Admitted | Refused:
         """Insert a row for ``key`` born ``start`` or ``queued``, decided atomically under
-        the key's lock (joins the caller's transaction, or opens one), in one statement.
+        the key's lock (joins the caller's transaction, or opens one), in one statement;
+        when the slot is free but older rows wait, the oldest is promoted in it too.
 
-        ``guard`` (a SQL condition) and ``then`` (SQL CTEs over the inserted row,
-        ``admitted``) let the caller check and write in that same statement, with
-        ``params``; a false guard inserts nothing and returns None. Both are named SQL
-        blocks, never built from values. A child row (its parent field set) is born
-        ``start`` and never takes the slot; it still waits for the key's lock when a
-        guard or ``then`` is given, since what they read and write is the key's."""
+        One round trip: the lock, the statement and (in a transaction of its own) the
+        COMMIT go to the server in one pipeline, so the key's lock is held for the
+        server's time only, never across a network wait. The statement runs after the
+        lock, so its snapshot sees every row the lock's previous holder committed.
+
+        The caller may check and write in that same statement, with ``params``: ``before``
+        (SQL CTEs ahead of the INSERT, which may read ``siblings``), ``guard`` (a SQL
+        condition, which may read them: false inserts nothing), ``computed`` (field → SQL
+        value, e.g. the id of a row a ``before`` CTE created), ``then`` (SQL CTEs over the
+        inserted row, ``admitted``) and ``report`` (SQL values returned either way, e.g.
+        which check refused). All are named SQL blocks, never built from values.
+        ``start_job`` enqueues each row that starts (born ``start``, or promoted) in the
+        same statement. A false guard returns :class:`Refused` and leaves nothing.
+
+        A child row (its parent field set) is born ``start`` and never takes the slot; it
+        still waits for the key's lock when the caller checks or writes, since what they
+        read and write is the key's."""
         meta = self.model._meta
         connection = connections[self.using]
+        computed = {meta.get_field(name).name: expr for name, expr in (computed or {}).items()}
         values = {meta.get_field(name).name: value for name, value in values.items()}
-        values = {**model_defaults(self.model, exclude=values.keys()), **values}
+        values = {**model_defaults(self.model, exclude={*values, *computed}), **values}
         values[self.key_field] = key
         decided_in_sql = {self.status_field, self.created_field, self.updated_field}
         fields = [meta.get_field(name) for name in values if name not in decided_in_sql]
         names = tuple(f"v{i}" for i in range(len(fields)))
+        computed_fields = [meta.get_field(name) for name in computed]
         statement = sql.render(
             sql.queries["serial_admit"],
             columns=tuple(f.column for f in fields),
             placeholders=sql.placeholders(names),
             guard=psql.SQL(guard or "true"),
-            then=psql.Composed([psql.SQL(", "), psql.SQL(then)]) if then else psql.SQL(""),
+            before=_fragments(before),
+            computed_columns=_fragments(*(psql.Identifier(f.column) for f in computed_fields)),
+            computed=_fragments(*computed.values()),
+            then=_fragments(then),
+            report=_fragments(report),
+            start_job=psql.SQL(
+                sql.render(sql.queries["serial_admit_start_job"], **self._identifiers)
+                if start_job
+                else ""
+            ),
             **self._identifiers,
         )
         all_params = {**(params or {}), **self._params(key)}
@@ -116,31 +199,63 @@ class SerialQueue:
                 for n, f in zip(names, fields, strict=True)
             }
         )
+        if start_job is not None:
+            all_params.update(start_job.params())
         is_child = values.get(self.parent_field) is not None
+        all_params["is_child"] = is_child
         if is_child:
             # A child never waits and never takes the slot (siblings count only with
             # parent IS NULL): it is born with the start status.
             all_params["queued"] = self.start
         # The lock serialises what the statement decides: the slot, and whatever the
-        # guard reads and ``then`` writes (a balance and its charge are per key for a
-        # child too). Only a child with neither decides nothing that can race.
-        needs_lock = not is_child or guard is not None or then is not None
-        with transaction.atomic(using=self.using, savepoint=False):
-            if needs_lock:
-                locks.xact_lock(self.namespace, key, using=self.using)
-            with connection.cursor() as cursor:
-                cursor.execute(statement, all_params)
-                row = cursor.fetchone()
-            if row is None:
-                return None
-            pk, status, waiting, active = row
-            if is_child or status != self.queued:
-                return Admitted(id=pk, status=status)
-            promoted = self._promote_locked(key) if waiting and not active else None
+        # caller's SQL reads and writes (a balance and its charge are per key for a
+        # child too). Only a child with none decides nothing that can race.
+        needs_lock = not is_child or any((guard, then, before, computed, start_job))
+        lock = locks.xact_lock_statement(self.namespace, key) if needs_lock else None
+        pk, status, waiting, promoted, *reported = self._run_pipelined(lock, statement, all_params)
+        if pk is None:
+            return Refused(report=tuple(reported))
+        if is_child or status != self.queued:
+            return Admitted(id=pk, status=status, report=tuple(reported))
         # FIFO: every row that waited is older; one of them may have just started.
         return Admitted(
-            id=pk, status=status, promoted=promoted, position=waiting + 1 - bool(promoted)
+            id=pk,
+            status=status,
+            promoted=promoted,
+            position=waiting + 1 - bool(promoted),
+            report=tuple(reported),
         )
+
+    def _run_pipelined(
+        self, lock: tuple[str, dict[str, str]] | None, statement: str, params: dict[str, Any]
+    ) -> tuple[Any, ...]:
+        """Send the lock and the statement in one pipeline, and wait once for the row.
+
+        Outside a transaction, the pipeline is ``BEGIN; lock; statement; COMMIT``: one
+        round trip, and the key's lock is held for the server's time only. Inside the
+        caller's transaction, it is ``lock; statement`` (the caller commits). When the
+        statement fails, the server skips the rest (the COMMIT too) and the block is
+        rolled back here before the error propagates."""
+        connection = connections[self.using]
+        connection.ensure_connection()
+        own = not connection.in_atomic_block
+        raw = connection.connection
+        with connection.cursor() as cursor, connection.cursor() as statement_cursor:
+            try:
+                # Errors surface at an execute or at the pipeline's end: Django's either way.
+                with connection.wrap_database_errors, raw.pipeline():
+                    if own:
+                        cursor.execute("BEGIN")
+                    if lock is not None:
+                        cursor.execute(*lock)
+                    statement_cursor.execute(statement, params)
+                    if own:
+                        cursor.execute("COMMIT")
+            except BaseException:
+                if own and raw.info.transaction_status in _IN_BLOCK:
+                    cursor.execute("ROLLBACK")
+                raise
+            return statement_cursor.fetchone()
 
     def promote(self, *, key: Any) -> int | None:
         """Under the key's lock, start the oldest queued row if no sibling is active;

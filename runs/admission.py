@@ -20,10 +20,12 @@ from django.utils import timezone
 from accounts.models import User
 from queueing import locks
 from queueing.enqueue import Enqueued, Policy, enqueue
+from queueing.serial import Refused, StartJob
 from runs import judge as judging
 from runs.core import get_core, held_run_give_back, queries
 from runs.credits import ANALYSIS_PRICE, credit_refund
 from runs.exceptions import (
+    BudgetExhausted,
     CoreUnavailable,
     HoldExpired,
     InsufficientCredits,
@@ -36,8 +38,6 @@ from runs.exceptions import (
 )
 from runs.models import (
     AnalysisJob,
-    CoreRun,
-    CoreRunState,
     JobStatus,
 )
 from runs.queue import (
@@ -99,18 +99,24 @@ def analysis_job_admit(
     ``queued``; delta re-checks are always ``pending``. The job produces a new run, its
     parent's (a delta), or ``run_id`` (an operator's retry of a job of that run).
 
-    The core's held run (which takes a unit of the tenant's daily budget) is created
-    first, in a commit of its own, so neither a slow core nor the tenant's budget row ever
-    holds the user's lock or another admit. Then, under the user's queue lock, one
-    statement checks the balance and the bound on open jobs, inserts the job with its
-    status and position, and charges it; the ``process_job`` of a started job joins that
-    transaction. A refused admission (at any point) cancels the held run, giving its
-    budget back: it leaves nothing, and two concurrent admits of one user can neither
-    both take the slot, nor pass the bound, nor overdraw the balance. A deactivated user
-    is refused (:class:`UserInactive`) before anything is written.
+    One round trip (the serial queue's admit): under the user's queue lock, one statement
+    checks the balance, the bound on open jobs and that the user is active, creates the
+    local core's held run (taking a unit of the tenant's daily budget), inserts the job
+    with its status and position, charges it and enqueues the ``process_job`` of the job
+    it started (this one, or the oldest queued one when the slot was free); the lock, the
+    statement and the commit travel together, so the lock and the tenant's budget row are
+    held for the server's time only. A refused admission writes nothing (no held run, no
+    budget unit, no charge) and names its reason as the statement saw it. Two concurrent
+    admits of one user can neither both take the slot, nor pass the bound, nor overdraw
+    the balance. A deactivated user is refused (:class:`UserInactive`) before anything is
+    written.
+
+    A core that cannot join the statement (a remote one) creates the held run first, in
+    a call of its own, so a slow core never holds the user's lock; a refusal then cancels
+    it, giving its budget back (see docs/runs.md).
     """
     if not user.is_active:
-        raise UserInactive(f"user {user.get_username()} is deactivated; nothing was charged")
+        raise _inactive(user)
     citations = judging.extract_citations(doc_html)
     if not citations:
         raise NoCitations()
@@ -128,47 +134,68 @@ def analysis_job_admit(
             )
     run_id = parent.run_id if parent else (run_id or uuid.uuid4())
     remember_tenant_slug(user)  # for the process_job's log lines, without a read
+    values = {
+        "tenant": user.tenant_id,
+        "run_id": run_id,
+        "delta_of_job": parent.pk if parent else None,
+        "title": title,
+        "doc_html": doc_html,
+        "sources": [dict(s) for s in sources],
+        "error": "",
+        "release_attempts": 0,
+    }
+    params: dict[str, object] = {
+        "user_id": user.pk,
+        "price": ANALYSIS_PRICE,
+        "open_limit": int(settings.MAX_QUEUED_ANALYSES_PER_USER),
+    }
+    start_job = StartJob(
+        task=PROCESS_JOB_TASK,
+        id_arg="job_id",
+        args={"tenant": tenant_slug(user.tenant_id)},
+        key=PROCESS_JOB_KEY,
+        policy=Policy.EXCLUSIVE,
+        queue=RUNS_QUEUE,
+    )
     core = get_core()
-    core_run_id = core.create_held(run_id=run_id, user_id=user.pk, sources=sources)
-    try:
-        with transaction.atomic():
+    if getattr(core, "joins_admission", False):
+        params.update(core.held_params(run_id=run_id, user_id=user.pk, sources=sources))
+        admitted = ANALYSIS_QUEUE.admit(
+            key=user.pk,
+            values=values,
+            before=f"{queries['admit_checks']}, {queries['admit_local_hold']}",
+            guard=queries["admit_held_created"],
+            computed={"core_run": queries["admit_held_run"]},
+            then=queries["admit_charge"],
+            report=queries["admit_report"],
+            start_job=start_job,
+            params=params,
+        )
+        if isinstance(admitted, Refused):
+            raise _refusal(user, admitted.report, hold_created=False)
+    else:
+        core_run_id = core.create_held(run_id=run_id, user_id=user.pk, sources=sources)
+        try:
             admitted = ANALYSIS_QUEUE.admit(
                 key=user.pk,
-                values={
-                    "tenant": user.tenant_id,
-                    "run_id": run_id,
-                    "delta_of_job": parent.pk if parent else None,
-                    "title": title,
-                    "doc_html": doc_html,
-                    "sources": [dict(s) for s in sources],
-                    "error": "",
-                    "core_run": core_run_id,
-                    "release_attempts": 0,
-                },
+                values={**values, "core_run": core_run_id},
+                before=queries["admit_checks"],
                 guard=queries["admit_guard"],
                 then=queries["admit_charge"],
-                params={
-                    "user_id": user.pk,
-                    "price": ANALYSIS_PRICE,
-                    "open_limit": int(settings.MAX_QUEUED_ANALYSES_PER_USER),
-                    "core_run_id": core_run_id,
-                },
+                report=queries["admit_report"],
+                start_job=start_job,
+                params={**params, "core_run_id": core_run_id},
             )
-            if admitted is None:
-                raise _refusal(user, core_run_id=core_run_id)
-            if admitted.status == JobStatus.PENDING:
-                enqueue_process(admitted.id, tenant_id=user.tenant_id)
-            if admitted.promoted is not None:
-                # The slot was free but older jobs waited: the oldest started instead.
-                enqueue_process(admitted.promoted, tenant_id=user.tenant_id)
-    except BaseException:
-        try:
-            core.cancel_held(core_run_id=core_run_id)
-        except Exception:
-            # The refusal is what the caller must see; an uncancelled hold expires with
-            # the resume tick (held_runs_expire).
-            logger.exception("could not cancel held core run %s", core_run_id)
-        raise
+            if isinstance(admitted, Refused):
+                raise _refusal(user, admitted.report, hold_created=True)
+        except BaseException:
+            try:
+                core.cancel_held(core_run_id=core_run_id)
+            except Exception:
+                # The refusal is what the caller must see; an uncancelled hold expires
+                # with the resume tick (held_runs_expire).
+                logger.exception("could not cancel held core run %s", core_run_id)
+            raise
     return Admission(
         id=admitted.id, run_id=run_id, status=admitted.status, queue_position=admitted.position
     )
@@ -189,24 +216,36 @@ def held_runs_expire(*, limit: int = 500) -> int:
         return 0
 
 
-def _refusal(user: User, *, core_run_id: int) -> RunsError:
-    """Why the admission's guard refused (read after the fact: the refusal path only)."""
-    if not CoreRun.objects.filter(pk=core_run_id, state=CoreRunState.HELD).exists():
-        return HoldExpired(
-            "this admission waited longer than CORE_HELD_EXPIRY_SECONDS for its queue and "
-            "its held provider run expired; nothing was charged: admit it again"
-        )
-    balance = credit_balance(user_id=user.pk)
-    if balance < ANALYSIS_PRICE:
+def _inactive(user: User) -> UserInactive:
+    return UserInactive(f"user {user.get_username()} is deactivated; nothing was charged")
+
+
+def _refusal(user: User, report: Sequence[object], *, hold_created: bool) -> RunsError:
+    """Why the admission's statement refused, from the checks it reported (``funded``,
+    ``room``, ``active``, read under the user's lock). All passed: the held run was
+    missing — the tenant's budget was used up (the statement creates the held run), or
+    the run created before the lock expired while the admission waited for it."""
+    funded, room, active = report
+    if not active:
+        return _inactive(user)
+    if not funded:
+        balance = credit_balance(user_id=user.pk)
         return InsufficientCredits(
             f"the balance is {balance} credit(s) and an analysis costs {ANALYSIS_PRICE}; "
             "ask an operator to run manage.py grant_credits"
         )
-    limit = int(settings.MAX_QUEUED_ANALYSES_PER_USER)
-    return QueueFull(
-        f"{limit} of your analyses are waiting or running, the most one user may have; "
-        "admit more once some have finished"
-    )
+    if not room:
+        limit = int(settings.MAX_QUEUED_ANALYSES_PER_USER)
+        return QueueFull(
+            f"{limit} of your analyses are waiting or running, the most one user may have; "
+            "admit more once some have finished"
+        )
+    if hold_created:
+        return HoldExpired(
+            "this admission waited longer than CORE_HELD_EXPIRY_SECONDS for its queue and "
+            "its held provider run expired; nothing was charged: admit it again"
+        )
+    return BudgetExhausted()
 
 
 def promote_next(user_id: int, *, tenant_id: int | None = None) -> int | None:

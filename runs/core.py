@@ -56,7 +56,9 @@ class CoreClient(Protocol):
     repeats the call it may already have made. ``create_held`` runs before the admission
     takes the user's lock (a slow core never holds a user's other admits), in a commit of
     its own; a refused admission calls ``cancel_held``, and one that died in between
-    leaves a held run ``expire_held`` cancels later. A job that ends without releasing
+    leaves a held run ``expire_held`` cancels later. A core whose held runs live in the
+    admission's database (:class:`LocalCore`, ``joins_admission = True``) is not called
+    there: the admission's own statement creates the held run. A job that ends without releasing
     its run (cancelled while queued, its release failed for good, its user deactivated)
     calls ``cancel_held`` too; when the core is unreachable then, ``expire_held`` is the
     net. ``release``/``start``/``finish`` run
@@ -112,29 +114,44 @@ def validate_sources(sources: Sequence[Mapping[str, object]]) -> list[dict[str, 
 
 class LocalCore:
     """The core's state machine in ``core_runs``; every method refuses while
-    ``CORE_AVAILABLE`` is off, as a remote core would while unreachable."""
+    ``CORE_AVAILABLE`` is off, as a remote core would while unreachable.
+
+    Its held run lives in the admission's database, so the admission creates it in its
+    own statement (:attr:`joins_admission`, :meth:`held_params`), under the user's lock
+    and committed with the job: a refused admission never created it, and no budget unit
+    has to be given back."""
+
+    #: The admission creates the held run in its own statement (see runs.admission).
+    joins_admission = True
 
     def _require_available(self) -> None:
         if not getattr(settings, "CORE_AVAILABLE", True):
             raise CoreUnavailable()
 
+    def held_params(
+        self, *, run_id: uuid.UUID, user_id: int, sources: Sequence[Mapping[str, object]]
+    ) -> dict[str, object]:
+        """The checks of :meth:`create_held` that need no database (the core reachable,
+        the sources well formed), and the bound parameters of the SQL that creates the
+        held run and takes the budget unit (``core_create_held``, or the admission's own
+        statement: ``admit_local_hold``)."""
+        self._require_available()
+        return {
+            "user_id": user_id,
+            "run_id": run_id,
+            "sources": Jsonb(validate_sources(sources)),
+            "budget": int(getattr(settings, "CORE_DAILY_BUDGET", 0)),
+        }
+
     def create_held(
         self, *, run_id: uuid.UUID, user_id: int, sources: Sequence[Mapping[str, object]]
     ) -> int:
         """One statement, committed on its own (or with the caller's transaction, when
-        there is one): the budget unit and the held run, or neither."""
-        self._require_available()
-        checked = validate_sources(sources)
+        there is one): the budget unit and the held run, or neither. The admission does
+        not call it: its own statement creates the held run (:attr:`joins_admission`)."""
+        params = self.held_params(run_id=run_id, user_id=user_id, sources=sources)
         with connection.cursor() as cursor:
-            cursor.execute(
-                queries["core_create_held"],
-                {
-                    "user_id": user_id,
-                    "run_id": run_id,
-                    "sources": Jsonb(checked),
-                    "budget": int(getattr(settings, "CORE_DAILY_BUDGET", 0)),
-                },
-            )
+            cursor.execute(queries["core_create_held"], params)
             row = cursor.fetchone()
         if row is None:
             raise BudgetExhausted()

@@ -127,10 +127,12 @@ def job_fail(job: AnalysisJob, *, reason: str) -> None:
         status=JobStatus.FAILED, error=reason, finished_at=now, updated_at=now
     )
     credit_refund(job, note=f"analysis job {job.pk} failed")
-    if job.released_at is None:
-        held_run_give_back(core_run_id=job.core_run_id)
+    # The user's lock before the tenant's budget row (the give-back's), the order the
+    # admission takes them in: the other order deadlocks with an admit of this user.
     if not job.is_delta:
         promote_next(job.user_id, tenant_id=job.tenant_id)
+    if job.released_at is None:
+        held_run_give_back(core_run_id=job.core_run_id)
 
 
 def _release_failed_reason(job: AnalysisJob, exc: Exception) -> str:
@@ -251,8 +253,9 @@ def _cancel_deactivated(job: AnalysisJob) -> None:
         status=JobStatus.CANCELLED, error=DEACTIVATED_REASON, finished_at=now, updated_at=now
     )
     credit_refund(job, note=f"analysis job {job.pk} cancelled: its user was deactivated")
-    held_run_give_back(core_run_id=job.core_run_id)
+    # The user's lock (each queued job's cancel) before the tenant's budget row.
     analysis_jobs_cancel_deactivated(user_id=job.user_id)
+    held_run_give_back(core_run_id=job.core_run_id)
 
 
 def analysis_jobs_cancel_deactivated(*, user_id: int | None = None, limit: int = 500) -> int:

@@ -204,7 +204,7 @@ def run(ctx: Context) -> list[Row]:
             result=series(rates["pg_t"]),
             baseline_label=f"plain defers/s, {threads} threads",
             baseline=series(rates["plain_t"]),
-            target=Target(on="ratio", op=">=", value=0.5),
+            target=Target(on="ratio", op=">=", value=0.7),
             profile={"waits": waits.merged("pgstage"), "baseline_waits": waits.merged("plain")},
         ),
         Row(
@@ -244,7 +244,7 @@ def run(ctx: Context) -> list[Row]:
             result=series(p99s["pgstage"]),
             baseline_label=f"{sizes.storm} plain defers at once, p99",
             baseline=series(p99s["plain"]),
-            target=Target(on="ratio", op="<=", value=1.0),
+            target=Target(on="ratio", op="<=", value=1.5),
             profile={
                 "p50_ms": {side: Series(tuple(v)).median for side, v in p50s.items()},
                 "waits": storm_waits.merged("pgstage"),
@@ -270,7 +270,7 @@ def run(ctx: Context) -> list[Row]:
                 result=series([c["round_trips"] for c in counts[case]]),
                 baseline_label="plain defer",
                 baseline=series([c["round_trips"] for c in counts["defer"]]),
-                target=Target(on="figure", op="<=", value=6),
+                target=Target(on="figure", op="<=", value=2),
                 profile={"counts": {"pgstage": trips[case], "baseline": trips["defer"]}},
             )
         )
@@ -318,9 +318,9 @@ def _explain(rows: list[Row], trips: dict[str, dict[str, Any]]) -> None:
             continue
         if row.key == "admit_throughput":
             row.cause = (
-                f"not yet optimised. Each admit is one transaction of "
-                f"{free.figure:g} round trips (the plain defer: "
-                f"{free.baseline.median:g}), and they serialise: "
+                f"each admit is one transaction of {free.figure:g} round trip(s) (the plain "
+                f"defer: {free.baseline.median:g}); the admits of one tenant take its budget "
+                "row in turn (a held run's unit, locked until the COMMIT's WAL flush): "
                 + describe_waits(row.profile["waits"])
             )
         elif row.key == "admit_scaling":
@@ -330,7 +330,8 @@ def _explain(rows: list[Row], trips: dict[str, dict[str, Any]]) -> None:
         elif row.key == "admit_storm_p99":
             row.cause = (
                 "the admits of one user run one after the other under the user's queue lock, "
-                f"each holding it for its {free.figure:g} round trips: "
+                "each holding it for its statement and its COMMIT's WAL flush (no network "
+                f"wait: {free.figure:g} round trip(s) per admit): "
                 + describe_waits(row.profile["waits"])
             )
         elif row.key.startswith("admit_round_trips"):

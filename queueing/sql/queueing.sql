@@ -168,15 +168,21 @@ UPDATE {table}
 RETURNING id;
 
 -- serial_admit --
--- Insert a row whose status is decided under the key's advisory lock: 'queued' when a
--- first-pass sibling is active OR already queued (a late admit never jumps the queue,
--- even when the slot was freed without a promotion), else the start status.
+-- Insert a row whose status is decided under the key's advisory lock (taken by the
+-- statement before this one, in the same transaction: this statement's snapshot is taken
+-- after the lock, so it sees every row the lock's previous holder committed): 'queued'
+-- when a first-pass sibling is active OR already queued (a late admit never jumps the
+-- queue, even when the slot was freed without a promotion), else the start status.
 -- created/updated come from the clock under the lock, so FIFO order is admission order.
--- {guard} is the caller's condition (e.g. a balance check): false inserts nothing, and
--- no row comes back. {then} are the caller's further writes as CTEs over the inserted row
--- ("admitted"), in the same statement. Back come the row, how many older rows wait
--- (its queue position follows) and whether one is active; when the slot is free but older
--- rows wait, the caller promotes the oldest in the same transaction.
+-- {before} are the caller's CTEs ahead of the INSERT (they may read "siblings"), {guard}
+-- the caller's condition (e.g. a balance check; it may read the {before} CTEs): false
+-- inserts nothing. {computed} are the caller's SQL values of further columns (e.g. the id
+-- a {before} CTE created). When the slot is free but older rows wait (it was freed
+-- without a promotion: a crash, an operator), the oldest is promoted in this statement.
+-- {then} are the caller's further writes as CTEs over the inserted row ("admitted"),
+-- {start_job} the job each started row gets (serial_admit_start_job). Always one row
+-- back: the row (NULL when refused), how many older rows wait (its queue position
+-- follows), the promoted row, and the caller's {report} values.
 WITH siblings AS (
     SELECT coalesce(bool_or(b.{status} = ANY(%(active)s)), false) AS active,
            count(*) FILTER (WHERE b.{status} = %(queued)s) AS waiting
@@ -185,16 +191,46 @@ WITH siblings AS (
        AND b.{parent} IS NULL
        AND (b.{status} = ANY(%(active)s) OR b.{status} = %(queued)s)
        AND (NOT %(has_deleted)s OR b.{deleted} IS NULL)
-), admitted AS (
-    INSERT INTO {table} ({columns}, {created}, {updated}, {status})
-    SELECT {placeholders}, clock_timestamp(), clock_timestamp(),
+){before}, admitted AS (
+    INSERT INTO {table} ({columns}{computed_columns}, {created}, {updated}, {status})
+    SELECT {placeholders}{computed}, clock_timestamp(), clock_timestamp(),
            CASE WHEN s.active OR s.waiting > 0 THEN %(queued)s ELSE %(start)s END
       FROM siblings s
      WHERE {guard}
     RETURNING {pk}, {status}
-){then}
-SELECT a.{pk}, a.{status}, s.waiting, s.active
-  FROM admitted a CROSS JOIN siblings s;
+), promoted AS (
+    UPDATE {table} p SET {status} = %(start)s, {updated} = clock_timestamp()
+     WHERE NOT %(is_child)s
+       AND p.{pk} = (SELECT o.{pk} FROM {table} o
+                      WHERE o.{key} = %(key)s AND o.{status} = %(queued)s
+                        AND o.{parent} IS NULL
+                        AND (NOT %(has_deleted)s OR o.{deleted} IS NULL)
+                      ORDER BY o.{created}, o.{pk}
+                      LIMIT 1)
+       AND EXISTS (SELECT 1 FROM admitted)
+       AND EXISTS (SELECT 1 FROM siblings s WHERE s.waiting > 0 AND NOT s.active)
+    RETURNING p.{pk}
+){then}{start_job}
+SELECT a.{pk}, a.{status}, s.waiting, (SELECT p.{pk} FROM promoted p){report}
+  FROM siblings s LEFT JOIN admitted a ON true;
+
+-- serial_admit_start_job --
+-- The job of each row serial_admit started (the admitted row born with the start status,
+-- and the promoted one), in the same statement: enqueue's INSERT, the row's id added to
+-- the job's args under %(job_id_arg)s and appended to its queueing lock's prefix (NULL:
+-- no lock). A job already holding the key is left as it is (never an error).
+, started_jobs AS (
+    INSERT INTO procrastinate_jobs (queue_name, task_name, priority, queueing_lock, args, scheduled_at)
+    SELECT %(job_queue)s, %(job_task_name)s, %(job_priority)s,
+           %(job_lock_prefix)s::text || r.id::text,
+           %(job_args)s::jsonb || jsonb_build_object(%(job_id_arg)s::text, r.id),
+           NULL
+      FROM (SELECT a.{pk} AS id FROM admitted a WHERE a.{status} = %(start)s
+            UNION ALL
+            SELECT p.{pk} FROM promoted p) r
+    ON CONFLICT DO NOTHING
+    RETURNING id
+)
 
 -- serial_promote --
 -- Under the key's lock: the oldest queued row becomes the start status, only when no

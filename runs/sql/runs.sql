@@ -82,25 +82,73 @@ SELECT c.id
  ORDER BY c.id
  LIMIT %(limit)s;
 
+-- admit_checks --
+-- The admission's checks, a CTE of the serial queue's admit statement (under the user's
+-- lock, so two admits of one user cannot both pass): the balance covers the price, the
+-- user has fewer than %(open_limit)s analyses queued, pending or running (0: no bound; one
+-- indexed probe of the limit-th, however long the queue), and the user is still active
+-- (a deactivation committed while this admission waited for the lock refuses it).
+checks AS (
+    SELECT (SELECT coalesce(sum(c.amount), 0) FROM credit_ledger c
+             WHERE c.user_id = %(user_id)s) >= %(price)s AS funded,
+           (%(open_limit)s <= 0
+            OR NOT EXISTS (SELECT 1 FROM analysis_jobs o
+                            WHERE o.user_id = %(user_id)s
+                              AND o.status IN ('queued', 'pending', 'running')
+                              AND o.deleted_at IS NULL
+                           OFFSET %(open_limit)s - 1 LIMIT 1)) AS room,
+           coalesce((SELECT usr.is_active FROM users usr WHERE usr.id = %(user_id)s), false)
+               AS active
+)
+
+-- admit_report --
+-- Which of admit_checks passed, returned by the admit statement either way: a refusal
+-- names its reason as the lock saw it, without a second read.
+(SELECT k.funded FROM checks k), (SELECT k.room FROM checks k), (SELECT k.active FROM checks k)
+
+-- admit_local_hold --
+-- The local core's held run, created by the admit statement itself once admit_checks
+-- passed: one unit of today's (UTC) provider budget of the user's tenant (as
+-- core_create_held), then the run. No unit is taken for a refused admission, and none
+-- when the budget is used up (no held run: the guard admit_held_created refuses). The
+-- tenant's budget row is locked from here to the commit, which the same round trip sends:
+-- the user's lock is always taken first (every path that takes both takes them in that
+-- order).
+budget AS (
+    INSERT INTO core_daily_usage AS u (tenant_id, day, used)
+    SELECT usr.tenant_id, (now() AT TIME ZONE 'UTC')::date, 1
+      FROM users usr, checks k
+     WHERE usr.id = %(user_id)s
+       AND usr.tenant_id IS NOT NULL
+       AND %(budget)s > 0
+       AND k.funded AND k.room AND k.active
+    ON CONFLICT (tenant_id, day) DO UPDATE SET used = u.used + 1
+     WHERE u.used < %(budget)s
+    RETURNING used
+), held AS (
+    INSERT INTO core_runs (run_id, user_id, state, sources, error, created_at)
+    SELECT %(run_id)s, %(user_id)s, 'held', %(sources)s, '', now()
+      FROM budget
+    RETURNING id
+)
+
+-- admit_held_created --
+-- The guard of an admission whose held run admit_local_hold creates: it was created.
+EXISTS (SELECT 1 FROM held)
+
+-- admit_held_run --
+-- The job's core run, when admit_local_hold created it.
+(SELECT h.id FROM held h)
+
 -- admit_guard --
--- The admission's checks, inside the serial queue's INSERT (under the user's lock, so two
--- admits of one user cannot both pass): the balance covers the price, the held core run
--- is still held, and the user has fewer than %(open_limit)s analyses queued, pending or
--- running (0: no bound; one indexed probe of the limit-th, however long the queue).
-(SELECT coalesce(sum(c.amount), 0) FROM credit_ledger c WHERE c.user_id = %(user_id)s)
-    >= %(price)s
--- The held core run is still there, and stays (FOR KEY SHARE until commit): the resume
--- tick's expiry may have cancelled it while this admission waited for the lock, and it
--- skips a run this lock holds.
+-- The guard of an admission whose held run was created before the lock (a core that
+-- cannot join the statement): admit_checks passed, and the held core run is still there
+-- and stays (FOR KEY SHARE until commit): the resume tick's expiry may have cancelled it
+-- while this admission waited for the lock, and it skips a run this lock holds.
+(SELECT k.funded AND k.room AND k.active FROM checks k)
 AND EXISTS (SELECT 1 FROM core_runs h
              WHERE h.id = %(core_run_id)s AND h.state = 'held'
                FOR KEY SHARE)
-AND (%(open_limit)s <= 0
-     OR NOT EXISTS (SELECT 1 FROM analysis_jobs o
-                     WHERE o.user_id = %(user_id)s
-                       AND o.status IN ('queued', 'pending', 'running')
-                       AND o.deleted_at IS NULL
-                    OFFSET %(open_limit)s - 1 LIMIT 1))
 
 -- admit_charge --
 -- The admission's charge, in the serial queue's INSERT statement: one credit for the

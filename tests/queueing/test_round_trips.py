@@ -1,4 +1,5 @@
-"""The hot path is lean: enqueue, claim and complete are one statement each."""
+"""The hot path is lean: enqueue, claim and complete are one statement each; a serial
+queue's admit is one round trip (counted on the wire)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,52 @@ def statements(func) -> tuple[object, int]:
     with CaptureQueriesContext(connection) as captured:
         result = func()
     return result, len(captured)
+
+
+def round_trips(func) -> tuple[object, int]:
+    """``func`` run on a Django connection through a counting proxy (``bench.wire``): its
+    result and the round trips it waited on (BEGIN and COMMIT included)."""
+    from bench.scenarios.common import through
+    from bench.wire import WireCounter
+
+    db = connection.settings_dict
+    params = {
+        "host": db["HOST"] or "127.0.0.1",
+        "port": db["PORT"] or 5432,
+        "user": db["USER"],
+        "password": db["PASSWORD"],
+        "dbname": db["NAME"],
+    }
+    with WireCounter(params) as counter:
+
+        def counted() -> tuple[object, int]:
+            before = counter.snapshot()
+            result = func()
+            return result, (counter.snapshot() - before).round_trips
+
+        return through(counter, counted)
+
+
+def test_a_serial_admit_is_one_round_trip_with_its_lock_its_job_and_its_commit(clean_queue):
+    """The lock, the statement (the row, its start job) and the COMMIT travel together."""
+    from queueing import locks
+    from queueing.serial import SerialQueue, StartJob
+    from tests.conftest import jobs
+    from tests.queueing.models import Item
+
+    queue = SerialQueue(
+        model=Item,
+        namespace=locks.namespace("test_round_trips_serial"),
+        key_field="owner",
+        parent_field="parent",
+        deleted_field="deleted_at",
+    )
+    job = StartJob(task="tests.record", id_arg="item", args={"label": "x"})
+    first, n = round_trips(lambda: queue.admit(key="rt", values={}, start_job=job))
+    assert (first.status, n) == ("pending", 1)
+    second, n = round_trips(lambda: queue.admit(key="rt", values={}, start_job=job))
+    assert (second.status, second.position, n) == ("queued", 1, 1)
+    assert [j["args"] for j in jobs()] == [{"label": "x", "item": first.id}]
 
 
 def test_enqueue_is_one_statement_when_it_creates_and_when_it_dedups(clean_queue):

@@ -202,3 +202,15 @@ def test_a_late_admit_never_jumps_the_queue_and_the_oldest_starts():
     assert statuses("gina") == ["complete", "pending", "queued", "queued"]
     assert QUEUE.promote(key="gina") is None
     assert third.status == "queued"
+
+
+def test_an_admit_whose_statement_fails_leaves_nothing_and_its_session_usable():
+    """The pipeline's statement fails after its BEGIN and its lock: the error reaches the
+    caller, the block is rolled back (no row, the lock released) and the next admit on
+    the same session works."""
+    from django.db import DataError
+
+    with pytest.raises(DataError):
+        QUEUE.admit(key="kim", values={}, guard="1 / 0 = 1")
+    assert statuses("kim") == []
+    assert QUEUE.admit(key="kim", values={}).status == "pending"

@@ -202,9 +202,9 @@ def test_a_user_without_tenant_cannot_use_the_api(api):
     assert not AnalysisJob.objects.filter(status=JobStatus.PENDING).exists()
 
 
-def test_an_admit_is_a_handful_of_statements():
-    """The held core run (one statement, its own commit), the user's lock, one statement
-    that checks, inserts and charges, and the started job's process_job: nothing more."""
+def test_an_admit_is_two_statements():
+    """The user's lock, and one statement that checks, creates the held core run, inserts,
+    charges and enqueues the started job's process_job: nothing more."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -222,13 +222,15 @@ def test_an_admit_is_a_handful_of_statements():
     first, pending_sql = admit()
     second, queued_sql = admit()
     assert (first.status, second.status, second.queue_position) == ("pending", "queued", 1)
-    assert len(pending_sql) == 4, pending_sql  # held run, lock, admit, enqueue
-    assert len(queued_sql) == 3, queued_sql  # held run, lock, admit
+    assert len(pending_sql) == 2, pending_sql  # lock, admit (held run, job, charge, enqueue)
+    assert len(queued_sql) == 2, queued_sql
+    assert [j["args"]["job_id"] for j in jobs(task_name="runs.process_job")] == [first.id]
 
 
-def test_a_refused_admit_gives_its_held_run_and_budget_back(api, table_counts, settings):
-    """The held run is created before the user's lock; a refusal under the lock (here the
-    bound on open analyses) cancels it, so the refusal writes nothing."""
+def test_a_refused_admit_writes_nothing_not_even_a_held_run(api, table_counts, settings):
+    """The held run is created by the admission's own statement, only once its checks
+    passed; a refusal under the lock (here the bound on open analyses) writes nothing: no
+    held run, no budget unit, no job, no charge."""
     settings.MAX_QUEUED_ANALYSES_PER_USER = 1
     user = funded_user(credits=5)
     client = api(user)
@@ -268,3 +270,22 @@ def test_a_held_run_no_admission_took_is_cancelled_by_the_resume_tick(table_coun
     assert run_sweep("analysis_resume").notes["held_expired"] == 1
     assert table_counts() == before
     assert run_sweep("analysis_resume").notes["held_expired"] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_admit_is_one_round_trip_on_the_wire(clean_queue):
+    """Counted on the wire (BEGIN and COMMIT included): the user's lock, the statement and
+    the COMMIT travel together, whether the job starts or queues."""
+    from runs.admission import analysis_job_admit
+    from tests.queueing.test_round_trips import round_trips
+    from tests.runs.factories import DOC_HTML, SOURCES
+
+    user = funded_user(credits=5)
+
+    def admit():
+        return analysis_job_admit(user=user, title="t", doc_html=DOC_HTML, sources=SOURCES)
+
+    first, n_first = round_trips(admit)
+    second, n_second = round_trips(admit)
+    assert (first.status, n_first) == ("pending", 1)
+    assert (second.status, second.queue_position, n_second) == ("queued", 1, 1)

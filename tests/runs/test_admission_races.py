@@ -4,8 +4,9 @@
   retry of a failed delta): a delta never waits for the slot, but its balance check and
   charge are the user's, so it takes the user's queue lock too — invariant 5, no balance
   goes negative.
-* The resume tick's ``held_runs_expire`` while an admission, its held core run already
-  committed, waits for the user's lock: either the expiry skips the run (the admission's
+* The resume tick's ``held_runs_expire`` while an admission whose core created its held
+  run before the lock (a core that cannot join the admission's statement) waits for the
+  user's lock: either the expiry skips the run (the admission's
   guard holds it) or the admission is refused cleanly (``HoldExpired``, 503) — never a
   job naming a deleted run (an IntegrityError at commit, a 500).
 * An operator's retry of a failed delta while the user admits a newer delta of the same
@@ -17,12 +18,14 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
 
 from queueing import locks
 from runs import admission, operations, processing
+from runs.core import LocalCore
 from runs.exceptions import HoldExpired, InsufficientCredits, RunsError
 from runs.models import AnalysisJob, CoreRun
 from runs.queue import ANALYSIS_QUEUE_LOCK
@@ -55,21 +58,92 @@ def in_thread(name: str, outcome: dict[str, object], call) -> threading.Thread:
     return thread
 
 
-def pause_before_commit(monkeypatch, *, thread_name: str | None = None):
-    """Make an admission (on ``thread_name``, or any) pause inside its transaction, past
-    its guard and INSERT + charge (at the enqueue of its process_job), until resumed:
-    returns the events (paused, resume)."""
-    paused, resume = threading.Event(), threading.Event()
-    real_enqueue = admission.enqueue_process
+class HeldBeforeCore(LocalCore):
+    """The local core as a core that cannot join the admission's statement (a remote
+    one): its held run is created before the user's lock, in a commit of its own."""
 
-    def slow_enqueue(job_id, **kwargs):
-        if thread_name is None or threading.current_thread().name == thread_name:
-            paused.set()
-            resume.wait(timeout=20)
-        return real_enqueue(job_id, **kwargs)
+    joins_admission = False
 
-    monkeypatch.setattr(admission, "enqueue_process", slow_enqueue)
-    return paused, resume
+
+@pytest.fixture
+def held_before(settings):
+    settings.RUNS_CORE_CLIENT = f"{__name__}.HeldBeforeCore"
+
+
+def waiting_on_locks() -> int:
+    """Sessions of this database waiting for a lock (advisory, row or transaction)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
+def wait_for(condition, *, timeout: float = 20) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` passes (a generous deadline)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def hold_the_users_lock(user_id: int) -> tuple[threading.Thread, threading.Event]:
+    """Hold the user's queue lock in a session of its own until the event is set;
+    returns (the holding thread, the event)."""
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                locks.xact_lock(ANALYSIS_QUEUE_LOCK, user_id)
+                holding.set()
+                release.wait(timeout=30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold, name="user-lock-holder")
+    holder.start()
+    assert holding.wait(timeout=20)
+    return holder, release
+
+
+class _Paused:
+    """Set once a session of this database waits for a lock (polled from the caller's
+    connection: a transaction sees pg_stat_activity as of its first read)."""
+
+    def wait(self, timeout: float) -> bool:
+        return wait_for(lambda: waiting_on_locks() > 0, timeout=timeout)
+
+
+def pause_before_commit(tenant_id: int) -> tuple[_Paused, threading.Event]:
+    """Make the tenant's next admission pause inside its transaction, past its checks,
+    its INSERT and its charge, holding the user's lock: another session holds the
+    tenant's row FOR UPDATE, so the job's foreign-key check (at commit) waits for it.
+    Today's budget row is created first, so taking a budget unit checks no foreign key.
+    Returns (paused, resume)."""
+    resume, holding = threading.Event(), threading.Event()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO core_daily_usage (tenant_id, day, used) "
+            "VALUES (%s, (now() AT TIME ZONE 'UTC')::date, 0) ON CONFLICT DO NOTHING",
+            [tenant_id],
+        )
+
+    def hold() -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT 1 FROM tenants WHERE id = %s FOR UPDATE", [tenant_id])
+                holding.set()
+                resume.wait(timeout=30)
+        finally:
+            connections.close_all()
+
+    threading.Thread(target=hold, name="user-row-holder").start()
+    assert holding.wait(timeout=20)
+    return _Paused(), resume
 
 
 def test_two_concurrent_delta_admits_cannot_overdraw_the_balance(clean_queue, monkeypatch):
@@ -79,7 +153,7 @@ def test_two_concurrent_delta_admits_cannot_overdraw_the_balance(clean_queue, mo
     assert credit_balance(user_id=user.pk) == 1  # enough for exactly one more analysis
 
     # Tab A's admission pauses inside its transaction, as a slow request would.
-    inserted, resume = pause_before_commit(monkeypatch, thread_name="tab-a")
+    inserted, resume = pause_before_commit(user.tenant_id)
     outcome: dict[str, object] = {}
 
     def delta():
@@ -104,25 +178,12 @@ def test_two_concurrent_delta_admits_cannot_overdraw_the_balance(clean_queue, mo
     assert (len(admitted), len(refused)) == (1, 1), outcome
 
 
-def test_expire_held_never_cancels_the_held_run_of_an_admission_in_flight(clean_queue, settings):
+def test_expire_held_never_cancels_the_held_run_of_an_admission_in_flight(clean_queue, held_before):
     user = funded_user(credits=3)
-    holding, release = threading.Event(), threading.Event()
     outcome: dict[str, object] = {}
-
-    def hold_the_users_lock():
-        # Anything of the user's that is under their queue lock (a promotion, a cancel,
-        # an operator's retry) while the admission waits for it.
-        try:
-            with transaction.atomic():
-                locks.xact_lock(ANALYSIS_QUEUE_LOCK, user.pk)
-                holding.set()
-                release.wait(timeout=30)
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=hold_the_users_lock)
-    holder.start()
-    assert holding.wait(timeout=10)
+    # Anything of the user's that is under their queue lock (a promotion, a cancel, an
+    # operator's retry) while the admission waits for it.
+    holder, release = hold_the_users_lock(user.pk)
     admit = in_thread(
         "admit",
         outcome,
@@ -159,10 +220,10 @@ def test_expire_held_never_cancels_the_held_run_of_an_admission_in_flight(clean_
     assert credit_balance(user_id=user.pk) in (2, 3)
 
 
-def test_expire_held_skips_the_held_run_an_admission_is_committing(clean_queue, monkeypatch):
+def test_expire_held_skips_the_held_run_an_admission_is_committing(clean_queue, held_before):
     user = funded_user(credits=3)
     # Past the guard (which holds the held run FOR KEY SHARE), before the commit.
-    inserted, resume = pause_before_commit(monkeypatch)
+    inserted, resume = pause_before_commit(user.tenant_id)
     outcome: dict[str, object] = {}
     admit = in_thread(
         "admit",
@@ -185,12 +246,11 @@ def test_expire_held_skips_the_held_run_an_admission_is_committing(clean_queue, 
 
 
 def test_an_expired_hold_answers_503_with_retry_after_and_writes_nothing(
-    clean_queue, api, monkeypatch
+    clean_queue, api, monkeypatch, held_before
 ):
     """The API's side of HoldExpired: the held run is gone by the time the admission's
     guard runs (the expiry took it while the admission waited): a 503 the client can
     retry, no job, no charge."""
-    from runs.core import LocalCore
     from tests.runs.factories import payload
 
     user = funded_user(credits=3)
@@ -247,3 +307,33 @@ def test_a_delta_admitted_during_a_retry_stays_the_runs_newest(clean_queue, monk
         f"the user's delta {delta.id} slipped in before the retry's job "
         f"{retried.new_job_id}: the retried older document would replace it"
     )
+
+
+def test_a_failing_job_and_an_admit_of_its_user_take_their_locks_in_one_order(
+    clean_queue, settings
+):
+    """An admission takes the user's lock, then the tenant's budget row (its held run);
+    a job that fails unreleased gives its budget unit back and starts the user's next
+    job. Both orders at once would deadlock (PostgreSQL aborts one: a 500 or a retried
+    job): the failing job takes the user's lock first too."""
+    settings.CORE_DAILY_BUDGET = 100
+    user = funded_user(credits=5)
+    running = admit(user)
+    outcome: dict[str, object] = {}
+    holder, release = hold_the_users_lock(user.pk)
+    # The admission queues first for the user's lock, then the failing job behind it.
+    admitting = in_thread("admit", outcome, lambda: admit(user))
+    assert wait_for(lambda: waiting_on_locks() >= 1)
+    failing = in_thread(
+        "fail",
+        outcome,
+        lambda: processing.analysis_job_abandon(job_id=running.id, reason="gave up"),
+    )
+    assert wait_for(lambda: waiting_on_locks() >= 2)
+    release.set()
+    for thread in (holder, admitting, failing):
+        thread.join(timeout=30)
+
+    assert isinstance(outcome["admit"], admission.Admission), outcome["admit"]
+    assert outcome["fail"] is True, outcome["fail"]
+    assert AnalysisJob.objects.get(pk=running.id).status == "failed"
