@@ -26,7 +26,7 @@ STALLED_SECONDS = 3
 FAST = {
     "WORKER_HEARTBEAT_SECONDS": "0.5",
     "STALLED_WORKER_SECONDS": str(STALLED_SECONDS),
-    "STALLED_RECOVERY_SECONDS": "1",
+    "STALLED_RECOVERY_SECONDS": "0.8",
     "WORKER_POLLING_SECONDS": "0.5",
     "BUSY_POLL_SECONDS": "0.5",
     # Before the fix, busy retries spent these and failed the waiting job for good.

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 FAST = {
     "WORKER_HEARTBEAT_SECONDS": "0.5",
     "STALLED_WORKER_SECONDS": "3",
-    "STALLED_RECOVERY_SECONDS": "1",
+    "STALLED_RECOVERY_SECONDS": "0.8",
     "UNRUNNABLE_CHECK_SECONDS": "0.5",
     "WORKER_POLLING_SECONDS": "0.5",
 }
