@@ -114,6 +114,14 @@ CASES = {
             ("s2", "Grass is green because of chlorophyll.", OK),
         ],
     ),
+    "a marker right after the period cites the sentence before it": (
+        f"<p>{SKY}.[s1] {GRASS}.[s2]</p>",
+        [("s1", f"{SKY}.", OK), ("s2", f"{GRASS}.", OK)],
+    ),
+    "a superscript marker after the period cites the sentence before it": (
+        f"<p>{SKY}.<sup>[s1]</sup> {GRASS}.<sup><a href=#s2>[s2]</a></sup></p>",
+        [("s1", f"{SKY}.", OK), ("s2", f"{GRASS}.", OK)],
+    ),
     "a marker before the period cites its sentence": (
         f"<p>{SKY} [s1]. {GRASS} [s2].</p>",
         [("s1", f"{SKY}.", OK), ("s2", f"{GRASS}.", OK)],
