@@ -103,10 +103,14 @@ _LENGTH = re.compile(
 )
 #: Whitespace runs, collapsed to one space (one no-break space stays: it groups digits).
 _BLANKS = re.compile(r"\s+")
-#: A length column's header with its unit: "length_mm", "Länge (m)", "Länge [mm]", "Länge in m".
+#: A length column's header with its unit: "length_mm", "Länge (m)", "Länge [mm]",
+#: "Länge in m", "Länge/mm", "Länge (Meter)", "length in metres" (matched lower case).
 _LENGTH_HEADER = re.compile(
-    r"(?:length|länge|laenge)(?:[ _]?(?:in )?[(\[]?(?P<unit>mm|cm|m)[)\]]?)?"
+    r"(?:length|länge|laenge)(?:[ _/]?(?:in )?[(\[]?(?P<unit>mm|cm|m|"
+    r"(?P<prefix>milli|centi|zenti)?met(?:er|re)s?)[)\]]?)?"
 )
+#: The length units a header may spell out, by their prefix.
+_HEADER_UNIT_PREFIXES = {None: "m", "milli": "mm", "centi": "cm", "zenti": "cm"}
 #: A length cell: a number and, maybe, its unit.
 _LENGTH_CELL = re.compile(rf"(?P<len>{_NUMBER}) ?(?P<unit>mm|cm|m)?\.?", re.IGNORECASE)
 # Material: a grade code first, then a family word (German compounds: "Stahlträger").
@@ -509,6 +513,8 @@ def _csv_layout(header_line: str) -> CsvLayout | None:
         if "length" not in columns and named:
             columns["length"] = index
             length_unit = named.group("unit")
+            if length_unit and length_unit not in LENGTH_UNITS:
+                length_unit = _HEADER_UNIT_PREFIXES[named.group("prefix")]
     if not {"qty", "item"} <= columns.keys():
         return None
     return CsvLayout(delimiter=delimiter, columns=columns, length_unit=length_unit)

@@ -108,6 +108,24 @@ def test_a_length_column_takes_the_unit_of_its_cells_or_header(header, cell, len
     assert result.warnings == ()
 
 
+@pytest.mark.parametrize(
+    ("header", "length_mm"),
+    [
+        ("Länge (Meter)", 6000),
+        ("Länge in Meter", 6000),
+        ("Länge [Millimeter]", 6),
+        ("Länge/mm", 6),
+        ("Length (metres)", 6000),
+        ("length in cm", 60),
+    ],
+)
+def test_a_length_header_may_spell_its_unit_out(header, length_mm):
+    # Such a column was not taken for the length at all: its cells were dropped silently.
+    _, result = extract("list.csv", f"Menge;Einheit;Bezeichnung;{header}\n4;Stk;Träger;6\n")
+    assert [p.length_mm for p in result.positions] == [length_mm]
+    assert result.warnings == ()
+
+
 def test_a_bare_length_without_any_unit_is_an_ambiguity_not_millimetres():
     _, result = extract("list.csv", "Menge;Einheit;Bezeichnung;Länge\n4;Stk;Träger HEA 200;6\n")
     (position,) = result.positions
