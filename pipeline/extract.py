@@ -91,7 +91,7 @@ _LIST_MARKER = re.compile(r"^\s*(?:[-*+•]|\d+[.)])\s+")
 # Run on whitespace-collapsed text (:func:`_collapse`), so every space below is one
 # character and no pattern can rescan a run of blanks: each is linear in the line.
 _QUANTITY = re.compile(
-    rf"^(?P<qty>{_NUMBER})(?P<groups>(?: \d{{3}}(?=\s|$))*) ?"
+    rf"^(?P<qty>{_NUMBER})(?P<groups>(?: \d{{3}}(?=\s|$))*(?: \d{{3}}[.,]\d+(?=\s|$))?) ?"
     r"(?:[x\u00d7](?=\s)|(?P<unit>[^\W\d_]\w*)\.?(?=\s|$))? ?(?P<rest>.*)$"
 )
 _LENGTH_WORD = r"(?:l|length|länge|laenge|je|à)"
@@ -454,7 +454,7 @@ def parse_item_line(line: str) -> dict:
         qty += match.group("groups").replace(" ", "'")
         notes.append(
             f"quantity: {qty.replace(chr(39), ' ')!r} is read as one number, "
-            f"{qty.replace(chr(39), '')}; write it without spaces to confirm"
+            f"{read_number(qty).value}; write it without spaces to confirm"
         )
     unit, factor = parse_unit(unit_word)
     quantity = _checked_quantity(qty, unit, factor, notes)

@@ -51,6 +51,9 @@ def test_thousands_separators_in_both_locales(line, quantity, unit, item):
         ("1.200 m Flachstahl 40x5", "1200"),
         ("1,000 pcs bolt M12", "1000"),
         ("12 000 m Flachstahl", "12000"),
+        # Space-grouped with a decimal part (SI style): was 12 pieces of "345,5 m Flachstahl".
+        ("12 345,5 m Flachstahl", "12345.5"),
+        ("1 500.25 m flat bar", "1500.25"),
     ],
 )
 def test_an_ambiguous_quantity_is_read_as_thousands_and_warned_about(line, quantity):
