@@ -94,6 +94,8 @@ _QUANTITY = re.compile(
     rf"^(?P<qty>{_NUMBER})(?P<groups>(?: \d{{3}}(?=\s|$))*(?: \d{{3}}[.,]\d+(?=\s|$))?) ?"
     r"(?:[x\u00d7](?=\s)|(?P<unit>[^\W\d_]\w*)\.?(?=\s|$))? ?(?P<rest>.*)$"
 )
+#: Right after a quantity without unit: a range ("2-3", an en dash too) or a fraction ("1/2").
+_RANGE_OR_FRACTION = re.compile(r"[-/\u2013\u2014] ?\d")
 _LENGTH_WORD = r"(?:l|length|länge|laenge|je|à)"
 # The piece length at the end: ", 6 m", "; 6000 mm", " L=6000 mm", " length 6 m", " je 6 m".
 _LENGTH = re.compile(
@@ -445,6 +447,10 @@ def parse_item_line(line: str) -> dict:
         raise LineError("expected a quantity first, e.g. '12 pcs steel beam HEA 200, 6 m'")
     rest = match.group("rest")
     unit_word = match.group("unit") or ""
+    ranged = None if unit_word else _RANGE_OR_FRACTION.match(rest)
+    if ranged:
+        shown = text[: match.start("rest")] + ranged.group()
+        raise LineError(f"{shown!r} reads as a range or a fraction of quantities; write one")
     if unit_word and unit_word.lower().rstrip(".") not in UNITS:
         # "12 steel beams": the word is part of the item, the unit defaults to pieces.
         rest = text[match.start("unit") :]

@@ -66,6 +66,13 @@ def test_an_ambiguous_quantity_is_read_as_thousands_and_warned_about(line, quant
     assert "decimal" in warning.message or "without spaces" in warning.message
 
 
+@pytest.mark.parametrize("line", ["2-3 Stk Schraube M12", "1/2 m Rohr", "2 \u2013 3 Stk Rohr"])
+def test_a_range_or_fraction_of_quantities_is_refused(line):
+    # "2-3 Stk Schraube" was 2 pieces of an item "3 Stk Schraube M12", without a warning.
+    with pytest.raises(LineError, match="a range or a fraction"):
+        parse_item_line(line)
+
+
 def test_unambiguous_numbers_carry_no_warning():
     _, result = extract("items.txt", "1.234,5 m Flachstahl\n2,5 m flat bar\n1,234.5 m flat bar\n")
     assert len(result.positions) == 3
