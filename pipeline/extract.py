@@ -415,7 +415,13 @@ def _checked_quantity(text: str, unit: Unit, factor: Decimal, notes: list[str]) 
         raise LineError("the quantity is too large")
     if unit == Unit.PIECES and quantity != quantity.to_integral_value():
         raise LineError(f"{text.strip()} pieces: a number of pieces must be whole")
-    return quantity.quantize(Decimal("0.001"))
+    kept = quantity.quantize(Decimal("0.001"))
+    if kept == 0:
+        raise LineError(
+            f"the quantity must be positive ({quantity} {unit} rounds to 0; "
+            "quantities are kept to 0.001)"
+        )
+    return kept
 
 
 def _checked_item(item: str, notes: list[str]) -> str:

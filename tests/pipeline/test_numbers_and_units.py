@@ -73,6 +73,13 @@ def test_a_range_or_fraction_of_quantities_is_refused(line):
         parse_item_line(line)
 
 
+@pytest.mark.parametrize("line", ["0,0004 m Rohr", "0.1 mm Draht"])
+def test_a_quantity_that_rounds_to_zero_is_refused(line):
+    # Quantities are kept to 0.001 of their unit: these were positions of 0.000 m.
+    with pytest.raises(LineError, match="must be positive"):
+        parse_item_line(line)
+
+
 def test_unambiguous_numbers_carry_no_warning():
     _, result = extract("items.txt", "1.234,5 m Flachstahl\n2,5 m flat bar\n1,234.5 m flat bar\n")
     assert len(result.positions) == 3
