@@ -194,7 +194,8 @@ def _sentence_ends(block: str) -> list[int]:
     initial, or the next word starts in lower case. Linear in the block's length."""
     ends = []
     for match in _SENTENCE_END.finditer(block):
-        following = _NEXT_WORD.match(block, match.end())
+        # The next word, past any markers: "p.m.[s1] and" goes on.
+        following = _NEXT_WORD.match(block, _LEADING_MARKERS.match(block, match.end()).end())
         if following and following.group(1).islower():
             continue
         if match.group(1) == ".":
