@@ -96,6 +96,8 @@ _QUANTITY = re.compile(
 )
 #: Right after a quantity without unit: a range ("2-3", an en dash too) or a fraction ("1/2").
 _RANGE_OR_FRACTION = re.compile(r"[-/\u2013\u2014] ?\d")
+#: A cell's quantity grouped by plain spaces: "12 000", "12 345,5".
+_SPACE_GROUPED = re.compile(r"\d{1,3}(?: \d{3})+(?:[.,]\d+)?")
 _LENGTH_WORD = r"(?:l|length|länge|laenge|je|à)"
 # The piece length at the end: ", 6 m", "; 6000 mm", " L=6000 mm", " length 6 m", " je 6 m".
 _LENGTH = re.compile(
@@ -424,6 +426,16 @@ def _checked_quantity(text: str, unit: Unit, factor: Decimal, notes: list[str]) 
     return kept
 
 
+def _space_grouped(qty: str, notes: list[str]) -> str:
+    """``12 000`` (digit groups after plain spaces) as one number, with a note."""
+    grouped = qty.replace(" ", "'")
+    notes.append(
+        f"quantity: {qty!r} is read as one number, "
+        f"{read_number(grouped).value}; write it without spaces to confirm"
+    )
+    return grouped
+
+
 def _checked_item(item: str, notes: list[str]) -> str:
     if not item:
         raise LineError("the line names no item")
@@ -463,11 +475,7 @@ def parse_item_line(line: str) -> dict:
         unit_word = ""
     qty = match.group("qty")
     if match.group("groups"):
-        qty += match.group("groups").replace(" ", "'")
-        notes.append(
-            f"quantity: {qty.replace(chr(39), ' ')!r} is read as one number, "
-            f"{read_number(qty).value}; write it without spaces to confirm"
-        )
+        qty = _space_grouped(qty + match.group("groups"), notes)
     unit, factor = parse_unit(unit_word)
     quantity = _checked_quantity(qty, unit, factor, notes)
     length_mm = None
@@ -620,11 +628,14 @@ class LineExtractor:
         unit, factor = parse_unit(cell("unit"))
         item = _checked_item(cell("item"), notes)
         length_mm = _csv_length(cell("length"), layout, notes) if cell("length") else None
-        if not cell("qty"):
+        qty = cell("qty")
+        if not qty:
             raise LineError("the qty column is empty")
+        if _SPACE_GROUPED.fullmatch(qty):
+            qty = _space_grouped(qty, notes)
         return {
             "label": cell("label")[:32],
-            "quantity": _checked_quantity(cell("qty"), unit, factor, notes),
+            "quantity": _checked_quantity(qty, unit, factor, notes),
             "unit": unit,
             "item": item,
             "material": cell("material")[:64] or detect_material(item),

@@ -92,6 +92,14 @@ def test_badly_grouped_numbers_are_refused(text):
         read_number(text)
 
 
+def test_a_space_grouped_csv_quantity_is_read_as_in_a_text_line():
+    # '12 000' in a qty cell was refused ("not a number"), while a text line reads it.
+    _, result = extract("list.csv", "qty;unit;item\n12 000;m;Flachstahl\n12 345,5;m;Draht\n")
+    assert [p.quantity for p in result.positions] == [Decimal("12000"), Decimal("12345.5")]
+    assert [w.line_no for w in result.warnings] == [2, 3]
+    assert "read as one number, 12000" in result.warnings[0].message
+
+
 def test_thousands_in_a_csv_quantity_column():
     _, result = extract(
         "list.csv", "qty;unit;item\n1.200;m;Flachstahl 40x5\n1.234,5;m;Flachstahl 30x5\n"
