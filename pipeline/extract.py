@@ -91,9 +91,13 @@ _LIST_MARKER = re.compile(r"^\s*(?:[-*+•]|\d+[.)])\s+")
 # Run on whitespace-collapsed text (:func:`_collapse`), so every space below is one
 # character and no pattern can rescan a run of blanks: each is linear in the line.
 _QUANTITY = re.compile(
-    rf"^(?P<qty>{_NUMBER})(?P<groups>(?: \d{{3}}(?=\s|$))*) ?"
+    rf"^(?P<qty>{_NUMBER})(?P<groups>(?: \d{{3}}(?=\s|$))*(?: \d{{3}}[.,]\d+(?=\s|$))?) ?"
     r"(?:[x\u00d7](?=\s)|(?P<unit>[^\W\d_]\w*)\.?(?=\s|$))? ?(?P<rest>.*)$"
 )
+#: Right after a quantity without unit: a range ("2-3", an en dash too) or a fraction ("1/2").
+_RANGE_OR_FRACTION = re.compile(r"[-/\u2013\u2014] ?\d")
+#: A cell's quantity grouped by plain spaces: "12 000", "12 345,5".
+_SPACE_GROUPED = re.compile(r"\d{1,3}(?: \d{3})+(?:[.,]\d+)?")
 _LENGTH_WORD = r"(?:l|length|länge|laenge|je|à)"
 # The piece length at the end: ", 6 m", "; 6000 mm", " L=6000 mm", " length 6 m", " je 6 m".
 _LENGTH = re.compile(
@@ -103,10 +107,14 @@ _LENGTH = re.compile(
 )
 #: Whitespace runs, collapsed to one space (one no-break space stays: it groups digits).
 _BLANKS = re.compile(r"\s+")
-#: A length column's header with its unit: "length_mm", "Länge (m)", "Länge [mm]", "Länge in m".
+#: A length column's header with its unit: "length_mm", "Länge (m)", "Länge [mm]",
+#: "Länge in m", "Länge/mm", "Länge (Meter)", "length in metres" (matched lower case).
 _LENGTH_HEADER = re.compile(
-    r"(?:length|länge|laenge)(?:[ _]?(?:in )?[(\[]?(?P<unit>mm|cm|m)[)\]]?)?"
+    r"(?:length|länge|laenge)(?:[ _/]?(?:in )?[(\[]?(?P<unit>mm|cm|m|"
+    r"(?P<prefix>milli|centi|zenti)?met(?:er|re)s?)[)\]]?)?"
 )
+#: The length units a header may spell out, by their prefix.
+_HEADER_UNIT_PREFIXES = {None: "m", "milli": "mm", "centi": "cm", "zenti": "cm"}
 #: A length cell: a number and, maybe, its unit.
 _LENGTH_CELL = re.compile(rf"(?P<len>{_NUMBER}) ?(?P<unit>mm|cm|m)?\.?", re.IGNORECASE)
 # Material: a grade code first, then a family word (German compounds: "Stahlträger").
@@ -409,7 +417,23 @@ def _checked_quantity(text: str, unit: Unit, factor: Decimal, notes: list[str]) 
         raise LineError("the quantity is too large")
     if unit == Unit.PIECES and quantity != quantity.to_integral_value():
         raise LineError(f"{text.strip()} pieces: a number of pieces must be whole")
-    return quantity.quantize(Decimal("0.001"))
+    kept = quantity.quantize(Decimal("0.001"))
+    if kept == 0:
+        raise LineError(
+            f"the quantity must be positive ({quantity} {unit} rounds to 0; "
+            "quantities are kept to 0.001)"
+        )
+    return kept
+
+
+def _space_grouped(qty: str, notes: list[str]) -> str:
+    """``12 000`` (digit groups after plain spaces) as one number, with a note."""
+    grouped = qty.replace(" ", "'")
+    notes.append(
+        f"quantity: {qty!r} is read as one number, "
+        f"{read_number(grouped).value}; write it without spaces to confirm"
+    )
+    return grouped
 
 
 def _checked_item(item: str, notes: list[str]) -> str:
@@ -441,17 +465,17 @@ def parse_item_line(line: str) -> dict:
         raise LineError("expected a quantity first, e.g. '12 pcs steel beam HEA 200, 6 m'")
     rest = match.group("rest")
     unit_word = match.group("unit") or ""
+    ranged = None if unit_word else _RANGE_OR_FRACTION.match(rest)
+    if ranged:
+        shown = text[: match.start("rest")] + ranged.group()
+        raise LineError(f"{shown!r} reads as a range or a fraction of quantities; write one")
     if unit_word and unit_word.lower().rstrip(".") not in UNITS:
         # "12 steel beams": the word is part of the item, the unit defaults to pieces.
         rest = text[match.start("unit") :]
         unit_word = ""
     qty = match.group("qty")
     if match.group("groups"):
-        qty += match.group("groups").replace(" ", "'")
-        notes.append(
-            f"quantity: {qty.replace(chr(39), ' ')!r} is read as one number, "
-            f"{qty.replace(chr(39), '')}; write it without spaces to confirm"
-        )
+        qty = _space_grouped(qty + match.group("groups"), notes)
     unit, factor = parse_unit(unit_word)
     quantity = _checked_quantity(qty, unit, factor, notes)
     length_mm = None
@@ -509,6 +533,8 @@ def _csv_layout(header_line: str) -> CsvLayout | None:
         if "length" not in columns and named:
             columns["length"] = index
             length_unit = named.group("unit")
+            if length_unit and length_unit not in LENGTH_UNITS:
+                length_unit = _HEADER_UNIT_PREFIXES[named.group("prefix")]
     if not {"qty", "item"} <= columns.keys():
         return None
     return CsvLayout(delimiter=delimiter, columns=columns, length_unit=length_unit)
@@ -602,11 +628,14 @@ class LineExtractor:
         unit, factor = parse_unit(cell("unit"))
         item = _checked_item(cell("item"), notes)
         length_mm = _csv_length(cell("length"), layout, notes) if cell("length") else None
-        if not cell("qty"):
+        qty = cell("qty")
+        if not qty:
             raise LineError("the qty column is empty")
+        if _SPACE_GROUPED.fullmatch(qty):
+            qty = _space_grouped(qty, notes)
         return {
             "label": cell("label")[:32],
-            "quantity": _checked_quantity(cell("qty"), unit, factor, notes),
+            "quantity": _checked_quantity(qty, unit, factor, notes),
             "unit": unit,
             "item": item,
             "material": cell("material")[:64] or detect_material(item),

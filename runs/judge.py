@@ -12,10 +12,10 @@ text. Then:
   or, when it opens a sentence (nothing but space and markers before it there), the
   sentence before it in its block: ``…scattering. [s1] Grass…`` cites "…scattering.";
 * ``[sic]`` (any case) is an editorial note, never a citation;
-* a sentence ends after ``.``, ``!`` or ``?`` (and closing quotes) followed by space,
-  unless the next word starts in lower case, or the word is an abbreviation (``e.g.``,
-  ``i.e.``, ``cf.``, ``et al.``, ``Dr.``, ``Fig.`` …, see ``_ABBREVIATIONS``) or an
-  initial; a block always ends one.
+* a sentence ends after ``.``, ``!`` or ``?`` (and closing quotes) followed by space
+  or by a marker's ``[`` (``…blue.[s1] Grass``), unless the next word starts in lower
+  case, or the word is an abbreviation (``e.g.``, ``i.e.``, ``cf.``, ``et al.``,
+  ``Dr.``, ``Fig.`` …, see ``_ABBREVIATIONS``) or an initial; a block always ends one.
 
 Citations are numbered ``c1, c2, …`` in document order (an element at its start, a
 marker where it stands), so re-extracting the same document yields the same citations.
@@ -78,7 +78,9 @@ _BREAK = "\x00"
 _KEY = r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}"
 _BRACKET = re.compile(rf"\[({_KEY}(?:\s*[,;]\s*{_KEY})*)\]")
 _SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,;:!?])")
-_SENTENCE_END = re.compile(r"([.!?])[\"'\u201d\u2019)]*(?=\s)")
+#: A sentence's end: its punctuation (and closing quotes) before space or a marker's
+#: bracket ("…blue.[s1] Grass", "…blue.<sup>[1]</sup> Grass").
+_SENTENCE_END = re.compile(r"([.!?])[\"'\u201d\u2019)]*(?=\s|\[)")
 _NEXT_WORD = re.compile(r"\s*(\S)")
 _LEADING_MARKERS = re.compile(rf"(?:\s|{_BRACKET.pattern})*")
 _LONGEST_ABBREVIATION = 12
@@ -188,11 +190,12 @@ def _is_editorial(keys: str) -> bool:
 
 def _sentence_ends(block: str) -> list[int]:
     """Where each sentence of ``block`` ends (exclusive): after ``.``, ``!`` or ``?``
-    (and closing quotes) followed by space, unless the word is an abbreviation or an
+    (and closing quotes) followed by space or ``[``, unless the word is an abbreviation or an
     initial, or the next word starts in lower case. Linear in the block's length."""
     ends = []
     for match in _SENTENCE_END.finditer(block):
-        following = _NEXT_WORD.match(block, match.end())
+        # The next word, past any markers: "p.m.[s1] and" goes on.
+        following = _NEXT_WORD.match(block, _LEADING_MARKERS.match(block, match.end()).end())
         if following and following.group(1).islower():
             continue
         if match.group(1) == ".":

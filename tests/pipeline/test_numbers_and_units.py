@@ -51,6 +51,9 @@ def test_thousands_separators_in_both_locales(line, quantity, unit, item):
         ("1.200 m Flachstahl 40x5", "1200"),
         ("1,000 pcs bolt M12", "1000"),
         ("12 000 m Flachstahl", "12000"),
+        # Space-grouped with a decimal part (SI style): was 12 pieces of "345,5 m Flachstahl".
+        ("12 345,5 m Flachstahl", "12345.5"),
+        ("1 500.25 m flat bar", "1500.25"),
     ],
 )
 def test_an_ambiguous_quantity_is_read_as_thousands_and_warned_about(line, quantity):
@@ -63,6 +66,20 @@ def test_an_ambiguous_quantity_is_read_as_thousands_and_warned_about(line, quant
     assert "decimal" in warning.message or "without spaces" in warning.message
 
 
+@pytest.mark.parametrize("line", ["2-3 Stk Schraube M12", "1/2 m Rohr", "2 \u2013 3 Stk Rohr"])
+def test_a_range_or_fraction_of_quantities_is_refused(line):
+    # "2-3 Stk Schraube" was 2 pieces of an item "3 Stk Schraube M12", without a warning.
+    with pytest.raises(LineError, match="a range or a fraction"):
+        parse_item_line(line)
+
+
+@pytest.mark.parametrize("line", ["0,0004 m Rohr", "0.1 mm Draht"])
+def test_a_quantity_that_rounds_to_zero_is_refused(line):
+    # Quantities are kept to 0.001 of their unit: these were positions of 0.000 m.
+    with pytest.raises(LineError, match="must be positive"):
+        parse_item_line(line)
+
+
 def test_unambiguous_numbers_carry_no_warning():
     _, result = extract("items.txt", "1.234,5 m Flachstahl\n2,5 m flat bar\n1,234.5 m flat bar\n")
     assert len(result.positions) == 3
@@ -73,6 +90,14 @@ def test_unambiguous_numbers_carry_no_warning():
 def test_badly_grouped_numbers_are_refused(text):
     with pytest.raises(LineError, match="is not a number"):
         read_number(text)
+
+
+def test_a_space_grouped_csv_quantity_is_read_as_in_a_text_line():
+    # '12 000' in a qty cell was refused ("not a number"), while a text line reads it.
+    _, result = extract("list.csv", "qty;unit;item\n12 000;m;Flachstahl\n12 345,5;m;Draht\n")
+    assert [p.quantity for p in result.positions] == [Decimal("12000"), Decimal("12345.5")]
+    assert [w.line_no for w in result.warnings] == [2, 3]
+    assert "read as one number, 12000" in result.warnings[0].message
 
 
 def test_thousands_in_a_csv_quantity_column():
@@ -104,6 +129,24 @@ def test_a_length_column_takes_the_unit_of_its_cells_or_header(header, cell, len
     _, result = extract(
         "list.csv", f"Menge;Einheit;Bezeichnung;{header}\n4;Stk;Träger HEA 200;{cell}\n"
     )
+    assert [p.length_mm for p in result.positions] == [length_mm]
+    assert result.warnings == ()
+
+
+@pytest.mark.parametrize(
+    ("header", "length_mm"),
+    [
+        ("Länge (Meter)", 6000),
+        ("Länge in Meter", 6000),
+        ("Länge [Millimeter]", 6),
+        ("Länge/mm", 6),
+        ("Length (metres)", 6000),
+        ("length in cm", 60),
+    ],
+)
+def test_a_length_header_may_spell_its_unit_out(header, length_mm):
+    # Such a column was not taken for the length at all: its cells were dropped silently.
+    _, result = extract("list.csv", f"Menge;Einheit;Bezeichnung;{header}\n4;Stk;Träger;6\n")
     assert [p.length_mm for p in result.positions] == [length_mm]
     assert result.warnings == ()
 

@@ -136,11 +136,14 @@ def _collapsed(line: str) -> str:
 def account(line: str, item: str) -> None:
     """Everything outside ``item`` in ``line`` is syntax the position holds elsewhere."""
     text = _collapsed(line)
-    start = text.find(item)
-    assert start >= 0, f"item {item!r} is not a piece of {text!r}"
-    prefix, suffix = text[:start], text[start + len(item) :]
-    assert _PREFIX.fullmatch(prefix), f"{prefix!r} before the item is dropped"
-    assert _SUFFIX.fullmatch(suffix), f"{suffix!r} after the item is dropped"
+    # The item may also occur inside the syntax ("1 m m": the unit, then the item "m"):
+    # one of its occurrences must leave nothing but syntax around it.
+    starts = [i for i in range(len(text)) if text.startswith(item, i)]
+    assert starts, f"item {item!r} is not a piece of {text!r}"
+    splits = [(text[:start], text[start + len(item) :]) for start in starts]
+    assert any(
+        _PREFIX.fullmatch(prefix) and _SUFFIX.fullmatch(suffix) for prefix, suffix in splits
+    ), f"around {item!r} in {text!r}, {splits} drop characters"
 
 
 lines = st.lists(

@@ -114,6 +114,18 @@ CASES = {
             ("s2", "Grass is green because of chlorophyll.", OK),
         ],
     ),
+    "a marker right after the period cites the sentence before it": (
+        f"<p>{SKY}.[s1] {GRASS}.[s2]</p>",
+        [("s1", f"{SKY}.", OK), ("s2", f"{GRASS}.", OK)],
+    ),
+    "a superscript marker after the period cites the sentence before it": (
+        f"<p>{SKY}.<sup>[s1]</sup> {GRASS}.<sup><a href=#s2>[s2]</a></sup></p>",
+        [("s1", f"{SKY}.", OK), ("s2", f"{GRASS}.", OK)],
+    ),
+    "a marker between a period and a lower-case word ends no sentence": (
+        "<p>Rayleigh scattering makes the sky blue at 12 p.m.[s1] and the grass green.</p>",
+        [("s1", "Rayleigh scattering makes the sky blue at 12 p.m. and the grass green.", OK)],
+    ),
     "a marker before the period cites its sentence": (
         f"<p>{SKY} [s1]. {GRASS} [s2].</p>",
         [("s1", f"{SKY}.", OK), ("s2", f"{GRASS}.", OK)],
