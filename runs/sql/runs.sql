@@ -110,7 +110,8 @@ checks AS (
 -- The local core's held run, created by the admit statement itself once admit_checks
 -- passed: one unit of today's (UTC) provider budget of the user's tenant (as
 -- core_create_held), then the run. No unit is taken for a refused admission, and none
--- when the budget is used up (no held run: the guard admit_held_created refuses). The
+-- when the budget is used up (no held run: the guard admit_held_created refuses); a
+-- budget of 0 is no bound (the runs are still counted). The
 -- tenant's budget row is locked from here to the commit, which the same round trip sends:
 -- the user's lock is always taken first (every path that takes both takes them in that
 -- order).
@@ -120,10 +121,9 @@ budget AS (
       FROM users usr, checks k
      WHERE usr.id = %(user_id)s
        AND usr.tenant_id IS NOT NULL
-       AND %(budget)s > 0
        AND k.funded AND k.room AND k.active
     ON CONFLICT (tenant_id, day) DO UPDATE SET used = u.used + 1
-     WHERE u.used < %(budget)s
+     WHERE %(budget)s <= 0 OR u.used < %(budget)s
     RETURNING used
 ), held AS (
     INSERT INTO core_runs (run_id, user_id, state, sources, error, created_at)
