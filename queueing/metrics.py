@@ -125,6 +125,12 @@ def ledger_models() -> list[type[LedgerEntry]]:
     return [m for m in models if m._meta.db_table in tables]
 
 
+def _count_jobs(jobs: Family, queryset: Any) -> None:
+    """procrastinate's jobs of ``queryset`` per queue and status, into ``jobs``."""
+    for row in queryset.values("queue_name", "status").annotate(n=Count("id")).order_by():
+        jobs.samples[(row["queue_name"], row["status"])] = row["n"]
+
+
 class QueueingMetrics(MetricSource):
     """The framework's own families: jobs per queue and status, workers, ledger entries
     per ledger and status, and the age of each inline sweep's last run."""
@@ -163,18 +169,11 @@ class QueueingMetrics(MetricSource):
 
     def collect_live(self, families: dict[str, Family]) -> None:
         jobs = families["pgstage_jobs"]
-        depth = families["pgstage_queue_depth"]
-        for row in (
-            ProcrastinateJob.objects.filter(status__in=LIVE_JOB_STATUSES)
-            .values("queue_name", "status")
-            .annotate(n=Count("id"))
-            .order_by()
-        ):
-            jobs.samples[(row["queue_name"], row["status"])] = row["n"]
+        _count_jobs(jobs, ProcrastinateJob.objects.filter(status__in=LIVE_JOB_STATUSES))
         for queue in {queue for queue, _ in jobs.samples}:
             for live in LIVE_JOB_STATUSES:
                 jobs.samples.setdefault((queue, live), 0)
-            depth.samples[(queue,)] = jobs.samples[(queue, "todo")]
+            families["pgstage_queue_depth"].samples[(queue,)] = jobs.samples[(queue, "todo")]
         ledgers = families["pgstage_ledger_entries"]
         for model in ledger_models():
             running = model._base_manager.filter(status=LedgerStatus.RUNNING).count()
@@ -196,13 +195,7 @@ class QueueingMetrics(MetricSource):
 
     def collect_history(self, families: dict[str, Family]) -> None:
         jobs = families["pgstage_jobs"]
-        for row in (
-            ProcrastinateJob.objects.exclude(status__in=LIVE_JOB_STATUSES)
-            .values("queue_name", "status")
-            .annotate(n=Count("id"))
-            .order_by()
-        ):
-            jobs.samples[(row["queue_name"], row["status"])] = row["n"]
+        _count_jobs(jobs, ProcrastinateJob.objects.exclude(status__in=LIVE_JOB_STATUSES))
         for queue in {queue for queue, _ in jobs.samples}:
             for status in JOB_STATUSES:
                 if status not in LIVE_JOB_STATUSES:
