@@ -172,7 +172,7 @@ class JobEventFilter(logging.Filter):
         self.job_level = _level(job_level)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        action = getattr(record, "action", None)
+        action = getattr(record, "action", "")
         event = JOB_ACTIONS.get(action)
         if event is None:
             return action in WORKER_ACTIONS or record.levelno >= self.level
