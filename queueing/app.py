@@ -16,6 +16,8 @@ from procrastinate.contrib.django import app as procrastinate_app
 from queueing import giveup
 from queueing.backoff import DEFAULT_RETRY
 
+__all__ = ["periodic", "retired_task", "task"]
+
 
 def task(
     *,

@@ -34,6 +34,8 @@ from queueing.sql import queries
 from queueing.stalled import STALLED_SWEEP, recover_job
 from queueing.sweeps import get_sweep, watch
 
+__all__ = ["CancelRefused", "Retried", "Unrunnable", "job_cancel", "job_retry", "unrunnable_tasks"]
+
 
 class RetryOutcome(enum.StrEnum):
     RETRIED = "retried"

@@ -43,6 +43,8 @@ from queueing import current, sql
 from queueing.exceptions import LeaseLost
 from queueing.rows import concrete_field
 
+__all__ = ["Claim", "Ledger", "LedgerEntry", "LedgerStatus", "Outcome"]
+
 logger = logging.getLogger(__name__)
 _renew_queries = sql.load("queueing", "ledger.sql")
 

@@ -33,6 +33,8 @@ from queueing.enqueue import EXCLUSIVE_PREFIX
 from queueing.exceptions import InvalidKey
 from queueing.keys import KeyFormat
 
+__all__ = ["JobEventFilter", "JsonFormatter", "PlainFormatter", "register_key_format"]
+
 #: procrastinate's ``action`` of a record → the event pgstage logs.
 JOB_ACTIONS = {
     "start_job": "started",

@@ -60,6 +60,8 @@ from queueing.ledger import LedgerEntry, LedgerStatus
 from queueing.sql import load
 from queueing.sweeps import SweepContext, SweepResult, declare_sweep
 
+__all__ = ["PROCESS_REGISTRY", "Family", "MetricSource", "metrics_view"]
+
 #: procrastinate's job statuses, reported even at zero so a dashboard's series never gaps.
 JOB_STATUSES = ("todo", "doing", "succeeded", "failed", "cancelled", "aborting", "aborted")
 #: Counted on each scrape (bounded by live work); the rest come from the snapshot.

@@ -28,6 +28,8 @@ from django.core.signals import got_request_exception
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+__all__ = ["DatabaseUnavailableMiddleware", "RequestMetricsMiddleware"]
+
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_SECONDS = 5

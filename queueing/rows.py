@@ -12,6 +12,8 @@ from django.utils import timezone
 from queueing import sql
 from queueing.exceptions import RowVanished
 
+__all__ = ["insert_or_get", "replace_children"]
+
 M = TypeVar("M", bound=models.Model)
 
 

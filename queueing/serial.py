@@ -26,6 +26,8 @@ from queueing.enqueue import Policy, job_params, queueing_lock_prefix
 from queueing.keys import KeyFormat
 from queueing.rows import concrete_field, model_defaults
 
+__all__ = ["Admitted", "SerialQueue"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class Admitted:

@@ -62,6 +62,19 @@ from queueing.keys import KeyFormat
 from queueing.outage import beat_resume_seconds
 from queueing.sql import queries
 
+__all__ = [
+    "SweepContext",
+    "SweepResult",
+    "Watch",
+    "declare_sweep",
+    "get_sweep",
+    "request_sweep",
+    "run_sweep",
+    "sweep_rows",
+    "sweeps",
+    "watch",
+]
+
 logger = logging.getLogger(__name__)
 
 SWEEP_KEY = KeyFormat(prefix="sweep", parts=("name",))

@@ -99,6 +99,8 @@ from queueing.outage import RECONNECT_SECONDS, Failures, describe
 from queueing.sql import load
 from queueing.sql import queries as queueing_queries
 
+__all__ = ["install"]
+
 logger = logging.getLogger(__name__)
 queries = load("queueing", "worker.sql")
 
