@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
+from django.contrib.admin import ModelAdmin
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -68,7 +71,9 @@ class ActionPermissionsMixin(admin.ModelAdmin):
         opts = self.opts
         return request.user.has_perm(f"{opts.app_label}.{get_permission_codename('change', opts)}")
 
-    def changelist_view(self, request: HttpRequest, extra_context=None):
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         action = request.POST.get("action") if request.method == "POST" else None
         # Django's own list of the declared actions, before permissions filter it (a
         # private method, absent from the stubs).
@@ -83,13 +88,13 @@ class ReadOnlyModelAdmin(ActionPermissionsMixin, admin.ModelAdmin):
     staff look, filter and run the admin's actions, which call services; nobody adds,
     edits or deletes rows here."""
 
-    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
 
@@ -130,10 +135,10 @@ class RunnableFilter(admin.SimpleListFilter):
     parameter_name = "runnable"
     NO_WORKER = "no_worker"
 
-    def lookups(self, request: HttpRequest, model_admin):
+    def lookups(self, request: HttpRequest, model_admin: ModelAdmin) -> list[tuple[str, str]]:
         return [(self.NO_WORKER, "waiting, no live worker has its task")]
 
-    def queryset(self, request: HttpRequest, queryset):
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() != self.NO_WORKER:
             return queryset
         names = [u.task_name for u in unrunnable_tasks()]
@@ -152,7 +157,9 @@ class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
     change_list_template = "admin/queueing/job_change_list.html"
     list_filter = [RunnableFilter, *ProcrastinateJobAdmin.list_filter]
 
-    def changelist_view(self, request: HttpRequest, extra_context=None):
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         if request.method == "GET":
             self._warn_unrunnable(request)
         return super().changelist_view(request, extra_context)
@@ -181,7 +188,7 @@ class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
         return request.user.has_perm("procrastinate.change_procrastinatejob")
 
     @admin.action(description="Retry job (failed or stalled)", permissions=["operate"])
-    def retry(self, request: HttpRequest, queryset) -> None:
+    def retry(self, request: HttpRequest, queryset: QuerySet[ProcrastinateJob]) -> None:
         results = [job_retry(job_id=pk) for pk in queryset.values_list("pk", flat=True)]
         done = [r for r in results if r.outcome in (RetryOutcome.RETRIED, RetryOutcome.RECOVERED)]
         if done:
@@ -196,7 +203,7 @@ class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
             )
 
     @admin.action(description="Cancel job (waiting jobs only)", permissions=["operate"])
-    def cancel(self, request: HttpRequest, queryset) -> None:
+    def cancel(self, request: HttpRequest, queryset: QuerySet[ProcrastinateJob]) -> None:
         actor = f"admin:{request.user.get_username()}"
         ids = list(queryset.values_list("pk", flat=True))
         cancelled = []

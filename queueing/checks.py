@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 from django.db import connections
@@ -11,7 +15,7 @@ from queueing.sweeps import resume_gap_seconds
 
 
 @register()
-def check_database(app_configs, **kwargs) -> list[CheckMessage]:
+def check_database(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
     errors: list[CheckMessage] = []
     # The backend's vendor, not its ENGINE path: a project's own PostgreSQL backend (a
     # subclass of Django's) counts.

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.backends.utils import CursorWrapper
 from procrastinate.contrib.django.models import ProcrastinateJob
 
 from queueing import giveup
@@ -56,7 +57,7 @@ class Retried:
     detail: str = ""
 
 
-def _holder(cursor, job_id: int, queueing_lock: str | None) -> int | None:
+def _holder(cursor: CursorWrapper, job_id: int, queueing_lock: str | None) -> int | None:
     if queueing_lock is None:
         return None
     cursor.execute(queries["key_holder"], {"job_id": job_id, "queueing_lock": queueing_lock})

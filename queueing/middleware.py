@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import Any
 
 from django.core.signals import got_request_exception
 from django.db import InterfaceError, OperationalError
@@ -63,7 +64,9 @@ def unavailable_response(exc: BaseException) -> JsonResponse:
     return response
 
 
-def _remember_database_error(sender, request: HttpRequest | None = None, **kwargs) -> None:
+def _remember_database_error(
+    sender: object, request: HttpRequest | None = None, **kwargs: Any
+) -> None:
     exc = sys.exc_info()[1]
     if request is not None and database_error(exc):
         setattr(request, _MARK, exc)

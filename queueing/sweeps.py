@@ -203,6 +203,8 @@ def resume_gap_seconds(*, grace: float, heartbeat: float) -> float:
 
 
 _registry: dict[str, Sweep] = {}
+#: What :func:`declare_sweep` registers: one run of the sweep.
+SweepFunction = Callable[[SweepContext], SweepResult]
 
 
 def declare_sweep(
@@ -215,7 +217,7 @@ def declare_sweep(
     inline: bool = False,
     every_setting: str | None = None,
     every_default: float = 0.0,
-):
+) -> Callable[[SweepFunction], SweepFunction]:
     """Register ``func(ctx) -> SweepResult`` as a sweep with a periodic tick (``cron``)
     and a singleton job; or, ``inline=True``, as one every worker runs itself every
     ``every_*`` seconds under the sweep's try-lock."""
@@ -223,7 +225,7 @@ def declare_sweep(
     if inline == bool(cron):
         raise ValueError(f"sweep {name!r}: give a cron, or inline=True with a period")
 
-    def decorator(func: Callable[[SweepContext], SweepResult]):
+    def decorator(func: SweepFunction) -> SweepFunction:
         if name in _registry:
             raise ValueError(f"sweep {name!r} is declared twice")
         sweep = Sweep(
