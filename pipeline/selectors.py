@@ -84,6 +84,17 @@ def anfrage_get(*, tenant_id: int, anfrage_id: int) -> Anfrage:
     return anfrage
 
 
+def anfrage_file_get(*, tenant_id: int, anfrage_id: int, file_id: int) -> AnfrageFile:
+    """A stored file of the tenant's inquiry; :class:`AnfrageNotFound` for a missing or
+    foreign inquiry or a file of another inquiry."""
+    stored = AnfrageFile.objects.filter(
+        pk=file_id, anfrage_id=anfrage_id, tenant_id=tenant_id
+    ).first()
+    if stored is None:
+        raise AnfrageNotFound(f"no file {file_id} in inquiry {anfrage_id}")
+    return stored
+
+
 def anfrage_get_any(*, anfrage_id: int) -> Anfrage:
     """Any tenant's inquiry, for operators (commands and admin), never for the API."""
     anfrage = Anfrage.objects.select_related("tenant").filter(pk=anfrage_id).first()
