@@ -295,6 +295,8 @@ def test_every_page_carries_the_policy_and_nothing_inline(client, alice, tenant,
         (admin_client, "/admin/runs/analysisjob/"),
         (admin_client, "/admin/pipeline/pipelinerun/"),
         (admin_client, "/admin/accounts/user/"),
+        (admin_client, "/admin/procrastinate/procrastinatejob/"),
+        (admin_client, "/admin/procrastinate/procrastinatejob/sweeps/"),
     ]
     anonymous = Client()
     pages.append((anonymous, "/accounts/login/"))
