@@ -158,6 +158,15 @@ def test_the_structural_public_names_keep_their_shape():
         ), name
 
 
+def test_the_job_admin_column_pgstage_restyles_is_still_shown():
+    """``queueing.admin.JobAdmin.pretty_args`` replaces procrastinate's inline-styled
+    rendering of the arguments; under another name it would be bypassed."""
+    from procrastinate.contrib.django.admin import ProcrastinateJobAdmin
+
+    assert "pretty_args" in ProcrastinateJobAdmin.list_display
+    assert "pretty_args" in ProcrastinateJobAdmin.fields
+
+
 @pytest.mark.django_db
 def test_the_sql_functions_pgstage_calls_exist_with_their_argument_types():
     with connection.cursor() as cursor:
