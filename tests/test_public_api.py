@@ -60,6 +60,7 @@ PUBLIC = {
     "queueing.metrics": ["metrics_view", "MetricSource", "Family", "PROCESS_REGISTRY"],
     "queueing.middleware": ["RequestMetricsMiddleware", "DatabaseUnavailableMiddleware"],
     "queueing.worker": ["install"],
+    "queueing.connector": ["worker_connector"],
     "queueing.worker_state": ["WorkerStateHandler"],
 }
 
