@@ -218,3 +218,45 @@ def test_a_core_run_closed_behind_the_jobs_back_fails_it_with_a_refund():
     row.refresh_from_db()
     assert row.status == JobStatus.FAILED and "refused to release" in row.error
     assert refunds(job.id) == 1
+
+
+@pytest.mark.django_db
+def test_a_job_given_up_after_its_release_fails_its_judging_core_run(settings):
+    user = funded_user(credits=1)
+    job = admit(user)
+    settings.RUNS_JUDGE = "tests.runs.test_release.CrashingJudge"
+    with pytest.raises(TimeoutError):
+        processing.analysis_job_process(job_id=job.id)
+    row = AnalysisJob.objects.get(pk=job.id)
+    assert CoreRun.objects.get(pk=row.core_run_id).state == CoreRunState.JUDGING
+
+    assert processing.analysis_job_abandon(job_id=job.id, reason="its last attempt failed")
+
+    core_run = CoreRun.objects.get(pk=row.core_run_id)
+    assert (core_run.state, refunds(job.id)) == (CoreRunState.FAILED, 1)
+    assert "its last attempt failed" in core_run.error
+
+
+@pytest.mark.django_db
+def test_the_resume_tick_fails_a_judging_core_run_whose_job_ended(settings, monkeypatch):
+    user = funded_user(credits=1)
+    job = admit(user)
+    settings.RUNS_JUDGE = "tests.runs.test_release.CrashingJudge"
+    with pytest.raises(TimeoutError):
+        processing.analysis_job_process(job_id=job.id)
+    from runs.core import LocalCore
+    from runs.exceptions import CoreUnavailable
+
+    def down(self, **kwargs):
+        raise CoreUnavailable()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(LocalCore, "finish", down)
+        assert processing.analysis_job_abandon(job_id=job.id, reason="gave up")
+    core_run_id = AnalysisJob.objects.get(pk=job.id).core_run_id
+    assert CoreRun.objects.get(pk=core_run_id).state == CoreRunState.JUDGING
+
+    assert admission.held_runs_expire() == 1
+
+    assert CoreRun.objects.get(pk=core_run_id).state == CoreRunState.FAILED
+    assert admission.held_runs_expire() == 0
