@@ -15,6 +15,8 @@ text. Then:
   sentence of the last block before it that has words; with none before it, the marker
   is unattached: its claim is empty (the default judge: unsupported, "the claim has no
   checkable words");
+* a key matches its source's key in any case (``[S1]`` cites source ``s1``; the API
+  refuses two source keys that differ only in case);
 * ``[sic]`` (any case) is an editorial note, never a citation;
 * a sentence ends after ``.``, ``!`` or ``?`` (and closing quotes) followed by space
   or by a marker's ``[`` (``…blue.[s1] Grass``), unless the next word starts in lower
@@ -360,7 +362,7 @@ def judge_document(
     """
     judge = judge or get_judge()
     by_key = {
-        str(s["key"]): Source(
+        str(s["key"]).casefold(): Source(
             key=str(s["key"]),
             title=str(s.get("title") or ""),
             doi=s.get("doi") or None,
@@ -375,7 +377,9 @@ def judge_document(
     for citation in citations:
         # Only JudgeError is final; anything else a judge raises (a timeout of a remote
         # judge, say) propagates so the task is retried.
-        judgement = judge.judge(claim=citation.claim, source=by_key.get(citation.source_key))
+        judgement = judge.judge(
+            claim=citation.claim, source=by_key.get(citation.source_key.casefold())
+        )
         verdicts.append(
             CitationVerdict(
                 marker=citation.marker,

@@ -201,6 +201,10 @@ CASES = {
         f"<p>[s1]</p><p>{GRASS}.</p>",
         [("s1", "", NO)],
     ),
+    "a key matches its source in any case": (
+        f'<p>{SKY} [S1].</p><p data-source="S2">{GRASS}</p>',
+        [("S1", f"{SKY}.", OK), ("S2", GRASS, OK)],
+    ),
     "a void element cites nothing": (
         f'<p>{GRASS} [s2]<img data-source=s1 alt="sky"></p>',
         [("s2", GRASS, OK)],
