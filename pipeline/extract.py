@@ -698,12 +698,14 @@ def table_cells(line: str) -> list[str]:
 
 def _is_table_start(lines: Sequence[str], index: int) -> bool:
     """Whether ``lines[index]`` is a table's header: it holds a pipe and the next line is
-    a delimiter row."""
+    a delimiter row of as many cells."""
+    if "|" not in lines[index] or index + 1 >= len(lines):
+        return False
+    delimiter = _collapse(lines[index + 1])
     return (
-        "|" in lines[index]
-        and index + 1 < len(lines)
-        and "-" in lines[index + 1]
-        and _TABLE_DELIMITER_ROW.fullmatch(_collapse(lines[index + 1])) is not None
+        "|" in delimiter
+        and _TABLE_DELIMITER_ROW.fullmatch(delimiter) is not None
+        and len(table_cells(delimiter)) == len(table_cells(lines[index]))
     )
 
 
@@ -732,6 +734,12 @@ class LineExtractor:
             if _is_table_start(lines, index):
                 in_table, skip_to = True, index + 2
                 table = _layout(table_cells(line), "|")
+                if table is None:
+                    message = (
+                        "this table's header names no qty and item column (such as "
+                        f"{TABLE_HEADER_HINT!r}): its rows are not read"
+                    )
+                    warnings.append(_warning(source, line_no, stripped, message))
                 continue
             if not stripped or stripped.startswith(("#", "//")):
                 continue
@@ -757,10 +765,7 @@ class LineExtractor:
         if not any(cell.strip() for cell in cells):
             return
         if layout is None:
-            message = (
-                "this table's header names no qty and item column (such as "
-                f"{TABLE_HEADER_HINT!r}): the row is not read"
-            )
+            message = "this table's header names no qty and item column: the row is not read"
             warnings.append(_warning(source, line_no, row, message))
             return
         self._add(

@@ -196,7 +196,7 @@ def test_a_markdown_table_without_qty_and_item_columns_warns_per_row():
     text = "| Name | Telefon |\n|---|---|\n| Jane | 0123 |\n| Joe | 0456 |\n"
     result = LineExtractor().extract(inspect_upload("kontakt.md", text.encode()))
     assert result.positions == ()
-    assert [w.line_no for w in result.warnings] == [3, 4]
+    assert [w.line_no for w in result.warnings] == [1, 3, 4]
     assert all("names no qty and item column" in w.message for w in result.warnings)
 
 
