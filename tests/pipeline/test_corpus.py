@@ -1,8 +1,8 @@
 """A corpus of inquiry files as customers send them (``corpus/``), German and English:
 delimiters, encodings (UTF-16 too), units, thousands separators, quoted headers, Markdown
-lists and tables, length forms and multi-line fields. Each runs through all four stages; its positions, warnings and quote
-are written down here, every price worked out by hand from the default catalog
-(``pipeline/data/default_catalog.json``)."""
+lists and tables, length forms and multi-line fields. Each runs through all four stages;
+its positions, warnings and quote are written down here, every price worked out by hand
+from the default catalog (``pipeline/data/default_catalog.json``)."""
 
 from __future__ import annotations
 
