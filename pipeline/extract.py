@@ -12,7 +12,14 @@ Formats (German and English units: pcs/Stk/Stück, m/lfm, mm, cm, kg, t):
 * CSV: a header row ``position;qty;unit;item;material;length_mm`` (German names such as
   ``menge``/``einheit``/``bezeichnung`` too; ``;``, ``,`` or tab separated);
 * Markdown: list items (``-``, ``*``, ``+``, ``1.``) in the text format; other lines are
-  prose and ignored.
+  prose and ignored;
+* in text and Markdown, a Markdown table (a header row, a delimiter row ``|---|---|``,
+  its rows) is read as a CSV whose delimiter is the pipe.
+
+Column names, units and keywords match in any case. A piece length is read at a line's
+end (``, 6 m``, ``L=6000 mm``, ``Einzellänge 6 m``; ``Gesamtlänge 72 m`` is shared by the
+pieces) or right after the count (``2 x 6 m Rohr``, ``12x6m Rohr``). UTF-16 files are
+decoded (:func:`utf16_codec`).
 
 Numbers are read in their German or English form, decided per number (:func:`read_number`);
 what a line leaves open (an ambiguous number, a length column without a unit, a rounded
