@@ -156,7 +156,7 @@ _LENGTH_HEADER = re.compile(
 #: The length units a header may spell out, by their prefix.
 _HEADER_UNIT_PREFIXES = {None: "m", "milli": "mm", "centi": "cm", "zenti": "cm"}
 #: A length cell: a number and, maybe, its unit.
-_LENGTH_CELL = re.compile(rf"(?P<len>{_NUMBER}) ?(?P<unit>mm|cm|m)?\.?", re.IGNORECASE)
+_LENGTH_CELL = re.compile(rf"(?P<len>{_NUMBER}) ?(?P<unit>{_LENGTH_UNIT})?\.?", re.IGNORECASE)
 # Material: a grade code first, then a family word (German compounds: "Stahlträger").
 _GRADES = re.compile(
     r"\b(S\d{3}(?:J[R02](?:\+N)?|N|M)?|St\s?(?:37|52)|1\.4\d{3}|AlMg\d|EN\s?AW-\d{4})\b",

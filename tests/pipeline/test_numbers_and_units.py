@@ -382,3 +382,10 @@ def test_a_length_column_in_metres_reads_three_decimals_as_millimetres():
     _, result = extract("list.csv", "Menge;Einheit;Bezeichnung;Länge (m)\n4;Stk;Rohr;6,250\n")
     assert [p.length_mm for p in result.positions] == [6250]
     assert result.warnings == ()
+
+
+@pytest.mark.parametrize("cell", ["6 lfm", "6 Meter", "6 metres", "6,000 m"])
+def test_a_length_cell_takes_every_metre_spelling(cell):
+    _, result = extract("list.csv", f"Menge;Einheit;Bezeichnung;Länge\n4;Stk;Rohr;{cell}\n")
+    assert [p.length_mm for p in result.positions] == [6000]
+    assert result.warnings == ()
