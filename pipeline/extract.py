@@ -456,8 +456,8 @@ def parse_unit(text: str) -> tuple[Unit, Decimal]:
 
 def read_length(value: str, unit: str, notes: list[str]) -> Decimal:
     """A length in millimetres, as written (not rounded). In metres, a lone separator
-    before three digits is the decimal one (``6,250 m`` is 6250 mm: as thousands it
-    would be more than a kilometre); in mm and cm it groups thousands, with a note."""
+    before three digits is the decimal one (``6,250 m`` is 6250 mm: as thousands it would
+    be a kilometre or more); in mm and cm it groups thousands, with a note."""
     unit = LENGTH_UNIT_NAMES[unit.lower()]
     number = read_number(value)
     if number.decimal is not None and unit == "m":
