@@ -161,7 +161,6 @@ def test_the_structural_public_names_keep_their_shape():
         ), name
 
 
-<<<<<<< HEAD
 def test_the_job_admin_column_pgstage_restyles_is_still_shown():
     """``queueing.admin.JobAdmin.pretty_args`` replaces procrastinate's inline-styled
     rendering of the arguments; under another name it would be bypassed."""
@@ -169,7 +168,8 @@ def test_the_job_admin_column_pgstage_restyles_is_still_shown():
 
     assert "pretty_args" in ProcrastinateJobAdmin.list_display
     assert "pretty_args" in ProcrastinateJobAdmin.fields
-=======
+
+
 def test_the_worker_command_takes_the_connector_install_gives_and_its_pool_takes_our_check():
     """procrastinate's ``procrastinate`` command asks the Django app's connector for the
     worker's (``get_worker_connector``, which ``install`` points at
@@ -194,7 +194,6 @@ def test_the_worker_command_takes_the_connector_install_gives_and_its_pool_takes
     assert seen["check"] == AsyncConnectionPool.check_connection
     pool = queueing_connector._pool(open=False, check=AsyncConnectionPool.check_connection)
     assert pool._check is queueing_connector._check
->>>>>>> perf18
 
 
 @pytest.mark.django_db
