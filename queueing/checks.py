@@ -24,7 +24,8 @@ def check_database(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> li
             Error(
                 "pgstage needs PostgreSQL: advisory locks, partial unique indexes and "
                 "SKIP LOCKED have no equivalent elsewhere.",
-                hint="Set DATABASE_URL=postgresql://… or unset it to use the embedded server.",
+                hint="Point DATABASES['default'] at a PostgreSQL server: ENGINE "
+                "'django.db.backends.postgresql' (or a backend of your own that subclasses it).",
                 id="queueing.E001",
             )
         )
@@ -66,7 +67,7 @@ def _check_recovery_period() -> list[Error]:
             f"{beat_resume_seconds(beat):g}) / 2 = {gap / 2:g} s): a longer pause between "
             "two recoveries counts as a time nobody watched, so with a slow run recovery "
             "would restart its clock and never recover a dead worker's job.",
-            hint=f"Use {max(gap / 2, 0.1):g} s or less, or raise STALLED_WORKER_SECONDS.",
+            hint=f"Use {max(gap / 2, 0.1):g} s or less, or raise QUEUEING_STALLED_WORKER_SECONDS.",
             id="queueing.E003",
         )
     ]

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 
 from config.embedded import embedded_database_url
 from queueing.checks import check_database
+from tests.conftest import ROOT
 
 
 def ids(messages) -> list[str]:
@@ -39,3 +43,45 @@ def test_the_embedded_server_says_what_to_do_when_it_cannot_start(tmp_path):
     blocker.write_text("a file where the data directory should be")
     with pytest.raises(ImproperlyConfigured, match=r"Remove .* or set DATABASE_URL"):
         embedded_database_url(blocker / "pg")
+
+
+def documented_settings() -> set[str]:
+    """The settings table of docs/api.md: what a project may set."""
+    table = (ROOT / "docs" / "api.md").read_text().split("## Settings", 1)[1]
+    return set(re.findall(r"^\| `([A-Z][A-Z0-9_]+)` \|", table, re.MULTILINE))
+
+
+def every_message(settings, monkeypatch) -> list:
+    """Each message check_database can give, in a project that has nothing else: not
+    PostgreSQL, a recovery period too long, a threshold too short, procrastinate's worker."""
+    monkeypatch.setattr(connections["default"], "vendor", "sqlite")
+    settings.QUEUEING_STALLED_RECOVERY_SECONDS = 45
+    settings.PROCRASTINATE_ON_APP_READY = None
+    messages = check_database(None)
+    # A threshold within two heartbeats leaves no recovery period to weigh (E003).
+    settings.QUEUEING_STALLED_WORKER_SECONDS = 10
+    short = [m for m in check_database(None) if "two heartbeats" in m.msg]
+    return [*messages, *short]
+
+
+def test_each_message_names_only_settings_a_project_has(settings, monkeypatch):
+    """A hint is followed literally: a setting it names must be one the project can set
+    (the framework's, in docs/api.md, or Django's), not the reference site's environment."""
+    messages = every_message(settings, monkeypatch)
+    assert sorted(ids(messages)) == [
+        "queueing.E001",
+        "queueing.E003",
+        "queueing.W001",
+        "queueing.W001",
+    ]
+    known = documented_settings() | {"DATABASES", "INSTALLED_APPS", "ENGINE"}
+    for message in messages:
+        named = set(
+            re.findall(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b", f"{message.msg} {message.hint}")
+        )
+        assert named <= known, (message.id, named - known)
+
+
+def test_the_postgresql_error_says_which_setting_to_change(settings, monkeypatch):
+    [error] = [m for m in every_message(settings, monkeypatch) if m.id == "queueing.E001"]
+    assert "DATABASES" in error.hint and "django.db.backends.postgresql" in error.hint
