@@ -231,8 +231,7 @@ class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
         self.message_user(
             request,
             f"Cancelled {len(cancelled)} of {len(ids)} job(s); only waiting jobs are "
-            "cancelled, and each one's domain row is settled (e.g. an analysis is failed "
-            "and refunded).",
+            "cancelled, and each one's give-up hook settles the row it works on.",
             messages.SUCCESS if cancelled else messages.WARNING,
         )
 

@@ -10,7 +10,7 @@ services do what an operator means:
   its key (then it points at that job: it does the same work); a ``doing`` job is refused
   while its worker is alive, and recovered now (as stalled recovery would) once it is not.
 * :func:`job_cancel` — a waiting job is cancelled and its task's give-up hook settles the
-  domain row (e.g. the analysis is failed and refunded, the next one starts).
+  domain row (e.g. marks it failed and hands its slot to the next one).
 * :func:`unrunnable_tasks` — the task names of waiting jobs that no live worker has (a
   worker fetches only its own tasks' jobs): they wait, visibly, for a worker that has
   the task, or for an operator's cancel.
@@ -175,8 +175,7 @@ def job_cancel(*, job_id: int, actor: str) -> bool:
     the same transaction; otherwise a worker that has it runs it. A job of a task this
     process does not know (removed in this release; see docs/deploy.md) may be cancelled
     too: no worker here could run it. Raises :class:`CancelRefused` for a known task whose
-    work nothing else would do (no hook, not declared cancellable), e.g. the judge of a
-    recorded run."""
+    work nothing else would do (no hook, not declared cancellable)."""
     task_name = (
         ProcrastinateJob.objects.filter(pk=job_id).values_list("task_name", flat=True).first()
     )
@@ -185,8 +184,8 @@ def job_cancel(*, job_id: int, actor: str) -> bool:
     if task_name in giveup.known_tasks() and not giveup.is_cancellable(task_name):
         raise CancelRefused(
             f"job {job_id} ({task_name}) cannot be cancelled: nothing else would do its work "
-            "and its domain would wait for ever; fix what it waits for, or cancel what it "
-            "belongs to (e.g. the analysis) instead"
+            "and its row would wait for ever; fix what it waits for, or settle the row "
+            "it works on instead"
         )
     reason = f"its job {job_id} was cancelled by {actor}"
     with transaction.atomic(), connection.cursor() as cursor:
