@@ -12,7 +12,11 @@ What is pinned:
 * every override in ``PgstageWorker`` has its base method's parameters (one check over the
   whole class, so a new override is covered without editing this module);
 * the worker's private attributes pgstage reads or sets, and the ``App`` attributes
-  ``install()`` and the worker rely on;
+  ``install()`` and the worker rely on (``App._worker``, which ``install()`` replaces,
+  called with keywords only);
+* the helpers of ``procrastinate.utils`` (an internal module) the worker calls, and a
+  scan of ``queueing/`` that fails on any other name of an internal module or any
+  private module-level name of procrastinate it reads;
 * the public-but-structural names: ``JobManager.fetch_job`` / ``register_worker``,
   ``PeriodicDeferrer.defer_jobs``, ``Job.from_row``, ``get_channel_for_queues``,
   ``connector_params``, and psycopg_pool's ``timeout``, ``reconnect_timeout`` and
@@ -27,19 +31,23 @@ What is pinned:
 
 from __future__ import annotations
 
+import ast
 import inspect
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 from django.db import connection
 from packaging.specifiers import SpecifierSet
 from procrastinate import App, jobs, manager, periodic
+from procrastinate import utils as procrastinate_utils
 from procrastinate import worker as procrastinate_worker
 from procrastinate.contrib.django import utils as django_utils
 from procrastinate.testing import InMemoryConnector
 from psycopg_pool import AsyncConnectionPool
 
 from queueing.worker import PgstageWorker
+from tests.conftest import ROOT
 
 SUPPORTED = SpecifierSet(">=3.10,<3.11")
 
@@ -92,6 +100,16 @@ APP_ATTRIBUTES = (
     "periodic_defaults",
     "worker_defaults",
 )
+#: ``procrastinate.utils`` (an internal module, no API of procrastinate's) functions the
+#: worker calls: name -> (is a coroutine function, its parameters).
+UTILS_FUNCTIONS: dict[str, tuple[bool, tuple[str, ...]]] = {
+    "utcnow": (False, ()),
+    "cancel_and_capture_errors": (True, ("tasks",)),
+    "queues_display": (False, ("queues",)),
+}
+#: procrastinate's modules whose every name the framework uses is pinned here (the
+#: private ones of the others too).
+INTERNAL_MODULES = {"procrastinate.utils"}
 #: procrastinate's SQL functions that pgstage's own statements call, as ``regprocedure``.
 SQL_FUNCTIONS = (
     "procrastinate_defer_jobs_v1(procrastinate_job_to_defer_v1[])",
@@ -143,6 +161,75 @@ def test_the_worker_and_app_attributes_pgstage_uses_exist():
 
     assert [a for a in WORKER_ATTRIBUTES if not hasattr(worker, a)] == []
     assert [a for a in APP_ATTRIBUTES if not hasattr(app, a)] == []
+
+
+def test_the_worker_builder_install_replaces_takes_keywords_only():
+    """``install`` puts ``build_worker(**kwargs)`` in place of ``App._worker``, which
+    procrastinate calls with the worker's options as keywords."""
+    signature = inspect.signature(App._worker)
+    assert [p.kind for p in signature.parameters.values() if p.name != "self"] == [
+        inspect.Parameter.VAR_KEYWORD
+    ]
+    assert "self._worker(**kwargs)" in inspect.getsource(App.run_worker_async)
+    assert "task_middleware" in inspect.signature(procrastinate_worker.Worker).parameters
+
+
+@pytest.mark.parametrize("name", sorted(UTILS_FUNCTIONS))
+def test_each_internal_helper_pgstage_calls_is_there_as_it_expects(name):
+    is_coroutine, expected = UTILS_FUNCTIONS[name]
+    func = getattr(procrastinate_utils, name, None)
+
+    assert func is not None, f"procrastinate.utils has no {name} any more"
+    assert inspect.iscoroutinefunction(func) is is_coroutine
+    assert parameters(func) == expected
+
+
+def procrastinate_names_used(root: Path) -> set[str]:
+    """``module.name`` for each name the framework's code reads from one of procrastinate's
+    modules that is private (``_name``) or from an internal module."""
+    used = set()
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        aliases: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("procrastinate"):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    aliases[alias.asname or alias.name] = full
+                    if alias.name.startswith("_") or node.module in INTERNAL_MODULES:
+                        used.add(full)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("procrastinate"):
+                        aliases[alias.asname or alias.name] = alias.name
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+            ):
+                module = aliases[node.value.id]
+                if node.attr.startswith("_") or module in INTERNAL_MODULES:
+                    used.add(f"{module}.{node.attr}")
+    return used
+
+
+def test_every_internal_procrastinate_name_the_framework_uses_is_pinned():
+    pinned = {f"procrastinate.utils.{name}" for name in UTILS_FUNCTIONS}
+    assert procrastinate_names_used(ROOT / "queueing") <= pinned
+
+
+def test_the_name_finder_sees_internal_and_private_names(tmp_path):
+    (tmp_path / "x.py").write_text(
+        "from procrastinate import utils, worker as w\n"
+        "from procrastinate.utils import queues_display\n"
+        "utils.utcnow()\nw._helper()\nw.Worker\n"
+    )
+    assert procrastinate_names_used(tmp_path) == {
+        "procrastinate.utils.utcnow",
+        "procrastinate.utils.queues_display",
+        "procrastinate.worker._helper",
+    }
 
 
 def test_the_structural_public_names_keep_their_shape():
