@@ -8,7 +8,7 @@ from typing import Any
 from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from queueing.outage import beat_resume_seconds
 from queueing.sweeps import resume_gap_seconds
@@ -19,7 +19,7 @@ def check_database(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> li
     errors: list[CheckMessage] = []
     # The backend's vendor, not its ENGINE path: a project's own PostgreSQL backend (a
     # subclass of Django's) counts.
-    if connections["default"].vendor != "postgresql":
+    if connections[DEFAULT_DB_ALIAS].vendor != "postgresql":
         errors.append(
             Error(
                 "pgstage needs PostgreSQL: advisory locks, partial unique indexes and "
@@ -34,6 +34,19 @@ def check_database(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> li
             Error(
                 "queueing needs 'procrastinate.contrib.django' in INSTALLED_APPS.",
                 id="queueing.E002",
+            )
+        )
+    alias = getattr(settings, "PROCRASTINATE_DATABASE_ALIAS", DEFAULT_DB_ALIAS)
+    if alias != DEFAULT_DB_ALIAS:
+        errors.append(
+            Error(
+                f"PROCRASTINATE_DATABASE_ALIAS={alias!r}: pgstage enqueues on the "
+                f"{DEFAULT_DB_ALIAS!r} connection, in the transaction of the write that "
+                "causes the job, and its workers would fetch from another; those jobs would "
+                "never run.",
+                hint=f"Remove PROCRASTINATE_DATABASE_ALIAS (or set it to {DEFAULT_DB_ALIAS!r}): "
+                "procrastinate's tables and your own share the default database.",
+                id="queueing.E004",
             )
         )
     errors.extend(_check_stall_threshold())

@@ -85,3 +85,17 @@ def test_each_message_names_only_settings_a_project_has(settings, monkeypatch):
 def test_the_postgresql_error_says_which_setting_to_change(settings, monkeypatch):
     [error] = [m for m in every_message(settings, monkeypatch) if m.id == "queueing.E001"]
     assert "DATABASES" in error.hint and "django.db.backends.postgresql" in error.hint
+
+
+def test_procrastinate_on_another_database_alias_is_an_error(settings):
+    """The framework enqueues on Django's default connection, in the caller's transaction;
+    a worker on procrastinate's own alias would never see those jobs."""
+    settings.PROCRASTINATE_DATABASE_ALIAS = "jobs"
+    [error] = check_database(None)
+    assert error.id == "queueing.E004"
+    assert "PROCRASTINATE_DATABASE_ALIAS" in error.hint
+
+
+def test_procrastinate_on_the_default_alias_named_explicitly_passes(settings):
+    settings.PROCRASTINATE_DATABASE_ALIAS = "default"
+    assert check_database(None) == []
