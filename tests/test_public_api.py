@@ -103,3 +103,43 @@ def test_the_settings_table_names_exactly_the_settings_the_framework_reads():
     table = PAGE.split("## Settings", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `([A-Z][A-Z0-9_]+)` \|", table, re.MULTILINE))
     assert settings_read() == documented
+
+
+#: The framework's own pages: what a project that installs it reads.
+FRAMEWORK_PAGES = ("getting-started.md", "queueing.md", "api.md", "design.md")
+
+
+def setting_like_names(text: str) -> set[str]:
+    """The UPPER_SNAKE names a page puts in code spans (``X`` or ``X = ...``)."""
+    return set(re.findall(r"`([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)\b[^`]*`", text))
+
+
+@pytest.mark.parametrize("page", FRAMEWORK_PAGES)
+def test_the_framework_pages_name_only_settings_a_project_has(page):
+    """A project sets what the page names: the framework's settings (the table above),
+    Django's, procrastinate's (``PROCRASTINATE_*``), the environment variables of
+    ``queueing.gunicorn`` or a public constant — not the reference site's environment
+    variables, which a project does not have."""
+    from django.conf import global_settings
+
+    table = PAGE.split("## Settings", 1)[1].split("\n## ", 1)[0]
+    environment = set(re.findall(r"`([A-Z][A-Z_]+)`", table.split("Environment variables", 1)[1]))
+    public = {name for names in PUBLIC.values() for name in names}
+    known = (
+        settings_read()
+        | {name for name in dir(global_settings) if name.isupper()}
+        | environment
+        | public
+    )
+    text = (ROOT / "docs" / page).read_text()
+    unknown = {
+        name for name in setting_like_names(text) - known if not name.startswith("PROCRASTINATE_")
+    }
+    assert unknown == set(), f"docs/{page} names settings a project does not have"
+
+
+def test_the_setting_finder_sees_names_in_code_spans():
+    assert setting_like_names("`STALLED_WORKER_SECONDS` (30), `X = 1`, `A_B = 2`, FOO_BAR") == {
+        "STALLED_WORKER_SECONDS",
+        "A_B",
+    }
