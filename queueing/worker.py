@@ -248,6 +248,7 @@ class PgstageWorker(procrastinate_worker.Worker):
             *middleware,
         ]
         super().__init__(*args, **kwargs)
+        self._warn_without_sweep_queue()
         # Every Django connection of this process is built from this one settings dict.
         connections.settings[DEFAULT_DB_ALIAS]["CONN_HEALTH_CHECKS"] = False
         self._gave_up: str | None = None
@@ -269,6 +270,22 @@ class PgstageWorker(procrastinate_worker.Worker):
         self._hooks = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="pgstage-give-up-hooks"
         )
+
+    def _warn_without_sweep_queue(self) -> None:
+        """The sweeps' jobs have a queue of their own; a worker given ``--queues`` without
+        it never runs them, and with no other worker taking it they wait for ever (the
+        inline recovery still runs: it is no job)."""
+        if self.queues is None or sweeps.SWEEP_QUEUE in self.queues:
+            return
+        job_sweeps = [name for name, sweep in sweeps.sweeps().items() if not sweep.inline]
+        if job_sweeps:
+            logger.warning(
+                "this worker does not take the %r queue, where the sweeps %s run: they "
+                "run only if another worker does (procrastinate worker --queues %s)",
+                sweeps.SWEEP_QUEUE,
+                ", ".join(job_sweeps),
+                sweeps.SWEEP_QUEUE,
+            )
 
     def _fresh_connection(self, call_next: Callable[[], Any], context: Any, worker: Any) -> Any:
         """Sync task middleware, in the job's thread: after the worker saw a database

@@ -409,3 +409,27 @@ def test_a_worker_loop_that_fails_anyway_stops_the_worker_as_a_failure(clean_que
 
     with pytest.raises(WorkerStopped, match="its broken loop failed"):
         asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("queues", "warned"),
+    [(["default"], True), (["default", "sweeps"], False), (None, False), (["sweeps"], False)],
+)
+def test_a_worker_that_does_not_take_the_sweeps_queue_says_so(caplog, queues, warned):
+    """``procrastinate worker --queues default`` leaves the sweeps' jobs (retention, a
+    project's own backstops) waiting for ever unless another worker takes their queue:
+    the worker says so when it starts, once."""
+    from procrastinate import App
+    from procrastinate.testing import InMemoryConnector
+
+    from queueing.worker import PgstageWorker
+
+    with caplog.at_level("WARNING", logger="queueing.worker"):
+        PgstageWorker(app=App(connector=InMemoryConnector()), queues=queues)
+
+    lines = [r.getMessage() for r in caplog.records if r.name == "queueing.worker"]
+    if warned:
+        [line] = lines
+        assert "'sweeps' queue" in line and "finished_jobs" in line and "--queues" in line
+    else:
+        assert lines == []
