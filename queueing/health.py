@@ -115,12 +115,16 @@ def readiness() -> list[Check]:
     return checks
 
 
+# Outside ATOMIC_REQUESTS' transaction, which would connect before the view runs: the
+# liveness answer needs no database, and readiness reports an unreachable one itself.
+@transaction.non_atomic_requests
 @never_cache
 @require_safe
 def healthz_view(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "alive"})
 
 
+@transaction.non_atomic_requests
 @never_cache
 @require_safe
 def readyz_view(request: HttpRequest) -> JsonResponse:

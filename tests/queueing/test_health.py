@@ -202,3 +202,29 @@ def test_a_heartbeat_row_is_what_a_real_worker_writes():
         )
         (beat,) = cursor.fetchone()
     assert datetime.datetime.now(datetime.UTC) - beat < datetime.timedelta(minutes=1)
+
+
+@pytest.fixture
+def database_away(monkeypatch):
+    """Every request's first query finds no server (a closed port), as in an outage."""
+    connection.close()
+    monkeypatch.setitem(connection.settings_dict, "PORT", "1")
+    monkeypatch.setitem(connection.settings_dict, "HOST", "127.0.0.1")
+    yield
+    connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_atomic_requests_healthz_and_readyz_answer_for_themselves(
+    client, monkeypatch, database_away
+):
+    """A project with ``ATOMIC_REQUESTS = True`` wraps every view in a transaction, which
+    opens a connection before the view runs: /healthz must still answer 200 while the
+    database is away (an orchestrator would restart every web process), and /readyz must
+    give its own findings, not a connection error."""
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+
+    assert client.get("/healthz").status_code == 200
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["database"]["ok"] is False
