@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 import pytest
+from django.core.management import call_command
 
 from queueing.supervisor import (
     RESTART_CAP_SECONDS,
@@ -221,3 +222,44 @@ def test_run_all_serves_with_gunicorn_and_restarts_a_killed_worker(clean_queue, 
         for pid in re.findall(r"started \(pid (\d+)\)", log_path.read_text()):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(int(pid), signal.SIGKILL)
+
+
+def test_run_all_from_another_directory_gives_its_children_the_project(monkeypatch, tmp_path):
+    """``python src/manage.py run_all`` from outside the project's directory: the web
+    server and the worker it starts must import the project's settings and WSGI module
+    as the command did (they are started in the current directory, where neither is)."""
+    from queueing.management.commands import run_all
+
+    started: dict = {}
+
+    class Recording:
+        def __init__(self, children, *, cwd, env, out):
+            started.update(children=children, cwd=cwd, env=env)
+            self.stopping = False
+
+        def run(self) -> int:
+            return 0
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(run_all, "Supervisor", Recording)
+    monkeypatch.setattr(run_all, "call_command", lambda *args, **kwargs: None)
+    monkeypatch.setattr(run_all.signal, "signal", lambda *args: None)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+
+    call_command("run_all", "--port", "8123", stdout=io.StringIO())
+
+    from django.conf import settings
+
+    wsgi_module = settings.WSGI_APPLICATION.rpartition(".")[0]
+    for module in (os.environ["DJANGO_SETTINGS_MODULE"], wsgi_module):
+        done = subprocess.run(
+            [sys.executable, "-c", f"import {module}"],
+            cwd=started["cwd"],
+            env=started["env"],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr

@@ -6,6 +6,7 @@ for cron."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import sys
@@ -30,6 +31,27 @@ def _wsgi() -> str:
             "WSGI_APPLICATION must name module.attribute, e.g. proj.wsgi.application"
         )
     return f"{module}:{attribute}"
+
+
+def _project_roots() -> list[str]:
+    """The directories the project's settings and WSGI module are imported from. The
+    children start in the current directory, which need not be the project's (``python
+    src/manage.py run_all``): they get these on ``PYTHONPATH``, as this process had them
+    on its path (manage.py's directory, ``--pythonpath``)."""
+    roots: list[str] = []
+    for dotted in (os.environ.get("DJANGO_SETTINGS_MODULE"), str(settings.WSGI_APPLICATION)):
+        spec = importlib.util.find_spec(dotted.split(".")[0]) if dotted else None
+        if spec is None:
+            continue
+        if spec.submodule_search_locations:
+            root = Path(next(iter(spec.submodule_search_locations))).parent
+        elif spec.origin:
+            root = Path(spec.origin).parent
+        else:
+            continue
+        if str(root) not in roots:
+            roots.append(str(root))
+    return roots
 
 
 def _drain_seconds() -> float:
@@ -80,7 +102,13 @@ class Command(BaseCommand):
             restart_on_failure=True,
             stop_timeout=_drain_seconds() + STOP_MARGIN_SECONDS,
         )
-        env = {**os.environ, "HOST": host, "PORT": str(port)}
+        python_path = [*_project_roots(), *filter(None, [os.environ.get("PYTHONPATH")])]
+        env = {
+            **os.environ,
+            "HOST": host,
+            "PORT": str(port),
+            "PYTHONPATH": os.pathsep.join(python_path),
+        }
         supervisor = Supervisor([web, worker], cwd=Path.cwd(), env=env, out=self.stdout)
         shown = f"[{host}]" if ":" in host else host
         self.stdout.write(
