@@ -13,7 +13,7 @@ from typing import Any
 
 from procrastinate.contrib.django import app as procrastinate_app
 
-from queueing import giveup
+from queueing import giveup, timeouts
 from queueing.backoff import DEFAULT_RETRY
 
 
@@ -24,6 +24,7 @@ def task(
     retry: Any = DEFAULT_RETRY,
     on_give_up: giveup.GiveUpHook | None = None,
     cancellable: bool | None = None,
+    timeout: float | None = None,
     **options: Any,
 ):
     """``@task(name="pipeline.extract")``: a procrastinate task with pgstage's defaults.
@@ -32,8 +33,11 @@ def task(
     **args)`` settles the task's domain row when a job of it ends without doing its work
     for good (``queueing.giveup``); it must be idempotent. ``cancellable`` (default: when it
     has a hook) lets an operator cancel its waiting jobs; otherwise a cancel is refused,
-    since nothing would do the job's work.
+    since nothing would do the job's work. ``timeout`` bounds one run, in seconds (default
+    ``QUEUEING_JOB_TIMEOUT_SECONDS``; 0: no bound): past it the run counts as a failed
+    attempt (``queueing.timeouts``).
     """
+    timeouts.declare(name, timeout)
 
     def decorator(func: Callable[..., Any]):
         giveup.register(

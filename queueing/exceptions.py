@@ -78,3 +78,8 @@ class PollLater(QueueingError):
     def __init__(self, message: str | None = None, *, seconds: float | None = None):
         super().__init__(message)
         self.seconds = seconds
+
+
+class JobTimedOut(QueueingError):
+    """The job's run outlived its task's timeout (``queueing.timeouts``): the run is over,
+    and counts as a failed attempt."""

@@ -46,6 +46,7 @@ PUBLIC = {
         "UnknownSweep",
         "RowVanished",
         "PollLater",
+        "JobTimedOut",
     ],
     "queueing.jobs": [
         "job_retry",
