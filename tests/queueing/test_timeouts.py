@@ -10,7 +10,8 @@ Fault model — what can hang, stall or race, and the test that covers it:
 - it hangs on its last attempt:
   test_a_run_past_its_timeout_on_its_last_attempt_fails_owing_its_give_up;
 - the hung run's worker fetches the retried job again (same worker id): the same test's
-  fence on the attempt;
+  fence on the attempt, and with a real worker that runs the retry beside the hung run:
+  test_the_retry_of_a_hung_run_runs_beside_it_on_the_same_worker;
 - the database was away when the deadline passed (a run that ended could not save):
   test_a_deadline_counts_from_when_recovery_resumed;
 - an async run never returns: test_an_async_run_past_its_timeout_is_cancelled;
@@ -287,7 +288,7 @@ def test_a_worker_whose_slots_all_hang_says_so_and_its_hung_run_is_fenced_off(
 ):
     settings.WORKER_STATE_DIR = worker_env["WORKER_STATE_DIR"]
     release = tmp_path / "release"
-    worker = task_worker(env=FAST_BEATS, concurrency=1)
+    worker = task_worker(env={**FAST_BEATS, "WORKER_POLLING_SECONDS": "0.2"}, concurrency=1)
     job = enqueue("tests.hang", args={"label": "h", "release_file": str(release)}).job_id
     wait_for(lambda: "h:started" in effects(), message=f"the run\n{worker.log()}")
     call_command("worker_health")  # healthy: its run is within its timeout
@@ -315,3 +316,28 @@ def test_a_worker_whose_slots_all_hang_says_so_and_its_hung_run_is_fenced_off(
     wait_for(lambda: "has a free slot again" in worker.log(), message="the free slot")
     call_command("worker_health")
     assert _hung_metrics() == (0, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_retry_of_a_hung_run_runs_beside_it_on_the_same_worker(effects, task_worker, tmp_path):
+    """The worker that holds the hung run has a free slot and fetches the retry itself:
+    the retry runs (a new attempt, not the hung run fetched twice) and saves its outcome;
+    the hung run's, when its thread returns, is refused."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    worker = task_worker(env={**FAST_BEATS, "WORKER_POLLING_SECONDS": "0.2"}, concurrency=2)
+    job = enqueue(
+        "tests.two_phase", args={"label": "j", "first": str(first), "second": str(second)}
+    ).job_id
+    wait_for(lambda: effects().count("j:started") == 1, message="the first run")
+    _deadline(job, attempts=0, ago=3600)
+    recovery_ran(last_run_ago=0, resumed_ago=3600)
+    wait_for(lambda: effects().count("j:started") == 2, message=f"the retry's run\n{worker.log()}")
+    second.touch()
+    wait_for(lambda: jobs(id=job)[0]["status"] == "succeeded", message="the retry's end")
+    assert jobs(id=job)[0]["attempts"] == 2  # procrastinate's finish counts the second
+    first.touch()
+    wait_for(lambda: "is no longer this worker's" in worker.log(), message="the hung run's end")
+    assert effects().count("j:finished") == 2
+    assert jobs(id=job)[0]["status"] == "succeeded"
+    assert "are held by hung jobs" not in worker.log()  # one slot of two
