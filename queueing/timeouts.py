@@ -8,8 +8,9 @@ runs stalled recovery judges it alike, whichever release or worker fetched the j
 
 Past its deadline:
 
-* an **async** run is cancelled by its worker (``TimeoutError`` in the task): it fails
-  as an attempt, and its retry strategy decides;
+* an **async** run is cancelled by its worker (the task sees the cancellation): it fails
+  as an attempt with :class:`~queueing.exceptions.JobTimedOut`, and its retry strategy
+  decides;
 * a **sync** run cannot be stopped (Python cannot kill a thread). Once its deadline is
   ``QUEUEING_JOB_TIMEOUT_GRACE_SECONDS`` old, stalled recovery ends the run as a failed
   attempt (:class:`~queueing.exceptions.JobTimedOut`): the task's retry strategy decides

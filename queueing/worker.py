@@ -100,7 +100,7 @@ from procrastinate.job_context import JobContext, JobResult
 from procrastinate.manager import get_channel_for_queues
 
 from queueing import current, giveup, sweeps, timeouts
-from queueing.exceptions import PollLater
+from queueing.exceptions import JobTimedOut, PollLater
 from queueing.outage import RECONNECT_SECONDS, Failures, describe
 from queueing.sql import load
 from queueing.sql import queries as queueing_queries
@@ -301,12 +301,19 @@ class PgstageWorker(procrastinate_worker.Worker):
         self, call_next: Callable[[], Awaitable[Any]], context: Any, worker: Any
     ) -> Any:
         """Async task middleware: as :meth:`_in_job`, for async tasks; and a run that
-        outlives its task's timeout is cancelled (``TimeoutError`` in the task, a failed
-        attempt), so it never holds its slot past it (``queueing.timeouts``)."""
+        outlives its task's timeout is cancelled, and fails as an attempt with
+        :class:`~queueing.exceptions.JobTimedOut` (as a hung sync run does in stalled
+        recovery), so it never holds its slot past it (``queueing.timeouts``)."""
         bound = timeouts.timeout_seconds(context.task.name)
+        scope = asyncio.timeout(bound if bound > 0 else None)
         with current.running(context.job.id):
-            async with asyncio.timeout(bound if bound > 0 else None):
-                return await call_next()
+            try:
+                async with scope:
+                    return await call_next()
+            except TimeoutError as exc:
+                if scope.expired():
+                    raise JobTimedOut(f"its run outlived its timeout ({bound:g} s)") from exc
+                raise
 
     # -- the outage window -------------------------------------------------------------
 

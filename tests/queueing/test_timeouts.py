@@ -39,6 +39,7 @@ from queueing import timeouts
 from queueing.app import task
 from queueing.checks import check_database
 from queueing.enqueue import enqueue
+from queueing.exceptions import JobTimedOut
 from queueing.metrics import QueueingMetrics
 from queueing.sweeps import run_sweep
 from queueing.worker import PgstageWorker, fetch_by_task_name, queries
@@ -232,7 +233,8 @@ def test_a_deadline_counts_from_when_recovery_resumed(clean_queue):
 
 def test_an_async_run_past_its_timeout_is_cancelled(monkeypatch):
     """An async run can be stopped: its worker cancels it at its timeout, and it fails as
-    an attempt (``TimeoutError``) like any exception."""
+    an attempt with ``JobTimedOut``, as a hung sync run does in recovery; a
+    ``TimeoutError`` of the task's own stays what it is."""
     monkeypatch.setattr(timeouts, "timeout_seconds", lambda name: 0.05)
     context = types.SimpleNamespace(
         job=types.SimpleNamespace(id=1), task=types.SimpleNamespace(name="t")
@@ -245,9 +247,15 @@ def test_an_async_run_past_its_timeout_is_cancelled(monkeypatch):
         await PgstageWorker._in_async_job(None, forever, context, None)
 
     started = datetime.datetime.now()
-    with pytest.raises(TimeoutError):
+    with pytest.raises(JobTimedOut, match="outlived its timeout"):
         asyncio.run(run())
     assert datetime.datetime.now() - started < datetime.timedelta(seconds=5)
+
+    async def own_timeout() -> None:
+        raise TimeoutError("the task's own")
+
+    with pytest.raises(TimeoutError, match="the task's own"):
+        asyncio.run(PgstageWorker._in_async_job(None, own_timeout, context, None))
 
 
 # -- real workers ---------------------------------------------------------------------
