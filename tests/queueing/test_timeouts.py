@@ -12,6 +12,8 @@ Fault model — what can hang, stall or race, and the test that covers it:
 - the hung run's worker fetches the retried job again (same worker id): the same test's
   fence on the attempt, and with a real worker that runs the retry beside the hung run:
   test_the_retry_of_a_hung_run_runs_beside_it_on_the_same_worker;
+- the recovering process lacks the task (another release):
+  test_a_timed_out_run_of_a_task_this_process_lacks_is_left_to_one_that_has_it;
 - the database was away when the deadline passed (a run that ended could not save):
   test_a_deadline_counts_from_when_recovery_resumed;
 - an async run never returns: test_an_async_run_past_its_timeout_is_cancelled;
@@ -216,6 +218,22 @@ def test_a_run_past_its_timeout_on_its_last_attempt_fails_owing_its_give_up(clea
         cursor.execute("SELECT reason FROM pgstage_owed_give_ups WHERE job_id = %s", [job])
         [(reason,)] = cursor.fetchall()
     assert "after 8 attempt(s)" in reason and "timeout" in reason
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_timed_out_run_of_a_task_this_process_lacks_is_left_to_one_that_has_it(clean_queue):
+    """Its retry strategy is code this process does not have (another release, other
+    task modules): it would have to guess. A process that has the task ends it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO procrastinate_jobs (queue_name, task_name, args) "
+            "VALUES ('default', 'elsewhere.task', '{}') RETURNING id"
+        )
+        (job,) = cursor.fetchone()
+    make_doing(job, heartbeat_age_s=0)
+    _deadline(job, attempts=0, ago=3600)
+    assert run_sweep("stalled_jobs").selected == 0
+    assert jobs(id=job)[0]["status"] == "doing"
 
 
 @pytest.mark.django_db(transaction=True)
