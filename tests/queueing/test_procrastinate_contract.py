@@ -14,7 +14,8 @@ What is pinned:
 * the worker's private attributes pgstage reads or sets, and the ``App`` attributes
   ``install()`` and the worker rely on;
 * the public-but-structural names: ``JobManager.fetch_job`` / ``register_worker``,
-  ``PeriodicDeferrer.defer_jobs``, ``Job.from_row``, ``get_channel_for_queues``,
+  ``PeriodicDeferrer.defer_jobs``, ``Job.from_row``, ``Task.get_retry_exception``,
+  ``JobContext.task``, ``get_channel_for_queues``,
   ``connector_params``, and psycopg_pool's ``timeout``, ``reconnect_timeout`` and
   ``check()``;
 * the worker's connector (``queueing.connector``): procrastinate's command asks the Django
@@ -33,7 +34,7 @@ from importlib.metadata import version
 import pytest
 from django.db import connection
 from packaging.specifiers import SpecifierSet
-from procrastinate import App, jobs, manager, periodic
+from procrastinate import App, job_context, jobs, manager, periodic, tasks
 from procrastinate import worker as procrastinate_worker
 from procrastinate.contrib.django import utils as django_utils
 from procrastinate.testing import InMemoryConnector
@@ -77,6 +78,7 @@ WORKER_ATTRIBUTES = (
     "run_task",
     "worker_id",
     "update_heartbeat_interval",
+    "concurrency",
     "shutdown_graceful_timeout",
     "listen_notify",
     "delete_jobs",
@@ -152,6 +154,10 @@ def test_the_structural_public_names_keep_their_shape():
     assert parameters(periodic.PeriodicDeferrer.defer_jobs) == ("jobs_to_defer",)
     assert parameters(periodic.PeriodicDeferrer.__init__) == ("registry", "max_delay")
     assert parameters(jobs.Job.from_row) == ("row",)
+    # Stalled recovery asks a timed-out job's task for its retry decision; the worker's
+    # async middleware reads the job's task from its context.
+    assert parameters(tasks.Task.get_retry_exception) == ("exception", "job")
+    assert isinstance(inspect.getattr_static(job_context.JobContext, "task"), property)
     assert parameters(manager.get_channel_for_queues) == ("queues",)
     assert callable(django_utils.connector_params)
     for name in ("timeout", "reconnect_timeout", "check"):
@@ -161,7 +167,6 @@ def test_the_structural_public_names_keep_their_shape():
         ), name
 
 
-<<<<<<< HEAD
 def test_the_job_admin_column_pgstage_restyles_is_still_shown():
     """``queueing.admin.JobAdmin.pretty_args`` replaces procrastinate's inline-styled
     rendering of the arguments; under another name it would be bypassed."""
@@ -169,7 +174,8 @@ def test_the_job_admin_column_pgstage_restyles_is_still_shown():
 
     assert "pretty_args" in ProcrastinateJobAdmin.list_display
     assert "pretty_args" in ProcrastinateJobAdmin.fields
-=======
+
+
 def test_the_worker_command_takes_the_connector_install_gives_and_its_pool_takes_our_check():
     """procrastinate's ``procrastinate`` command asks the Django app's connector for the
     worker's (``get_worker_connector``, which ``install`` points at
@@ -194,7 +200,6 @@ def test_the_worker_command_takes_the_connector_install_gives_and_its_pool_takes
     assert seen["check"] == AsyncConnectionPool.check_connection
     pool = queueing_connector._pool(open=False, check=AsyncConnectionPool.check_connection)
     assert pool._check is queueing_connector._check
->>>>>>> perf18
 
 
 @pytest.mark.django_db
