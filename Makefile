@@ -77,9 +77,11 @@ e2e: install  ## the browser tests (installs Debian's Chromium when missing)
 screenshots:  ## the browser tests, writing their screenshots into docs/images/
 	E2E_SCREENSHOTS=$(CURDIR)/docs/images $(MAKE) e2e
 
-lint: install  ## ruff check and format check
+## mypy (with django-stubs) type-checks the framework, configured in pyproject.toml.
+lint: install  ## ruff check, format check and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 format: install  ## fix what ruff can and format the code
 	$(BIN)/ruff check --fix . && $(BIN)/ruff format .
@@ -115,4 +117,4 @@ stop-db:  ## stop the embedded PostgreSQL under .data/
 	else echo "embedded PostgreSQL is not running"; fi
 
 clean:  ## remove .venv, caches and test-output/
-	rm -rf $(VENV) .pytest_cache .ruff_cache test-output
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache test-output

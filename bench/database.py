@@ -9,8 +9,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
+import psycopg
 from django.db import connection, transaction
 
 from queueing.sql import load
@@ -70,19 +71,42 @@ def server_params() -> dict[str, Any]:
     }
 
 
-def database_url(params: Mapping[str, Any] | None = None) -> str:
-    """A ``DATABASE_URL`` for the harness's worker subprocesses: the database this
-    process is connected to (a TCP server or the embedded one's socket)."""
-    params = params or server_params()
-    auth = quote(params["user"])
-    if params.get("password"):
-        auth += ":" + quote(str(params["password"]))
-    if str(params["host"]).startswith("/"):
-        return (
-            f"postgresql://{auth}@/{quote(params['dbname'])}"
-            f"?host={quote(params['host'])}&port={params['port']}"
+#: The options a worker's URL carries: libpq's connection parameters, but for those the
+#: URL names in its own parts, and the process's name, which the harness sets per process
+#: (PGAPPNAME), and which a URL's would override.
+CARRIED_OPTIONS = frozenset(
+    option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults()
+) - {"host", "port", "user", "password", "dbname", "application_name"}
+
+
+def database_url(settings_dict: Mapping[str, Any] | None = None) -> str:
+    """A ``DATABASE_URL`` for the harness's worker subprocesses: the database of
+    ``settings_dict`` (this process's connection's by default) as the settings parse it
+    back — every server of a multi-host list with its own port (libpq tries them in
+    turn), a socket directory, and the libpq options such as ``target_session_attrs``
+    and ``sslmode``; not only the server this process happened to reach."""
+    if settings_dict is None:
+        connection.ensure_connection()  # the embedded server's backend fills in HOST
+        settings_dict = connection.settings_dict
+    options = dict(settings_dict.get("OPTIONS") or {})
+    hosts = str(settings_dict.get("HOST") or options.get("host") or "")
+    ports = str(settings_dict.get("PORT") or options.get("port") or "")
+    auth = quote(str(settings_dict.get("USER") or ""), safe="")
+    if settings_dict.get("PASSWORD"):
+        auth += ":" + quote(str(settings_dict["PASSWORD"]), safe="")
+    query = {key: value for key, value in options.items() if key in CARRIED_OPTIONS}
+    if hosts.startswith("/"):  # the socket directory goes in the query, as libpq reads it
+        servers = ""
+        query = {"host": hosts, **({"port": ports} if ports else {}), **query}
+    else:
+        host_list = hosts.split(",")
+        port_list = ports.split(",") if "," in ports else [ports] * len(host_list)
+        servers = ",".join(
+            (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+            for host, port in zip(host_list, port_list, strict=True)
         )
-    return f"postgresql://{auth}@{params['host']}:{params['port']}/{quote(params['dbname'])}"
+    name = quote(str(settings_dict.get("NAME") or ""), safe="")
+    return f"postgresql://{auth}@{servers}/{name}" + (f"?{urlencode(query)}" if query else "")
 
 
 def last_job_id() -> int:

@@ -157,7 +157,7 @@ def database_config(url: str) -> dict:
             params = conninfo_to_dict(f"postgresql://{servers}/")
         except ProgrammingError as exc:
             raise ImproperlyConfigured(f"DATABASE_URL's servers {servers!r}: {exc}") from None
-        ports = params.get("port", "")
+        ports = str(params.get("port") or "")
         if not all(p == "" or (p.isdigit() and 0 < int(p) < 65536) for p in ports.split(",")):
             raise ImproperlyConfigured(
                 f"DATABASE_URL's servers {servers!r}: a port is not a number from 1 to 65535"

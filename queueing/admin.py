@@ -24,13 +24,16 @@ read-only with :class:`ReadOnlyModelAdmin`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
+from django.contrib.admin import ModelAdmin
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
-from django.db.models import F, Func, Q, TextField, Value
+from django.db.models import F, Func, Model, Q, QuerySet, TextField, Value
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -52,6 +55,10 @@ from queueing.sweeps import (
 )
 from queueing.sweeps import sweeps as declared_sweeps
 
+if TYPE_CHECKING:
+    from django.contrib.admin.filters import _ListFilterChoices  # django-stubs only
+    from django.contrib.admin.views.main import ChangeList
+
 logger = logging.getLogger(__name__)
 
 JOB_CHANGELIST = "admin:procrastinate_procrastinatejob_changelist"
@@ -65,7 +72,7 @@ RUN, DRY_RUN = "run", "dry_run"
 RUN_SWEEPS = "queueing.run_sweeps"
 
 
-class ActionPermissionsMixin:
+class ActionPermissionsMixin(admin.ModelAdmin):
     """Admin actions guarded by permissions, refused with 403 when posted without one.
 
     Django leaves an action a user may not run out of the menu but silently ignores it
@@ -77,9 +84,13 @@ class ActionPermissionsMixin:
         opts = self.opts
         return request.user.has_perm(f"{opts.app_label}.{get_permission_codename('change', opts)}")
 
-    def changelist_view(self, request: HttpRequest, extra_context=None):
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         action = request.POST.get("action") if request.method == "POST" else None
-        declared = {name for _, name, _ in self._get_base_actions()}
+        # Django's own list of the declared actions, before permissions filter it (a
+        # private method, absent from the stubs).
+        declared = {name for _, name, _ in self._get_base_actions()}  # type: ignore[attr-defined]
         if action in declared and action not in self.get_actions(request):
             raise PermissionDenied
         return super().changelist_view(request, extra_context)
@@ -90,13 +101,13 @@ class ReadOnlyModelAdmin(ActionPermissionsMixin, admin.ModelAdmin):
     staff look, filter and run the admin's actions, which call services; nobody adds,
     edits or deletes rows here."""
 
-    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
 
@@ -137,10 +148,10 @@ class RunnableFilter(admin.SimpleListFilter):
     parameter_name = "runnable"
     NO_WORKER = "no_worker"
 
-    def lookups(self, request: HttpRequest, model_admin):
+    def lookups(self, request: HttpRequest, model_admin: ModelAdmin) -> list[tuple[str, str]]:
         return [(self.NO_WORKER, "waiting, no live worker has its task")]
 
-    def queryset(self, request: HttpRequest, queryset):
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() != self.NO_WORKER:
             return queryset
         names = [u.task_name for u in unrunnable_tasks()]
@@ -158,10 +169,10 @@ class KindFilter(admin.SimpleListFilter):
     #: Parameters that already say which jobs to show.
     NARROWING = ("queue_name", "task_name", "queueing_lock", "lock", "key", "runnable")
 
-    def lookups(self, request: HttpRequest, model_admin):
+    def lookups(self, request: HttpRequest, model_admin: ModelAdmin) -> list[tuple[str, str]]:
         return [(self.SWEEPS, "sweep and tick jobs"), (self.ALL, "all jobs")]
 
-    def choices(self, changelist):
+    def choices(self, changelist: ChangeList) -> Iterator[_ListFilterChoices]:
         yield {
             "selected": self.value() is None,
             "query_string": changelist.get_query_string(remove=[self.parameter_name]),
@@ -174,7 +185,7 @@ class KindFilter(admin.SimpleListFilter):
                 "display": label,
             }
 
-    def queryset(self, request: HttpRequest, queryset):
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == self.SWEEPS:
             return queryset.filter(queue_name=SWEEP_QUEUE)
         # An action acts on exactly the rows it was posted for, whichever list showed them.
@@ -195,7 +206,7 @@ class KeyPrefixFilter(admin.SimpleListFilter):
     title = "singleton key"
     parameter_name = "key"
 
-    def lookups(self, request: HttpRequest, model_admin):
+    def lookups(self, request: HttpRequest, model_admin: ModelAdmin) -> list[tuple[str, str]]:
         bare = Func(
             F("queueing_lock"),
             Value(f"^{EXCLUSIVE_PREFIX}"),
@@ -216,7 +227,7 @@ class KeyPrefixFilter(admin.SimpleListFilter):
         )
         return [(prefix, f"{prefix}:…") for prefix in prefixes]
 
-    def queryset(self, request: HttpRequest, queryset):
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         prefix = self.value()
         if not prefix:
             return queryset
@@ -249,7 +260,9 @@ class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
     ]
     search_fields = ["queueing_lock", "task_name"]
 
-    def changelist_view(self, request: HttpRequest, extra_context=None):
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         if request.method == "GET":
             self._warn_unrunnable(request)
         return super().changelist_view(request, extra_context)
@@ -278,7 +291,7 @@ class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
         return request.user.has_perm("procrastinate.change_procrastinatejob")
 
     @admin.action(description="Retry job (failed or stalled)", permissions=["operate"])
-    def retry(self, request: HttpRequest, queryset) -> None:
+    def retry(self, request: HttpRequest, queryset: QuerySet[ProcrastinateJob]) -> None:
         results = [job_retry(job_id=pk) for pk in queryset.values_list("pk", flat=True)]
         done = [r for r in results if r.outcome in (RetryOutcome.RETRIED, RetryOutcome.RECOVERED)]
         if done:
@@ -293,7 +306,7 @@ class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
             )
 
     @admin.action(description="Cancel job (waiting jobs only)", permissions=["operate"])
-    def cancel(self, request: HttpRequest, queryset) -> None:
+    def cancel(self, request: HttpRequest, queryset: QuerySet[ProcrastinateJob]) -> None:
         actor = f"admin:{request.user.get_username()}"
         ids = list(queryset.values_list("pk", flat=True))
         cancelled = []
@@ -311,7 +324,9 @@ class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
             messages.SUCCESS if cancelled else messages.WARNING,
         )
 
-    actions = [retry, cancel]
+    # procrastinate's class infers its `actions` as a list of callables taking a
+    # ProcrastinateJobAdmin; these take this subclass, which is what Django passes them.
+    actions = [retry, cancel]  # type: ignore[list-item]
 
     def get_urls(self):
         view = self.admin_site.admin_view(self.sweeps_view)

@@ -12,9 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from procrastinate.contrib.django import app as procrastinate_app
+from procrastinate.tasks import Task
 
 from queueing import giveup
 from queueing.backoff import DEFAULT_RETRY
+
+__all__ = ["periodic", "retired_task", "task"]
 
 
 def task(
@@ -25,7 +28,7 @@ def task(
     on_give_up: giveup.GiveUpHook | None = None,
     cancellable: bool | None = None,
     **options: Any,
-):
+) -> Callable[[Callable[..., Any]], Task[..., Any, ...]]:
     """``@task(name="pipeline.extract")``: a procrastinate task with pgstage's defaults.
 
     Names are explicit so a job in the table survives a module move. ``on_give_up(reason=,
@@ -35,7 +38,7 @@ def task(
     since nothing would do the job's work.
     """
 
-    def decorator(func: Callable[..., Any]):
+    def decorator(func: Callable[..., Any]) -> Task[..., Any, ...]:
         giveup.register(
             name,
             on_give_up,
@@ -57,6 +60,8 @@ def retired_task(*, name: str, on_give_up: giveup.GiveUpHook) -> None:
     giveup.register(name, on_give_up, cancellable=True)
 
 
-def periodic(*, cron: str, periodic_id: str = ""):
+def periodic(
+    *, cron: str, periodic_id: str = ""
+) -> Callable[[Task[..., Any, ...]], Task[..., Any, ...]]:
     """procrastinate's periodic decorator (cron takes an optional sixth field: seconds)."""
     return procrastinate_app.periodic(cron=cron, periodic_id=periodic_id)

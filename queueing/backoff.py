@@ -18,6 +18,8 @@ from procrastinate.retry import BaseRetryStrategy, RetryDecision
 
 from queueing.exceptions import DoNotRetry, RetryLater
 
+__all__ = ["DEFAULT_RETRY", "JitteredBackoff", "retry_from_settings"]
+
 
 def ceiling(attempt: int, *, base: float, cap: float) -> float:
     """The largest delay for ``attempt`` (0-based): ``min(cap, base·2^attempt)``."""

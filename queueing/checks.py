@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import AppConfig
 from django.conf import settings
-from django.core.checks import Error, Warning, register
+from django.core.checks import CheckMessage, Error, Warning, register
 from django.db import connections
 
 from queueing.outage import beat_resume_seconds
@@ -11,8 +15,8 @@ from queueing.sweeps import resume_gap_seconds
 
 
 @register()
-def check_database(app_configs, **kwargs):
-    errors = []
+def check_database(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
     # The backend's vendor, not its ENGINE path: a project's own PostgreSQL backend (a
     # subclass of Django's) counts.
     if connections["default"].vendor != "postgresql":

@@ -6,6 +6,8 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TextIO, TypeVar
 
+from django.core.management.base import OutputWrapper
+
 T = TypeVar("T")
 
 
@@ -29,24 +31,35 @@ def format_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def progress(items: Sequence[T], *, label: str, stream: TextIO | None = None) -> Iterator[T]:
-    """Yield ``items`` while drawing ``label [#####     ] 3/10`` on ``stream`` (stderr).
+def progress(
+    items: Sequence[T], *, label: str, stream: TextIO | OutputWrapper | None = None
+) -> Iterator[T]:
+    """Yield ``items`` while drawing ``label [#####     ] 3/10`` on ``stream`` (stderr, or
+    a command's ``self.stderr``).
 
     Only a terminal gets the redrawn bar; a file or pipe (a log) gets plain lines, one
     per tenth of the way, so it holds no carriage returns.
     """
-    stream = stream or sys.stderr
+    out = stream or sys.stderr
+
+    def write(text: str) -> None:
+        # A command's output would end each redraw with a newline of its own.
+        if isinstance(out, OutputWrapper):
+            out.write(text, ending="")
+        else:
+            out.write(text)
+
     total = len(items)
     width = 30
-    terminal = stream.isatty() if hasattr(stream, "isatty") else False
+    terminal = out.isatty() if hasattr(out, "isatty") else False
     step = max(total // 10, 1)
     for index, item in enumerate(items, start=1):
         yield item
         if terminal:
             filled = int(width * index / total) if total else width
-            stream.write(f"\r{label} [{'#' * filled}{' ' * (width - filled)}] {index}/{total}")
-            stream.flush()
+            write(f"\r{label} [{'#' * filled}{' ' * (width - filled)}] {index}/{total}")
+            out.flush()
         elif index % step == 0 or index == total:
-            stream.write(f"{label}: {index}/{total}\n")
+            write(f"{label}: {index}/{total}\n")
     if total and terminal:
-        stream.write("\n")
+        write("\n")

@@ -34,6 +34,8 @@ from queueing.exceptions import QueueingError, UnknownTask
 from queueing.keys import KeyFormat, validate_key
 from queueing.sql import queries
 
+__all__ = ["Enqueued", "Policy", "enqueue", "job_params"]
+
 EXCLUSIVE_PREFIX = "exclusive/"
 #: Attempts to either insert or find the existing job: a lookup can miss when the
 #: conflicting job finishes between the two statements, and then the insert succeeds.

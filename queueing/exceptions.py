@@ -4,6 +4,19 @@ from __future__ import annotations
 
 import datetime
 
+__all__ = [
+    "DoNotRetry",
+    "InvalidKey",
+    "LeaseLost",
+    "LockOutsideTransaction",
+    "PollLater",
+    "QueueingError",
+    "RetryLater",
+    "RowVanished",
+    "UnknownSweep",
+    "UnknownTask",
+]
+
 
 class QueueingError(Exception):
     """The queueing framework refused an operation."""

@@ -81,7 +81,7 @@ if not os.environ.get("PROMETHEUS_MULTIPROC_DIR", "").strip():
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="pgstage-metrics-")
 
 
-def on_starting(server) -> None:
+def on_starting(server: object) -> None:
     """Empty the metrics directory: values left by an earlier server are not this one's."""
     directory = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
     directory.mkdir(parents=True, exist_ok=True)

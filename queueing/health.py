@@ -32,6 +32,8 @@ from queueing import worker_state
 from queueing.middleware import RETRY_AFTER_SECONDS
 from queueing.sql import load
 
+__all__ = ["Check", "healthz_view", "readiness", "readyz_view"]
+
 queries = load("queueing", "health.sql")
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.backends.utils import CursorWrapper
 from procrastinate.contrib.django.models import ProcrastinateJob
 
 from queueing import giveup
@@ -33,6 +34,8 @@ from queueing.exceptions import QueueingError
 from queueing.sql import queries
 from queueing.stalled import STALLED_SWEEP, recover_job
 from queueing.sweeps import get_sweep, watch
+
+__all__ = ["CancelRefused", "Retried", "Unrunnable", "job_cancel", "job_retry", "unrunnable_tasks"]
 
 
 class RetryOutcome(enum.StrEnum):
@@ -54,7 +57,7 @@ class Retried:
     detail: str = ""
 
 
-def _holder(cursor, job_id: int, queueing_lock: str | None) -> int | None:
+def _holder(cursor: CursorWrapper, job_id: int, queueing_lock: str | None) -> int | None:
     if queueing_lock is None:
         return None
     cursor.execute(queries["key_holder"], {"job_id": job_id, "queueing_lock": queueing_lock})

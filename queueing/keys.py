@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from queueing.exceptions import InvalidKey
 
+__all__ = ["KeyFormat", "validate_key"]
+
 SEPARATOR = ":"
 MAX_PART_LENGTH = 64
 #: Parts are restricted to a safe alphabet: no ``:`` (the separator) and no ``/`` (used by

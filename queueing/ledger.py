@@ -41,6 +41,9 @@ from django.db import DatabaseError, connections, models
 
 from queueing import current, sql
 from queueing.exceptions import LeaseLost
+from queueing.rows import concrete_field
+
+__all__ = ["Claim", "Ledger", "LedgerEntry", "LedgerStatus", "Outcome"]
 
 logger = logging.getLogger(__name__)
 _renew_queries = sql.load("queueing", "ledger.sql")
@@ -107,7 +110,7 @@ class Ledger:
 
     @cached_property
     def _columns(self) -> tuple[str, ...]:
-        return tuple(self.model._meta.get_field(f).column for f in self.key_fields)
+        return tuple(concrete_field(self.model, f).column for f in self.key_fields)
 
     @cached_property
     def _statements(self) -> dict[str, str]:

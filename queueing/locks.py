@@ -17,6 +17,8 @@ from queueing.exceptions import DuplicateNamespace, LockOutsideTransaction, Unkn
 from queueing.keys import validate_part
 from queueing.sql import queries
 
+__all__ = ["namespace", "try_xact_lock", "xact_lock"]
+
 _declared: dict[str, Namespace] = {}
 
 

@@ -33,6 +33,8 @@ from queueing.enqueue import EXCLUSIVE_PREFIX
 from queueing.exceptions import InvalidKey
 from queueing.keys import KeyFormat
 
+__all__ = ["JobEventFilter", "JsonFormatter", "PlainFormatter", "register_key_format"]
+
 #: procrastinate's ``action`` of a record → the event pgstage logs.
 JOB_ACTIONS = {
     "start_job": "started",
@@ -172,7 +174,7 @@ class JobEventFilter(logging.Filter):
         self.job_level = _level(job_level)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        action = getattr(record, "action", None)
+        action = getattr(record, "action", "")
         event = JOB_ACTIONS.get(action)
         if event is None:
             return action in WORKER_ACTIONS or record.levelno >= self.level

@@ -60,6 +60,8 @@ from queueing.ledger import LedgerEntry, LedgerStatus
 from queueing.sql import load
 from queueing.sweeps import SweepContext, SweepResult, declare_sweep
 
+__all__ = ["PROCESS_REGISTRY", "Family", "MetricSource", "metrics_view"]
+
 #: procrastinate's job statuses, reported even at zero so a dashboard's series never gaps.
 JOB_STATUSES = ("todo", "doing", "succeeded", "failed", "cancelled", "aborting", "aborted")
 #: Counted on each scrape (bounded by live work); the rest come from the snapshot.
@@ -82,10 +84,10 @@ class Family:
 
     def metric(self, name: str) -> Metric:
         if self.kind == "summary":
-            family = SummaryMetricFamily(name, self.doc, labels=list(self.labels))
+            summary = SummaryMetricFamily(name, self.doc, labels=list(self.labels))
             for labels, (count, total) in sorted(self.samples.items()):
-                family.add_metric(list(labels), count_value=count, sum_value=total)
-            return family
+                summary.add_metric(list(labels), count_value=count, sum_value=total)
+            return summary
         maker = CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily
         family = maker(name, self.doc, labels=list(self.labels))
         for labels, value in sorted(self.samples.items()):
@@ -240,7 +242,9 @@ def snapshot_take() -> None:
         for name, family in families.items()
     }
     with connection.cursor() as cursor:
-        cursor.execute(METRIC_QUERIES["snapshot_save"], {"payload": Jsonb(payload)})
+        # django-stubs' parameter types leave out psycopg's adapters such as Jsonb.
+        params = {"payload": Jsonb(payload)}
+        cursor.execute(METRIC_QUERIES["snapshot_save"], params)  # type: ignore[arg-type]
 
 
 class DatabaseCollector(Collector):

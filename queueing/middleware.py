@@ -23,10 +23,13 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import Any
 
 from django.core.signals import got_request_exception
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
+
+__all__ = ["DatabaseUnavailableMiddleware", "RequestMetricsMiddleware"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +64,9 @@ def unavailable_response(exc: BaseException) -> JsonResponse:
     return response
 
 
-def _remember_database_error(sender, request: HttpRequest | None = None, **kwargs) -> None:
+def _remember_database_error(
+    sender: object, request: HttpRequest | None = None, **kwargs: Any
+) -> None:
     exc = sys.exc_info()[1]
     if request is not None and database_error(exc):
         setattr(request, _MARK, exc)

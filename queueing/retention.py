@@ -11,13 +11,16 @@ procrastinate's own trigger unlinks periodic-defer rows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from django.db import connection
 
 from queueing.sql import queries
 from queueing.sweeps import SweepContext, SweepResult, declare_sweep, sweep_rows
 
 
-def _delete(row) -> bool:
+def _delete(row: Sequence[Any]) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(queries["delete_finished_job"], {"job_id": row[0]})
         return cursor.rowcount == 1

@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
+from django.core.exceptions import FieldDoesNotExist
 from django.db import connections, models, transaction
 from django.utils import timezone
 
 from queueing import sql
 from queueing.exceptions import RowVanished
+
+__all__ = ["insert_or_get", "replace_children"]
 
 M = TypeVar("M", bound=models.Model)
 
@@ -30,6 +33,15 @@ def replace_children(
     with transaction.atomic(using=using):
         model._default_manager.using(using).filter(**parent).delete()
         return model._default_manager.using(using).bulk_create(rows)
+
+
+def concrete_field(model: type[models.Model], name: str) -> models.Field:
+    """``model``'s field ``name``, which must have a column of its own (not a reverse
+    relation, a many-to-many or a generic foreign key)."""
+    field = model._meta.get_field(name)
+    if not isinstance(field, models.Field) or not field.concrete:
+        raise FieldDoesNotExist(f"{model.__name__}.{name} has no column of its own")
+    return field
 
 
 def model_defaults(model: type[models.Model], *, exclude: Iterable[str]) -> dict[str, Any]:
@@ -63,8 +75,8 @@ def insert_or_get(
     meta = model._meta
     connection = connections[using]
     values = {**model_defaults(model, exclude=values.keys()), **values}
-    fields = [meta.get_field(name) for name in values]
-    conflict = [meta.get_field(name).column for name in conflict_fields]
+    fields = [concrete_field(model, name) for name in values]
+    conflict = [concrete_field(model, name).column for name in conflict_fields]
     statement = sql.render(
         "INSERT INTO {table} ({columns}) VALUES ({values}) "
         "ON CONFLICT ({conflict}) DO NOTHING RETURNING {pk}",

@@ -24,7 +24,9 @@ from psycopg.pq import TransactionStatus
 from queueing import locks, sql
 from queueing.enqueue import Policy, job_params, queueing_lock_prefix
 from queueing.keys import KeyFormat
-from queueing.rows import model_defaults
+from queueing.rows import concrete_field, model_defaults
+
+__all__ = ["Admitted", "SerialQueue"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +108,7 @@ class SerialQueue:
     using: str = "default"
 
     def _column(self, name: str) -> str:
-        return self.model._meta.get_field(name).column
+        return concrete_field(self.model, name).column
 
     @cached_property
     def _identifiers(self) -> dict[str, str]:
@@ -172,9 +174,9 @@ class SerialQueue:
         values = {**model_defaults(self.model, exclude={*values, *computed}), **values}
         values[self.key_field] = key
         decided_in_sql = {self.status_field, self.created_field, self.updated_field}
-        fields = [meta.get_field(name) for name in values if name not in decided_in_sql]
+        fields = [concrete_field(self.model, name) for name in values if name not in decided_in_sql]
         names = tuple(f"v{i}" for i in range(len(fields)))
-        computed_fields = [meta.get_field(name) for name in computed]
+        computed_fields = [concrete_field(self.model, name) for name in computed]
         statement = sql.render(
             sql.queries["serial_admit"],
             columns=tuple(f.column for f in fields),

@@ -39,9 +39,12 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.backends.utils import CursorWrapper
 
 from queueing import giveup
 from queueing.sql import queries
@@ -56,7 +59,9 @@ def max_recoveries() -> int:
     return int(getattr(settings, "QUEUEING_STALLED_MAX_RECOVERIES", 3))
 
 
-def _end(cursor, job_id: int, task_name: str, status: str, *, owed_reason: str | None) -> None:
+def _end(
+    cursor: CursorWrapper, job_id: int, task_name: str, status: str, *, owed_reason: str | None
+) -> None:
     """End the job for good; a give-up (``owed_reason``) records, in the same statement,
     the hook it owes, which a worker that has the hook runs (``giveup.settle_owed``)."""
     cursor.execute(
@@ -69,7 +74,7 @@ def _end(cursor, job_id: int, task_name: str, status: str, *, owed_reason: str |
     )
 
 
-def recover_job(row, *, watch: Watch) -> str:
+def recover_job(row: Sequence[Any], *, watch: Watch) -> str:
     """Recover one stalled job (the row of ``stalled_jobs``, locked by the caller): back to
     ``todo``, or ended for good when over budget, aborted or superseded. Returns which.
     Only under recovery's try-lock and clock: ``watch`` is what :func:`queueing.sweeps.watch`

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol
 
 from queueing.backoff import ceiling
 
@@ -37,6 +37,14 @@ RESTART_CAP_SECONDS = 30.0
 #: A run that lasted this long resets the delay to its base.
 STABLE_AFTER_SECONDS = 60.0
 POLL_SECONDS = 0.2
+
+
+class Output(Protocol):
+    """Where the supervisor reports: a text stream, or a command's ``self.stdout``."""
+
+    def write(self, text: str, /) -> object: ...
+
+    def flush(self) -> object: ...
 
 
 @dataclass(kw_only=True)
@@ -72,7 +80,7 @@ class Supervisor:
         *,
         cwd: Path,
         env: dict[str, str] | None = None,
-        out: TextIO,
+        out: Output,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.children = list(children)
@@ -138,13 +146,13 @@ class Supervisor:
         """SIGTERM every running child (a worker drains), wait, then SIGKILL stragglers.
         Idempotent."""
         self.stopping = True
-        running = [c for c in self.children if c.running]
-        for child in running:
-            child.process.send_signal(signal.SIGTERM)
-        for child in running:
+        running = [(c, c.process) for c in self.children if c.process and c.running]
+        for _, process in running:
+            process.send_signal(signal.SIGTERM)
+        for child, process in running:
             try:
-                child.process.wait(timeout=child.stop_timeout)
+                process.wait(timeout=child.stop_timeout)
             except subprocess.TimeoutExpired:
                 self.say(f"{child.name} did not stop within {child.stop_timeout:.0f} s; killed")
-                child.process.kill()
-                child.process.wait()
+                process.kill()
+                process.wait()

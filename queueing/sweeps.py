@@ -63,6 +63,19 @@ from queueing.keys import KeyFormat
 from queueing.outage import beat_resume_seconds
 from queueing.sql import queries
 
+__all__ = [
+    "SweepContext",
+    "SweepResult",
+    "Watch",
+    "declare_sweep",
+    "get_sweep",
+    "request_sweep",
+    "run_sweep",
+    "sweep_rows",
+    "sweeps",
+    "watch",
+]
+
 logger = logging.getLogger(__name__)
 
 SWEEP_KEY = KeyFormat(prefix="sweep", parts=("name",))
@@ -195,6 +208,8 @@ def resume_gap_seconds(*, grace: float, heartbeat: float) -> float:
 
 
 _registry: dict[str, Sweep] = {}
+#: What :func:`declare_sweep` registers: one run of the sweep.
+SweepFunction = Callable[[SweepContext], SweepResult]
 
 
 def declare_sweep(
@@ -207,7 +222,7 @@ def declare_sweep(
     inline: bool = False,
     every_setting: str | None = None,
     every_default: float = 0.0,
-):
+) -> Callable[[SweepFunction], SweepFunction]:
     """Register ``func(ctx) -> SweepResult`` as a sweep with a periodic tick (``cron``)
     and a singleton job; or, ``inline=True``, as one every worker runs itself every
     ``every_*`` seconds under the sweep's try-lock."""
@@ -215,7 +230,7 @@ def declare_sweep(
     if inline == bool(cron):
         raise ValueError(f"sweep {name!r}: give a cron, or inline=True with a period")
 
-    def decorator(func: Callable[[SweepContext], SweepResult]):
+    def decorator(func: SweepFunction) -> SweepFunction:
         if name in _registry:
             raise ValueError(f"sweep {name!r} is declared twice")
         sweep = Sweep(

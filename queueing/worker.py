@@ -81,7 +81,7 @@ import select
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from django.conf import settings
@@ -98,6 +98,8 @@ from queueing.exceptions import PollLater
 from queueing.outage import RECONNECT_SECONDS, Failures, describe
 from queueing.sql import load
 from queueing.sql import queries as queueing_queries
+
+__all__ = ["install"]
 
 logger = logging.getLogger(__name__)
 queries = load("queueing", "worker.sql")
@@ -239,12 +241,14 @@ class PgstageWorker(procrastinate_worker.Worker):
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("update_heartbeat_interval", heartbeat_seconds())
         self.job_manager = fetch_by_task_name(kwargs["app"] if "app" in kwargs else args[0])
-        middleware = list(kwargs.pop("task_middleware", None) or [])
-        super().__init__(
-            *args,
-            task_middleware=[self._fresh_connection, self._in_job, self._in_async_job, *middleware],
-            **kwargs,
-        )
+        middleware = list(kwargs.get("task_middleware") or [])
+        kwargs["task_middleware"] = [
+            self._fresh_connection,
+            self._in_job,
+            self._in_async_job,
+            *middleware,
+        ]
+        super().__init__(*args, **kwargs)
         # Every Django connection of this process is built from this one settings dict.
         connections.settings[DEFAULT_DB_ALIAS]["CONN_HEALTH_CHECKS"] = False
         self._gave_up: str | None = None
@@ -662,7 +666,10 @@ class PgstageWorker(procrastinate_worker.Worker):
             notification = json.loads(notify.payload)
             if not isinstance(notification, dict) or "type" not in notification:
                 raise ValueError("no notification type")
-            await self._handle_notification(channel=notify.channel, notification=notification)
+            # Its type is known; procrastinate reads a job id only for its own types.
+            await self._handle_notification(
+                channel=notify.channel, notification=cast(jobs.Notification, notification)
+            )
         except (ValueError, KeyError, TypeError):
             logger.warning(
                 "a notification on %s is not procrastinate's (%r); taken as a wake-up",
@@ -739,8 +746,8 @@ class PgstageWorker(procrastinate_worker.Worker):
             )
             if error is not None:
                 owed_reason += f": {describe(error)}"
-        poll = isinstance(error, PollLater) and status == jobs.Status.FAILED
-        if poll:
+        poll_at = None
+        if isinstance(error, PollLater) and status == jobs.Status.FAILED:
             seconds = error.seconds if error.seconds is not None else busy_poll_seconds()
             poll_at = utils.utcnow() + datetime.timedelta(
                 seconds=random.uniform(seconds / 2, seconds)
@@ -748,12 +755,12 @@ class PgstageWorker(procrastinate_worker.Worker):
             retry_decision = retry.RetryDecision(retry_at=poll_at)
 
         async def persist() -> str:
-            if poll:
+            if poll_at is not None:
                 rows = await connector.execute_query_all_async(
                     queries["poll_job_fenced"],
                     job_id=job.id,
                     worker_id=self.worker_id,
-                    retry_at=retry_decision.retry_at,
+                    retry_at=poll_at,
                 )
                 if rows:
                     return "polls"
@@ -854,7 +861,7 @@ class PgstageWorker(procrastinate_worker.Worker):
             )
             await self._abort_running_jobs()
         await utils.cancel_and_capture_errors(heartbeat)
-        if self._gave_up is None:
+        if self._gave_up is None and self.worker_id is not None:
             try:
                 await self.app.job_manager.unregister_worker(self.worker_id)
             except procrastinate_exceptions.ConnectorException as exc:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+__all__ = ["WorkerStateHandler"]
+
 START_ACTION = "start_worker"
 STOP_ACTION = "stop_worker"
 

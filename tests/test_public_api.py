@@ -1,6 +1,7 @@
-"""docs/api.md is the public API: every name it lists exists, every framework module it
-lists is importable, and its settings table names exactly the settings the framework
-reads."""
+"""docs/api.md is the public API: each module's import line on the page is exactly the
+module's ``__all__`` (a name added to either alone fails), ``queueing.__all__`` is exactly
+the modules on the page, every public name exists and is described, and the settings table
+names exactly the settings the framework reads."""
 
 from __future__ import annotations
 
@@ -14,70 +15,60 @@ from tests.conftest import ROOT
 
 PAGE = (ROOT / "docs" / "api.md").read_text()
 
-PUBLIC = {
-    "queueing.app": ["task", "periodic", "retired_task"],
-    "queueing.keys": ["KeyFormat", "validate_key"],
-    "queueing.enqueue": ["enqueue", "job_params", "Policy", "Enqueued"],
-    "queueing.ledger": ["LedgerEntry", "Ledger", "Claim", "Outcome", "LedgerStatus"],
-    "queueing.rows": ["replace_children", "insert_or_get"],
-    "queueing.locks": ["namespace", "xact_lock", "try_xact_lock"],
-    "queueing.serial": ["SerialQueue", "Admitted"],
-    "queueing.sweeps": [
-        "declare_sweep",
-        "sweep_rows",
-        "SweepContext",
-        "SweepResult",
-        "run_sweep",
-        "request_sweep",
-        "sweeps",
-        "get_sweep",
-        "watch",
-        "Watch",
-    ],
-    "queueing.backoff": ["JitteredBackoff", "DEFAULT_RETRY", "retry_from_settings"],
-    "queueing.exceptions": [
-        "QueueingError",
-        "RetryLater",
-        "DoNotRetry",
-        "LeaseLost",
-        "InvalidKey",
-        "LockOutsideTransaction",
-        "UnknownTask",
-        "UnknownSweep",
-        "RowVanished",
-        "PollLater",
-    ],
-    "queueing.jobs": [
-        "job_retry",
-        "job_cancel",
-        "Retried",
-        "CancelRefused",
-        "unrunnable_tasks",
-        "Unrunnable",
-    ],
-    "queueing.logs": ["PlainFormatter", "JsonFormatter", "JobEventFilter", "register_key_format"],
-    "queueing.health": ["healthz_view", "readyz_view", "readiness", "Check"],
-    "queueing.metrics": ["metrics_view", "MetricSource", "Family", "PROCESS_REGISTRY"],
-    "queueing.middleware": ["RequestMetricsMiddleware", "DatabaseUnavailableMiddleware"],
-    "queueing.worker": ["install"],
-    "queueing.worker_state": ["WorkerStateHandler"],
-}
+MODULES = PAGE.split("## Modules", 1)[1].split("\n## ", 1)[0]
+
+
+def page_imports() -> dict[str, list[str]]:
+    """Module → the names its import line on the page imports (the ``python`` blocks of
+    the Modules section)."""
+    imports: dict[str, list[str]] = {}
+    for block in re.findall(r"```python\n(.*?)```", MODULES, re.DOTALL):
+        for node in ast.parse(block).body:
+            assert isinstance(node, ast.ImportFrom) and node.module, ast.unparse(node)
+            assert node.module not in imports, f"{node.module} has two import lines"
+            imports[node.module] = [alias.name for alias in node.names]
+    return imports
+
+
+PUBLIC = page_imports()
+#: Public modules without names of their own: gunicorn's configuration module.
+CONFIGURATION_MODULES = {"queueing.gunicorn"}
+
+
+def test_the_page_has_an_import_line_for_every_module_it_lists():
+    headings = "\n".join(re.findall(r"^### .*", MODULES, re.MULTILINE))
+    headed = set(re.findall(r"`(queueing\.[a-z_]+)`", headings))
+    assert headed == set(PUBLIC) | CONFIGURATION_MODULES
 
 
 @pytest.mark.parametrize("module", sorted(PUBLIC))
-def test_every_listed_name_exists_and_is_on_the_page(module):
+def test_each_modules_all_is_exactly_its_import_line_on_the_page(module):
     loaded = importlib.import_module(module)
-    for name in PUBLIC[module]:
-        assert hasattr(loaded, name), f"{module}.{name} is documented but does not exist"
-        assert re.search(rf"`(?:{re.escape(module)}\.)?{name}\b", PAGE), (
-            f"{module}.{name} is public but not on docs/api.md"
+    exported = getattr(loaded, "__all__", None)
+    assert exported is not None, f"{module} has no __all__"
+    assert sorted(exported) == sorted(PUBLIC[module]), (
+        f"{module}.__all__ and its import line on docs/api.md differ"
+    )
+    assert len(set(exported)) == len(exported)
+    for name in exported:
+        assert hasattr(loaded, name), f"{module}.{name} is public but does not exist"
+        assert re.search(rf"`(?:{re.escape(module)}\.)?{name}\b", MODULES), (
+            f"{module}.{name} is on its import line but not described"
         )
+
+
+def test_the_packages_all_is_exactly_the_modules_on_the_page():
+    import queueing
+
+    on_page = set(PUBLIC) | CONFIGURATION_MODULES
+    assert {f"queueing.{name}" for name in queueing.__all__} == on_page
+    assert len(set(queueing.__all__)) == len(queueing.__all__)
 
 
 def test_the_page_lists_no_other_module():
     listed = set(re.findall(r"`(queueing(?:\.[a-z_]+)+)`", PAGE))
     permissions = {"queueing.run_sweeps", "queueing.view_metrics"}
-    assert listed <= set(PUBLIC) | permissions | {"queueing.gunicorn", "queueing.worker.install"}
+    assert listed <= set(PUBLIC) | permissions | CONFIGURATION_MODULES | {"queueing.worker.install"}
 
 
 def test_the_gunicorn_configuration_is_importable_without_django():

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.models import Anfrage, Stage
+from pipeline.replay import pipeline_stage_replay
 from pipeline.stages import pipeline_stage_run
 from pipeline.submit import Upload, anfrage_submit
 from tests.conftest import run_concurrently
@@ -77,6 +78,37 @@ def in_background(func: Callable[[], object]) -> tuple[threading.Thread, list]:
 def run_stages(anfrage_id: int, stages=tuple(Stage)) -> list[str]:
     """Run stages in this process, in order (what the worker does, without the queue)."""
     return [pipeline_stage_run(anfrage_id=anfrage_id, stage=stage) for stage in stages]
+
+
+def force_replay(tenant, anfrage: Anfrage, stage: Stage) -> None:
+    """An operator's forced replay of ``stage`` and the stages after it."""
+    pipeline_stage_replay(
+        tenant_id=tenant.id,
+        anfrage_id=anfrage.id,
+        stage=stage.value,
+        force=True,
+        cascade=True,
+        actor="test",
+    )
+
+
+@pytest.fixture
+def blocked_extract(scripted_extractor) -> Callable[..., tuple[threading.Thread, list]]:
+    """Start extract as another worker would (:func:`in_background`) and return its
+    ``(thread, outcome)`` once the extractor computes; it stays inside until
+    ``scripted_extractor.release`` is set, then returns its first ``keep`` positions (all
+    by default)."""
+
+    def start(anfrage: Anfrage, *, keep: int | None = None) -> tuple[threading.Thread, list]:
+        scripted_extractor.block = True
+        scripted_extractor.keep = keep
+        started = in_background(
+            lambda: pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT)
+        )
+        assert scripted_extractor.entered.wait(timeout=20)
+        return started
+
+    return start
 
 
 @pytest.fixture

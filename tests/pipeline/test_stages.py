@@ -40,7 +40,6 @@ close
 from __future__ import annotations
 
 import datetime
-import threading
 
 import pytest
 from django.db import connection, transaction
@@ -72,7 +71,7 @@ from pipeline.submit import Upload, anfrage_submit
 from queueing.exceptions import DoNotRetry, PollLater
 from queueing.ledger import Ledger
 from tests.conftest import jobs, run_concurrently, wait_for
-from tests.pipeline.conftest import ITEMS_CSV, ITEMS_TXT, in_background, run_stages, submit
+from tests.pipeline.conftest import ITEMS_CSV, ITEMS_TXT, force_replay, run_stages, submit
 
 
 def runs(anfrage) -> dict[str, tuple[str, int]]:
@@ -263,14 +262,7 @@ def test_extract_failure_keeps_the_old_positions_until_new_ones_commit(tenant, s
     run_stages(anfrage.id)
     before = positions(anfrage)
     assert len(before) == 3
-    pipeline_stage_replay(
-        tenant_id=tenant.id,
-        anfrage_id=anfrage.id,
-        stage="extract",
-        force=True,
-        cascade=True,
-        actor="test",
-    )
+    force_replay(tenant, anfrage, Stage.EXTRACT)
     scripted_extractor.fail_with = RuntimeError("extractor down")
     with pytest.raises(RuntimeError):
         pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT)
@@ -325,11 +317,6 @@ def test_busy_stage_retries_later_and_an_expired_lease_is_taken_over(tenant):
 # --- concurrency (committed data, real concurrent connections)
 
 
-def extract_in_background(anfrage) -> tuple[threading.Thread, list]:
-    """Run extract as another worker would, in a thread with its own connection."""
-    return in_background(lambda: pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT))
-
-
 @pytest.mark.django_db(transaction=True)
 def test_the_same_stage_run_ten_times_at_once_does_the_work_once(clean_queue, tenant):
     anfrage = submit(tenant)
@@ -359,23 +346,13 @@ def test_the_same_stage_enqueued_ten_times_at_once_is_one_job(clean_queue, tenan
 
 @pytest.mark.django_db(transaction=True)
 def test_readers_see_the_old_positions_while_a_retry_extracts(
-    clean_queue, tenant, scripted_extractor
+    clean_queue, tenant, scripted_extractor, blocked_extract
 ):
     anfrage = submit(tenant)
     run_stages(anfrage.id)
     before = positions(anfrage)
-    pipeline_stage_replay(
-        tenant_id=tenant.id,
-        anfrage_id=anfrage.id,
-        stage="extract",
-        force=True,
-        cascade=True,
-        actor="test",
-    )
-    scripted_extractor.block = True
-    scripted_extractor.keep = 2
-    thread, outcome = extract_in_background(anfrage)
-    assert scripted_extractor.entered.wait(timeout=20)
+    force_replay(tenant, anfrage, Stage.EXTRACT)
+    thread, outcome = blocked_extract(anfrage, keep=2)
     assert positions(anfrage) == before
     assert runs(anfrage)["extract"] == ("running", 2)
     scripted_extractor.release.set()
@@ -386,23 +363,13 @@ def test_readers_see_the_old_positions_while_a_retry_extracts(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_whose_lease_was_taken_over_commits_nothing(
-    clean_queue, tenant, scripted_extractor
+    clean_queue, tenant, scripted_extractor, blocked_extract
 ):
     anfrage = submit(tenant)
     run_stages(anfrage.id)
     before = positions(anfrage)
-    pipeline_stage_replay(
-        tenant_id=tenant.id,
-        anfrage_id=anfrage.id,
-        stage="extract",
-        force=True,
-        cascade=True,
-        actor="test",
-    )
-    scripted_extractor.block = True
-    scripted_extractor.keep = 1
-    thread, outcome = extract_in_background(anfrage)
-    assert scripted_extractor.entered.wait(timeout=20)
+    force_replay(tenant, anfrage, Stage.EXTRACT)
+    thread, outcome = blocked_extract(anfrage, keep=1)
     # The slow worker's lease expires and a successor claims the stage (token 3).
     PipelineRun.objects.filter(anfrage=anfrage, stage="extract").update(
         lease_expires_at=timezone.now() - datetime.timedelta(seconds=1)
@@ -431,14 +398,12 @@ def lease_is_live(anfrage, stage: Stage) -> bool:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_stage_computing_past_its_lease_is_not_taken_over(
-    clean_queue, tenant, scripted_extractor, settings
+    clean_queue, tenant, scripted_extractor, blocked_extract, settings
 ):
     settings.PIPELINE_LEASE_SECONDS = 1.5
     anfrage = submit(tenant)
     run_stages(anfrage.id, [Stage.INTAKE])
-    scripted_extractor.block = True
-    thread, outcome = extract_in_background(anfrage)
-    assert scripted_extractor.entered.wait(timeout=20)
+    thread, outcome = blocked_extract(anfrage)
     # The compute has outlasted its lease; the live worker's renewal extends it again.
     PipelineRun.objects.filter(anfrage=anfrage, stage="extract").update(
         lease_expires_at=timezone.now() - datetime.timedelta(seconds=1)
@@ -456,7 +421,7 @@ def test_a_stage_computing_past_its_lease_is_not_taken_over(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_stalled_stage_taken_over_never_extends_its_successors_lease(
-    clean_queue, tenant, scripted_extractor, settings, monkeypatch
+    clean_queue, tenant, scripted_extractor, blocked_extract, settings, monkeypatch
 ):
     settings.PIPELINE_LEASE_SECONDS = 1.5
     real_renew = Ledger.renew
@@ -470,9 +435,7 @@ def test_a_stalled_stage_taken_over_never_extends_its_successors_lease(
     monkeypatch.setattr(Ledger, "renew", spy)
     anfrage = submit(tenant)
     run_stages(anfrage.id, [Stage.INTAKE])
-    scripted_extractor.block = True
-    thread, outcome = extract_in_background(anfrage)
-    assert scripted_extractor.entered.wait(timeout=20)
+    thread, outcome = blocked_extract(anfrage)
     # The worker stalls past its lease and a successor takes over (token 2).
     with transaction.atomic():
         PipelineRun.objects.filter(anfrage=anfrage, stage="extract").update(

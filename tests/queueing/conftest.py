@@ -1,8 +1,14 @@
 from __future__ import annotations
 
-import pytest
-from django.db import connection
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import pytest
+from django.db import connection, connections, transaction
+
+from queueing import locks
+from queueing.sweeps import SWEEP_LOCK
 from tests.queueing.models import MODELS
 
 EFFECTS_DDL = """
@@ -48,3 +54,28 @@ def task_worker(start_worker):
         return start_worker(*args, env=env, **kwargs)
 
     return start
+
+
+@contextmanager
+def sweep_lock_held(name: str) -> Iterator[None]:
+    """Another connection holds sweep ``name``'s try-lock, as a run of it in a worker
+    does, until the block ends."""
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                assert locks.try_xact_lock(SWEEP_LOCK, name)
+                holding.set()
+                release.wait(timeout=10)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(timeout=10), f"could not take sweep {name}'s lock"
+        yield
+    finally:
+        release.set()
+        holder.join(timeout=10)

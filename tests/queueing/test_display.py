@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+from django.core.management.base import OutputWrapper
+
 from queueing.display import format_table, progress
 
 
@@ -17,6 +19,14 @@ def test_progress_redraws_a_bar_on_a_terminal():
     assert list(progress(range(3), label="replay", stream=stream)) == [0, 1, 2]
     assert stream.getvalue().count("\r") == 3
     assert stream.getvalue().endswith("] 3/3\n")
+
+
+def test_progress_redraws_in_place_through_a_commands_output():
+    # A command's self.stderr ends every write with a newline unless told otherwise.
+    terminal = Terminal()
+    list(progress(range(3), label="replay", stream=OutputWrapper(terminal)))
+    assert terminal.getvalue().count("\n") == 1
+    assert terminal.getvalue().endswith("] 3/3\n")
 
 
 def test_progress_writes_plain_lines_to_a_file():

@@ -42,21 +42,21 @@ Recovery runs, and
 from __future__ import annotations
 
 import io
-import threading
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, connections, transaction
+from django.db import connection
 from django.urls import reverse
 from procrastinate.contrib.django import app
 
 import tests.queueing.tasks  # noqa: F401
-from queueing import giveup, locks
+from queueing import giveup
 from queueing.enqueue import Policy, enqueue
 from queueing.jobs import RetryOutcome, job_retry
-from queueing.sweeps import SWEEP_LOCK, request_sweep, run_sweep
+from queueing.sweeps import request_sweep, run_sweep
 from tests.conftest import jobs, make_doing, recovery_ran
 from tests.factories import UserFactory
+from tests.queueing.conftest import sweep_lock_held
 from tests.queueing.tasks import given_up
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -265,28 +265,11 @@ def test_a_dead_sweep_job_is_freed_and_the_sweep_runs_again(continuous_recovery)
 
 def test_two_recovery_ticks_never_overlap(continuous_recovery):
     """While one recovery holds the sweep's try-lock, a second tick skips."""
-    holding, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        try:
-            with transaction.atomic():
-                assert locks.try_xact_lock(SWEEP_LOCK, "stalled_jobs")
-                holding.set()
-                release.wait(timeout=10)
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert holding.wait(timeout=10)
+    with sweep_lock_held("stalled_jobs"):
         job = enqueue("tests.record", args={"label": "x"})
         make_doing(job.job_id)
         assert tick() is None
         assert jobs()[0]["status"] == "doing"
-    finally:
-        release.set()
-        holder.join(timeout=10)
     assert tick()["changed"] == 1
 
 
@@ -335,27 +318,10 @@ def test_an_operators_recovery_beside_a_running_one_skips(continuous_recovery, c
     stalled job do not run a second recovery beside it."""
     job = enqueue("tests.record", args={"label": "dead"})
     make_doing(job.job_id)
-    holding, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        try:
-            with transaction.atomic():
-                assert locks.try_xact_lock(SWEEP_LOCK, "stalled_jobs")
-                holding.set()
-                release.wait(timeout=10)
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert holding.wait(timeout=10)
+    with sweep_lock_held("stalled_jobs"):
         assert "skipped: another run holds its lock" in _operator_runs_recovery("command", client)
         assert "is running right now" in _operator_runs_recovery("admin", client)
         retried = job_retry(job_id=job.job_id)
         assert retried.outcome is RetryOutcome.WAITING_FOR_RECOVERY, retried
         assert jobs(id=job.job_id)[0]["status"] == "doing"
-    finally:
-        release.set()
-        holder.join()
     assert job_retry(job_id=job.job_id).outcome is RetryOutcome.RECOVERED

@@ -1,10 +1,17 @@
 from __future__ import annotations
 
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
 import pytest
 from django.db import connection
 from django.test import Client
 
+from runs import admission, durability, processing
+from runs.models import AnalysisJob, JobStatus
 from tests.factories import auth_header
+from tests.runs.factories import SOURCES, funded_user
 
 COUNTED_TABLES = (
     "analysis_jobs",
@@ -52,3 +59,33 @@ def table_counts():
         return counts
 
     return snapshot
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailedDeltas:
+    user: Any
+    saved: int
+    superseded: int
+    latest: int
+    run_id: uuid.UUID
+
+
+@pytest.fixture
+def failed_deltas(db) -> FailedDeltas:
+    """An analysis the client saved (``saved``) and two delta re-checks of it that failed
+    (``superseded``, then ``latest``): a retry of the first is refused, since the second
+    supersedes it; one of the second would replace ``saved``'s job in its run."""
+    user = funded_user(credits=10)
+    doc = "<p>Water boils at one hundred degrees [thermo].</p>"
+    saved = admission.analysis_job_admit(user=user, title="v1", doc_html=doc, sources=SOURCES).id
+    processing.analysis_job_process(job_id=saved)
+    durability.analysis_run_save(user=user, job_id=saved)
+    superseded, latest = (
+        admission.analysis_job_admit(
+            user=user, title=title, doc_html=doc, sources=SOURCES, delta_of_job_id=saved
+        ).id
+        for title in ("v2", "v3")
+    )
+    AnalysisJob.objects.filter(pk__in=[superseded, latest]).update(status=JobStatus.FAILED)
+    run_id = AnalysisJob.objects.get(pk=saved).run_id
+    return FailedDeltas(user=user, saved=saved, superseded=superseded, latest=latest, run_id=run_id)

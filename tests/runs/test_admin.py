@@ -336,22 +336,11 @@ def test_the_sweeps_page_names_environment_variables_and_counts_runs_not_saved(
 
 
 def test_retry_action_first_shows_what_each_retry_would_replace_and_changes_nothing(
-    staff_client,
+    staff_client, failed_deltas
 ):
-    user = funded_user(credits=10)
-    doc = "<p>Water boils at one hundred degrees [thermo].</p>"
-    v1 = admission.analysis_job_admit(user=user, title="v1", doc_html=doc, sources=SOURCES).id
-    processing.analysis_job_process(job_id=v1)
-    durability.analysis_run_save(user=user, job_id=v1)
-    v2, v3 = (
-        admission.analysis_job_admit(
-            user=user, title=t, doc_html=doc, sources=SOURCES, delta_of_job_id=v1
-        ).id
-        for t in ("v2", "v3")
-    )
-    AnalysisJob.objects.filter(pk__in=[v2, v3]).update(status=JobStatus.FAILED)
-    run_id = AnalysisJob.objects.get(pk=v1).run_id
-    balance = credit_balance(user_id=user.pk)
+    v1, v2, v3 = failed_deltas.saved, failed_deltas.superseded, failed_deltas.latest
+    run_id = failed_deltas.run_id
+    balance = credit_balance(user_id=failed_deltas.user.pk)
 
     page = staff_client.post(
         reverse(CHANGELIST), {"action": "retry_failed", "_selected_action": [v2, v3]}
@@ -364,4 +353,4 @@ def test_retry_action_first_shows_what_each_retry_would_replace_and_changes_noth
     assert b'name="confirm" value="yes"' in page.content and b"Retry 1 job(s)" in page.content
     assert AnalysisAudit.objects.count() == 0
     assert AnalysisJob.objects.count() == 3
-    assert credit_balance(user_id=user.pk) == balance
+    assert credit_balance(user_id=failed_deltas.user.pk) == balance

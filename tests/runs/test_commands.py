@@ -9,9 +9,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import transaction
 
-from runs import admission, durability, processing
+from runs import admission, processing
 from runs.management.commands.replay_failed_analyses import parse_since
-from runs.models import AnalysisAudit, AnalysisJob, JobStatus
+from runs.models import AnalysisAudit
 from runs.selectors import credit_balance
 from tests.runs.factories import DOC_HTML, SOURCES, AnalysisJobFactory, backdate, funded_user
 
@@ -185,20 +185,11 @@ def test_since_accepts_ages_dates_and_times():
     assert parse_since("2025-03-01T08:30", now=now).hour == 8
 
 
-def test_replay_failed_analyses_dry_run_shows_what_each_retry_replaces_or_why_not():
-    user = funded_user(credits=10, username="cy")
-    doc = "<p>Water boils at one hundred degrees [thermo].</p>"
-    v1 = admission.analysis_job_admit(user=user, title="v1", doc_html=doc, sources=SOURCES).id
-    processing.analysis_job_process(job_id=v1)
-    durability.analysis_run_save(user=user, job_id=v1)
-    v2, v3 = (
-        admission.analysis_job_admit(
-            user=user, title=t, doc_html=doc, sources=SOURCES, delta_of_job_id=v1
-        ).id
-        for t in ("v2", "v3")
-    )
-    AnalysisJob.objects.filter(pk__in=[v2, v3]).update(status=JobStatus.FAILED)
-    run_id = AnalysisJob.objects.get(pk=v1).run_id
+def test_replay_failed_analyses_dry_run_shows_what_each_retry_replaces_or_why_not(
+    failed_deltas,
+):
+    v1, v2, v3 = failed_deltas.saved, failed_deltas.superseded, failed_deltas.latest
+    run_id = failed_deltas.run_id
 
     out = run("replay_failed_analyses", "--dry-run")
 

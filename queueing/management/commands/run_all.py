@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.core.management import call_command
@@ -48,7 +49,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--concurrency", type=int, default=2, help="the worker's job slots")
 
-    def handle(self, *args, host: str, port: int, concurrency: int, **options):
+    def handle(self, *args: Any, host: str, port: int, concurrency: int, **options: Any) -> None:
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1.")
         if not 0 < port < 65536:

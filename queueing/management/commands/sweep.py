@@ -60,10 +60,9 @@ class Command(BaseCommand):
         if batch_size is not None and not 1 <= batch_size <= MAX_BATCH_SIZE:
             raise CommandError(f"--batch-size must be at least 1 and at most {MAX_BATCH_SIZE}.")
         names = list(declared) if run_all else [name]
-        rows = []
-        if len(names) > 1:
-            names = progress(names, label="sweeps", stream=self.stderr)
-        for sweep_name in names:
+        rows: list[list[object]] = []
+        shown = progress(names, label="sweeps", stream=self.stderr) if len(names) > 1 else names
+        for sweep_name in shown:
             try:
                 get_sweep(sweep_name)
             except UnknownSweep as exc:

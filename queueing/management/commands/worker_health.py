@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
@@ -45,7 +46,7 @@ class Command(BaseCommand):
             help="seconds a heartbeat may be old (default: STALLED_WORKER_SECONDS)",
         )
 
-    def handle(self, *args, max_age: float | None = None, **options):
+    def handle(self, *args: Any, max_age: float | None = None, **options: Any) -> None:
         threshold = stall_threshold()
         if max_age is not None:
             # call_command() passes the value without the parser: check it here too.
