@@ -89,6 +89,8 @@ def test_the_page_lists_every_declared_sweep(staff_client):
     assert '<td title="cron: */5 * * * *">every 5 minutes</td>' in html and "7 s" in html
     assert "every 5 seconds, in every worker" in html  # stalled recovery
     assert "none waiting" in html
+    # The button is a play sign in text presentation (no emoji, no icon of Django's).
+    assert "&#9654;&#xFE0E; Run now</button>" in html and "viewlink" not in html
 
 
 def test_dry_run_counts_here_and_writes_nothing(staff_client):
