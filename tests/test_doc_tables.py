@@ -1,7 +1,8 @@
-"""The command tables of docs/operations.md and docs/api.md describe the code: each lists
-exactly its commands, and every option a row shows is an option of that command. (The
-settings table is checked in test_public_api.py, the metrics table in
-site/test_metrics.py.)"""
+"""The tables of docs/operations.md and docs/api.md that describe code: each command table
+lists exactly its commands, with options the commands have, and the admin table names
+services that exist. (The settings table is checked in test_public_api.py, the metrics
+table in site/test_metrics.py, the permissions table in
+security/test_admin_permissions.py.)"""
 
 from __future__ import annotations
 
@@ -58,3 +59,22 @@ def test_every_option_a_row_shows_is_the_commands(page, name):
     options = set(command.create_parser("manage.py", name)._option_string_actions)
     shown = set(re.findall(r"--[a-z][a-z-]*", cell))
     assert shown - options == set(), f"{page}: {cell}"
+
+
+def test_every_service_the_admin_table_names_exists():
+    """docs/operations.md's admin actions call the services it names."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    table = text.split("| where | action | service |", 1)[1].split("\n\n", 1)[0]
+    named = {
+        name
+        for row in table.strip().splitlines()[1:]
+        for name in re.findall(r"`(\w+)`", row.strip("|").rsplit(" | ", 1)[1])
+    }
+    defined = {
+        match
+        for package in SITE_APPS
+        for path in (ROOT / package).rglob("*.py")
+        for match in re.findall(r"^def (\w+)\(", path.read_text(), re.M)
+    }
+    assert len(named) >= 8
+    assert named - defined == set()
