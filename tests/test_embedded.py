@@ -45,6 +45,18 @@ def manage_embedded(data: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.fixture
+def checkout_tmp() -> Iterator[Path]:
+    """A directory under the checkout's ``.data/``: the server's own user (pgserver's,
+    when run as root) can reach it, where it cannot reach pytest's private temporary
+    directories."""
+    (ROOT / ".data").mkdir(exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="test-make-", dir=ROOT / ".data"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def test_a_command_that_needs_no_database_starts_no_server(tmp_path):
     done = manage_embedded(tmp_path, "help")
     assert done.returncode == 0, done.stderr
@@ -53,7 +65,8 @@ def test_a_command_that_needs_no_database_starts_no_server(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_command_that_starts_the_server_says_it_is_left_running(tmp_path):
+def test_the_command_that_starts_the_server_says_it_is_left_running(checkout_tmp):
+    tmp_path = checkout_tmp
     data_dir = tmp_path / "pg"
     try:
         first = manage_embedded(tmp_path, "showmigrations", "queueing")
@@ -71,8 +84,8 @@ def test_the_command_that_starts_the_server_says_it_is_left_running(tmp_path):
 
 
 @pytest.mark.slow
-def test_embedded_server_starts_creates_the_database_and_is_reused(tmp_path):
-    data_dir = tmp_path / "pg"
+def test_embedded_server_starts_creates_the_database_and_is_reused(checkout_tmp):
+    data_dir = checkout_tmp / "pg"
     url = embedded_database_url(data_dir)
     try:
         with psycopg.connect(url) as conn:
@@ -84,18 +97,6 @@ def test_embedded_server_starts_creates_the_database_and_is_reused(tmp_path):
         assert (data_dir / "postmaster.pid").read_text().split()[0] == pid
     finally:
         stop(data_dir)
-
-
-@pytest.fixture
-def checkout_tmp() -> Iterator[Path]:
-    """A directory under the checkout's ``.data/``: the server's own user (pgserver's,
-    when run as root) can reach it, where it cannot reach pytest's private temporary
-    directories."""
-    (ROOT / ".data").mkdir(exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix="test-make-", dir=ROOT / ".data"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def running_pid(data_dir: Path) -> int | None:
