@@ -13,6 +13,7 @@ from accounts.models import Tenant
 from pipeline.catalog import CatalogSpec, catalog_from_dict, default_catalog
 from pipeline.exceptions import AnfrageNotFound, UnknownStage
 from pipeline.models import (
+    WAITING_FOR_REPLAY,
     Anfrage,
     AnfrageFile,
     Catalog,
@@ -20,7 +21,6 @@ from pipeline.models import (
     PipelineRun,
     Position,
     Stage,
-    WAITING_FOR_REPLAY,
     display_status,
 )
 from pipeline.queries import QUERIES
