@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DATABASE = "pgstage_bench"
 #: The groups of scenarios, in the order they run (the bulk-insert one last).
-GROUPS = ("enqueue", "admission", "resume", "jobs", "scale")
+GROUPS = ("enqueue", "admission", "resume", "jobs", "sustained", "scale")
 #: The provider budget must not refuse the harness's admits (thousands a run).
 CORE_DAILY_BUDGET = "1000000000"
 INQUIRIES_PER_HOUR = "1000000"
@@ -48,6 +48,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--sweep-rows", type=int, help="large size of the sweep and metrics scenarios"
     )
+    parser.add_argument(
+        "--sustained-seconds",
+        type=float,
+        help="how long the sustained-load scenario holds each rate (default: mode's; full: 60)",
+    )
     parser.add_argument("--only", help=f"comma-separated groups to run, of: {', '.join(GROUPS)}")
     parser.add_argument("--json", type=Path, help="where to write the results")
     parser.add_argument("--doc", type=Path, help="where to write the Markdown page")
@@ -56,6 +61,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.repetitions is not None and args.repetitions < 1:
         parser.error("--repetitions must be at least 1")
+    if args.sustained_seconds is not None and args.sustained_seconds <= 0:
+        parser.error("--sustained-seconds must be more than 0")
     if args.only:
         unknown = set(args.only.split(",")) - set(GROUPS)
         if unknown:
@@ -112,6 +119,8 @@ def _sizes(args: argparse.Namespace) -> Sizes:
         sizes = replace(sizes, repetitions=args.repetitions)
     if args.sweep_rows:
         sizes = replace(sizes, sweep_large=args.sweep_rows)
+    if args.sustained_seconds:
+        sizes = replace(sizes, sustained_seconds=args.sustained_seconds)
     return sizes
 
 
@@ -144,13 +153,14 @@ def _run_groups(
     ctx: Context, groups: list[str], seconds: dict[str, float]
 ) -> tuple[list[Row], bool]:
     """Every group's rows; a group that fails leaves one row with its error."""
-    from bench.scenarios import admission, enqueueing, jobs, resume, scale
+    from bench.scenarios import admission, enqueueing, jobs, resume, scale, sustained
 
     modules = {
         "enqueue": enqueueing,
         "admission": admission,
         "resume": resume,
         "jobs": jobs,
+        "sustained": sustained,
         "scale": scale,
     }
     rows, failed = [], False

@@ -41,6 +41,10 @@ class Sizes:
     enqueues: int
     counted_jobs: int
     counted_inquiries: int
+    #: Offered rates (jobs/s) of the sustained-load scenario, each held this long.
+    sustained_rates: tuple[int, ...]
+    sustained_seconds: float
+    sustained_concurrency: int
 
 
 FULL = Sizes(
@@ -63,6 +67,9 @@ FULL = Sizes(
     enqueues=2000,
     counted_jobs=200,
     counted_inquiries=20,
+    sustained_rates=(200, 400, 600),
+    sustained_seconds=60,
+    sustained_concurrency=4,
 )
 QUICK = replace(
     FULL,
@@ -79,6 +86,7 @@ QUICK = replace(
     enqueues=1000,
     counted_jobs=100,
     counted_inquiries=10,
+    sustained_seconds=10,
 )
 SMOKE = Sizes(
     mode="smoke",
@@ -100,6 +108,9 @@ SMOKE = Sizes(
     enqueues=20,
     counted_jobs=6,
     counted_inquiries=1,
+    sustained_rates=(20,),
+    sustained_seconds=2,
+    sustained_concurrency=2,
 )
 MODES = {s.mode: s for s in (FULL, QUICK, SMOKE)}
 

@@ -181,7 +181,7 @@ def markdown(document: dict[str, Any], rows: Sequence[Row]) -> str:
         "DATABASE_URL=postgresql://… make bench     # on a server of your choice",
         ".venv/bin/python -m bench --quick          # smaller sizes, fewer repetitions",
         ".venv/bin/python -m bench --only jobs      # one group: enqueue, admission,",
-        "                                           #   resume, jobs, scale",
+        "                                           #   resume, jobs, sustained, scale",
         "```",
         "",
         "Without `DATABASE_URL` the harness uses a database `pgstage_bench` on the embedded "
@@ -190,7 +190,9 @@ def markdown(document: dict[str, Any], rows: Sequence[Row]) -> str:
         "It migrates that database, creates its own tenants (`bench-…`) and queues "
         "(`bench…`) and removes them afterwards. `--sweep-rows N` sets the large size of the "
         "sweep and metrics scenarios (default 1,000,000; `--quick`: 100,000); "
-        "`--repetitions N` overrides the mode's; `--json` and `--doc` choose the outputs "
+        "`--repetitions N` overrides the mode's; `--sustained-seconds N` how long the "
+        "sustained-load scenario holds each offered rate (default 60; `--quick`: 10); "
+        "`--json` and `--doc` choose the outputs "
         "(a full run writes `bench/results/latest.json` and this page, `--quick` "
         "`bench/results/quick.json` only). Every figure, its samples, parameters, profile, "
         "the machine and the commit are in the JSON.",

@@ -1,7 +1,9 @@
 """The user's dashboard: their analyses (running and queued, with positions), their runs
 side panel, their tenant's inquiries as a stage board, forms to submit an analysis and to
 upload an inquiry; and a detail page per inquiry (stages with times and errors,
-positions, quote) and per analysis (status, verdicts, its run).
+positions, quote, its files to download) and per analysis (status, verdicts, the
+document, its run). Every page says when no worker is alive (``queueing.health``), since
+queued work then waits for ever.
 
 Server-rendered, so every page works without JavaScript. Every read goes through the
 domains' selectors, scoped to the logged-in user and their tenant: another tenant's id is
@@ -20,8 +22,9 @@ from typing import Any
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.models import User
@@ -29,9 +32,11 @@ from config.metrics import record_admission_rejection
 from pipeline import selectors as pipeline_selectors
 from pipeline.exceptions import AnfrageNotFound, FileTooLarge, PipelineError
 from pipeline.limits import MAX_FILE_BYTES
-from pipeline.models import Anfrage
+from pipeline.models import Anfrage, FileFormat
 from pipeline.selectors import StageStatus
+from pipeline.storage import read_stored
 from pipeline.submit import Upload, anfrage_submit
+from queueing.health import worker_liveness
 from runs import admission as runs_admission
 from runs import selectors as runs_selectors
 from runs.api import MAX_DOC_CHARS, MAX_SOURCE_TEXT_CHARS, SOURCE_KEY_PATTERN
@@ -52,6 +57,15 @@ JOB_LIMIT = 100
 RECENT_LIMIT = 10
 RUN_LIMIT = 20
 ANFRAGE_LIMIT = 20
+#: The analysis page shows the document's HTML source up to this many characters (the
+#: API admits a million).
+DOC_SHOWN_CHARS = 100_000
+#: What a downloaded file is sent as, by the format intake recognised.
+FILE_TYPES = {
+    FileFormat.TEXT: "text/plain",
+    FileFormat.CSV: "text/csv",
+    FileFormat.MARKDOWN: "text/markdown",
+}
 
 
 class AnalysisForm(forms.Form):
@@ -156,6 +170,7 @@ def dashboard_context(user: User) -> dict[str, Any]:
         "runs": list(runs_selectors.analysis_runs_for_user(user=user, limit=RUN_LIMIT)),
         "inquiries": inquiries,
         "in_flight": bool(live) or any(row.in_flight for row in inquiries),
+        "workers": worker_liveness(),
     }
 
 
@@ -210,7 +225,10 @@ def analysis_submit_view(request: HttpRequest) -> HttpResponse:
         if admission.status == JobStatus.QUEUED
         else "starting now"
     )
-    messages.success(request, f"Analysis #{admission.id} admitted, {where}.")
+    # The tag lets the page's script remove the message once the analysis has finished.
+    messages.success(
+        request, f"Analysis #{admission.id} admitted, {where}.", extra_tags=f"job:{admission.id}"
+    )
     return redirect("dashboard")
 
 
@@ -243,7 +261,11 @@ def inquiry_submit_view(request: HttpRequest) -> HttpResponse:
         form.add_error(None, str(exc.detail))
         status = exc.status if 400 <= exc.status < 500 else 400
         return _render(request, inquiry_form=form, status=status)
-    messages.success(request, f"Inquiry #{anfrage.id} submitted; its pipeline is running.")
+    messages.success(
+        request,
+        f"Inquiry #{anfrage.id} submitted; its pipeline is running.",
+        extra_tags=f"anfrage:{anfrage.id}",
+    )
     return redirect("inquiry-detail", anfrage_id=anfrage.id)
 
 
@@ -282,7 +304,44 @@ def inquiry_detail_view(request: HttpRequest, anfrage_id: int) -> HttpResponse:
             "detail": detail,
             "stages": [StageRow(status=s) for s in detail.stages],
             "in_flight": row.in_flight,
+            "workers": worker_liveness(),
         },
+    )
+
+
+@require_GET
+@login_required(login_url=LOGIN_URL)
+def inquiry_file_view(request: HttpRequest, anfrage_id: int, file_id: int) -> HttpResponse:
+    """A stored file of an inquiry of the user's tenant, as an attachment under the name it
+    was uploaded with; another tenant's inquiry or file is a 404."""
+    if request.user.tenant_id is None:
+        raise Http404("no such file")
+    try:
+        stored = pipeline_selectors.anfrage_file_get(
+            tenant_id=request.user.tenant_id, anfrage_id=anfrage_id, file_id=file_id
+        )
+    except AnfrageNotFound:
+        raise Http404("no such file") from None
+    response = HttpResponse(
+        read_stored(key=stored.storage_key, sha256=stored.sha256),
+        content_type=FILE_TYPES.get(stored.format, "application/octet-stream"),
+    )
+    response["Content-Disposition"] = content_disposition_header(True, stored.filename)
+    return response
+
+
+@require_GET
+@login_required(login_url=LOGIN_URL)
+def workers_view(request: HttpRequest) -> JsonResponse:
+    """Whether any worker is alive, for the pages' notice: ``alive``, the newest heartbeat
+    and the threshold it is judged by. Up or down only, as ``/readyz`` tells anyone."""
+    liveness = worker_liveness()
+    return JsonResponse(
+        {
+            "alive": liveness.alive,
+            "last_heartbeat": liveness.last_heartbeat,
+            "threshold_seconds": liveness.threshold.total_seconds(),
+        }
     )
 
 
@@ -298,9 +357,12 @@ def analysis_detail_view(request: HttpRequest, job_id: int) -> HttpResponse:
         job = runs_selectors.analysis_job_for_user(user=user, job_id=job_id)
     except JobNotFound:
         raise Http404("no such analysis") from None
-    newest = job.pk in runs_selectors.newest_job_ids(user=user, run_ids=[job.run_id])
+    # The run's newest job: the one whose result the run keeps, where its id links to.
+    run_job_id = max(runs_selectors.newest_job_ids(user=user, run_ids=[job.run_id]), default=job.pk)
+    newest = job.pk == run_job_id
     saved = job.pk in runs_selectors.saved_job_ids(user=user, jobs=[job])
     run = AnalysisRun.objects.defer("doc_html").filter(pk=job.run_id, user_id=user.pk).first()
+    document = job.doc_html or ""
     return render(
         request,
         "dashboard/analysis.html",
@@ -310,8 +372,12 @@ def analysis_detail_view(request: HttpRequest, job_id: int) -> HttpResponse:
             "citations": runs_selectors.job_citations(job_id=job.pk),
             "summary": (job.results or {}).get("summary"),
             "run": run,
+            "run_job_id": run_job_id,
+            "document": document[:DOC_SHOWN_CHARS],
+            "document_cut": max(len(document) - DOC_SHOWN_CHARS, 0),
             "newest": newest,
             "saved": saved,
             "in_flight": job.status not in TERMINAL_STATUSES,
+            "workers": worker_liveness(),
         },
     )

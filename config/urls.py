@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.http import HttpRequest, HttpResponsePermanentRedirect
+from django.templatetags.static import static
 from django.urls import path
 from django.views.generic import RedirectView
 
@@ -16,7 +18,9 @@ from config.dashboard import (
     analysis_submit_view,
     dashboard_view,
     inquiry_detail_view,
+    inquiry_file_view,
     inquiry_submit_view,
+    workers_view,
 )
 from queueing.health import healthz_view, readyz_view
 from queueing.metrics import metrics_view
@@ -30,8 +34,16 @@ admin.site.login_form = ThrottledAdminAuthenticationForm
 # is one click away (Home).
 admin.site.enable_nav_sidebar = False
 
+
+def favicon_view(request: HttpRequest) -> HttpResponsePermanentRedirect:
+    """Browsers ask for ``/favicon.ico`` on pages that name no icon (the API's docs, a
+    JSON answer opened in a tab): the site's icon, never a 404."""
+    return HttpResponsePermanentRedirect(static("pgstage/favicon.svg"))
+
+
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="dashboard"), name="home"),
+    path("favicon.ico", favicon_view, name="favicon"),
     # Before the admin's own URLs, which would answer this path with a plain 200.
     path("admin/login/", throttle_status(admin.site.login)),
     path("admin/", admin.site.urls),
@@ -41,6 +53,12 @@ urlpatterns = [
     path("dashboard/analyses/<int:job_id>", analysis_detail_view, name="analysis-detail"),
     path("dashboard/inquiries", inquiry_submit_view, name="inquiry-submit"),
     path("dashboard/inquiries/<int:anfrage_id>", inquiry_detail_view, name="inquiry-detail"),
+    path(
+        "dashboard/inquiries/<int:anfrage_id>/files/<int:file_id>",
+        inquiry_file_view,
+        name="inquiry-file",
+    ),
+    path("dashboard/workers", workers_view, name="dashboard-workers"),
     path("accounts/login/", login_view, name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="login"), name="logout"),
     path("metrics", metrics_view, name="metrics"),

@@ -426,8 +426,8 @@ def anfrage_read(request: HttpRequest, anfrage_id: int = Path(..., ge=1, le=MAX_
         "positions_next": sub_list_url(request, "positions", positions),
         "warnings": [_warning_out(w) for w in warnings.items],
         "warnings_next": sub_list_url(request, "warnings", warnings),
-        "quote_total": anfrage.quote_total,
-        "currency": anfrage.currency,
+        "quote_total": detail.quote_total,
+        "currency": detail.currency,
     }
 
 

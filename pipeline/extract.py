@@ -12,7 +12,14 @@ Formats (German and English units: pcs/Stk/Stück, m/lfm, mm, cm, kg, t):
 * CSV: a header row ``position;qty;unit;item;material;length_mm`` (German names such as
   ``menge``/``einheit``/``bezeichnung`` too; ``;``, ``,`` or tab separated);
 * Markdown: list items (``-``, ``*``, ``+``, ``1.``) in the text format; other lines are
-  prose and ignored.
+  prose and ignored;
+* in text and Markdown, a Markdown table (a header row, a delimiter row ``|---|---|``,
+  its rows) is read as a CSV whose delimiter is the pipe.
+
+Column names, units and keywords match in any case. A piece length is read at a line's
+end (``, 6 m``, ``L=6000 mm``, ``Einzellänge 6 m``; ``Gesamtlänge 72 m`` is shared by the
+pieces) or right after the count (``2 x 6 m Rohr``, ``12x6m Rohr``). UTF-16 files are
+decoded (:func:`utf16_codec`).
 
 Numbers are read in their German or English form, decided per number (:func:`read_number`);
 what a line leaves open (an ambiguous number, a length column without a unit, a rounded
@@ -65,6 +72,12 @@ UNITS: dict[str, tuple[Unit, Decimal]] = {
     **dict.fromkeys(["t", "to", "tonne", "tonnen", "tons"], (Unit.KILOGRAMS, Decimal(1000))),
 }
 LENGTH_UNITS = {"mm": Decimal(1), "cm": Decimal(10), "m": Decimal(1000)}
+#: Length unit spellings -> the length unit (matched lower case).
+LENGTH_UNIT_NAMES = {
+    "mm": "mm",
+    "cm": "cm",
+    **dict.fromkeys(["m", "lfm", "lfdm", "meter", "meters", "metre", "metres"], "m"),
+}
 MAX_QUANTITY = Decimal("999999999")
 MAX_LENGTH_MM = 1_000_000
 MAX_ITEM_CHARS = 300
@@ -92,17 +105,44 @@ _LIST_MARKER = re.compile(r"^\s*(?:[-*+•]|\d+[.)])\s+")
 # character and no pattern can rescan a run of blanks: each is linear in the line.
 _QUANTITY = re.compile(
     rf"^(?P<qty>{_NUMBER})(?P<groups>(?: \d{{3}}(?=\s|$))*(?: \d{{3}}[.,]\d+(?=\s|$))?) ?"
-    r"(?:[x\u00d7](?=\s)|(?P<unit>[^\W\d_]\w*)\.?(?=\s|$))? ?(?P<rest>.*)$"
+    r"(?:(?P<times>[x\u00d7])(?=\s)|(?P<unit>[^\W\d_]\w*)\.?(?=\s|$))? ?(?P<rest>.*)$"
 )
 #: Right after a quantity without unit: a range ("2-3", an en dash too) or a fraction ("1/2").
 _RANGE_OR_FRACTION = re.compile(r"[-/\u2013\u2014] ?\d")
 #: A cell's quantity grouped by plain spaces: "12 000", "12 345,5".
 _SPACE_GROUPED = re.compile(r"\d{1,3}(?: \d{3})+(?:[.,]\d+)?")
-_LENGTH_WORD = r"(?:l|length|länge|laenge|je|à)"
-# The piece length at the end: ", 6 m", "; 6000 mm", " L=6000 mm", " length 6 m", " je 6 m".
+_LENGTH_UNIT = r"(?:mm|cm|meters?|metres?|lfdm|lfm|m)"
+#: The words that name the length of one piece, and of all pieces together (lower case).
+PIECE_LENGTH_WORDS = (
+    "l",
+    "length",
+    "länge",
+    "laenge",
+    "je",
+    "à",
+    "einzellänge",
+    "einzellaenge",
+    "stücklänge",
+    "stuecklaenge",
+    "single length",
+)
+TOTAL_LENGTH_WORDS = ("gesamtlänge", "gesamtlaenge", "total length")
+_LENGTH_WORD = "|".join(
+    sorted((re.escape(w) for w in PIECE_LENGTH_WORDS + TOTAL_LENGTH_WORDS), key=len, reverse=True)
+)
+# A length at the end: ", 6 m", "; 6000 mm", " L=6000 mm", " length 6 m", " je 6 lfm",
+# ", Einzellänge 6 m", ", Gesamtlänge 72 m"; after a keyword also without a unit
+# ("L=6000": a length left out with a warning).
 _LENGTH = re.compile(
-    rf"(?: ?[,;] ?(?:{_LENGTH_WORD} ?[=:]? ?)?| {_LENGTH_WORD} ?[=:]? ?)"
-    rf"(?P<len>{_NUMBER}) ?(?P<lunit>mm|cm|m)\.? ?$",
+    rf"(?: ?[,;] ?(?P<word>{_LENGTH_WORD})?| (?P<spaced>{_LENGTH_WORD}))(?: ?[=:])? ?"
+    rf"(?P<len>{_NUMBER})(?: ?(?P<lunit>{_LENGTH_UNIT})\.?)? ?$",
+    re.IGNORECASE,
+)
+#: A piece length right after the count: "2 x 6 m Rohr", "12x6m Rohr", "12 Stk à 6 m".
+#: (No match starts inside a number: a search over a run of digits stays linear.)
+_LEADING_LENGTH = re.compile(
+    rf"(?P<times>(?:[x\u00d7]|je|à) ?)?(?<![\d{_SEPARATORS}])(?P<len>{_NUMBER}) ?"
+    rf"(?P<lunit>{_LENGTH_UNIT})\.?(?= |$) ?",
     re.IGNORECASE,
 )
 #: Whitespace runs, collapsed to one space (one no-break space stays: it groups digits).
@@ -116,7 +156,7 @@ _LENGTH_HEADER = re.compile(
 #: The length units a header may spell out, by their prefix.
 _HEADER_UNIT_PREFIXES = {None: "m", "milli": "mm", "centi": "cm", "zenti": "cm"}
 #: A length cell: a number and, maybe, its unit.
-_LENGTH_CELL = re.compile(rf"(?P<len>{_NUMBER}) ?(?P<unit>mm|cm|m)?\.?", re.IGNORECASE)
+_LENGTH_CELL = re.compile(rf"(?P<len>{_NUMBER}) ?(?P<unit>{_LENGTH_UNIT})?\.?", re.IGNORECASE)
 # Material: a grade code first, then a family word (German compounds: "Stahlträger").
 _GRADES = re.compile(
     r"\b(S\d{3}(?:J[R02](?:\+N)?|N|M)?|St\s?(?:37|52)|1\.4\d{3}|AlMg\d|EN\s?AW-\d{4})\b",
@@ -187,10 +227,12 @@ class LineError(ValueError):
 
 @dataclass(frozen=True)
 class Number:
-    """A number as read, and the note to show when the reading was a choice."""
+    """A number as read, and the note to show when the reading was a choice (then
+    ``decimal`` is the other reading: the lone separator as the decimal one)."""
 
     value: Decimal
     note: str = ""
+    decimal: Decimal | None = None
 
 
 def read_number(text: str) -> Number:
@@ -233,6 +275,7 @@ def read_number(text: str) -> Number:
         other = "," if sep == "." else "."
         return Number(
             value=Decimal(integer + fraction),
+            decimal=Decimal(f"{integer}.{fraction}"),
             note=(
                 f"{shown!r} is read as {integer}{fraction} ({sep!r} separating thousands); "
                 f"write {integer}{fraction}, or {integer}{other}{fraction.rstrip('0') or '0'} "
@@ -285,22 +328,54 @@ def sniff_format(text: str) -> FileFormat:
     return FileFormat.TEXT
 
 
+#: How much of a file's start decides whether it is UTF-16 without a BOM.
+UTF16_SNIFF_BYTES = 4096
+
+
+def utf16_codec(head: bytes) -> str | None:
+    """The UTF-16 codec a file's first bytes show, or None: ``utf-16`` after a BOM;
+    without one ``utf-16-le`` (``utf-16-be``) when NUL bytes stand only at odd (even)
+    offsets of the first ``UTF16_SNIFF_BYTES`` and in at least every other character —
+    text in Latin script, as inquiries are, has a NUL high byte in most characters."""
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return "utf-16"
+    sample = head[: min(len(head), UTF16_SNIFF_BYTES) // 2 * 2]
+    even, odd = sample[0::2].count(0), sample[1::2].count(0)
+    chars = len(sample) // 2
+    if odd and not even and 2 * odd >= chars:
+        return "utf-16-le"
+    if even and not odd and 2 * even >= chars:
+        return "utf-16-be"
+    return None
+
+
 def decode(filename: str, data: bytes) -> tuple[str, tuple[tuple[int, str], ...]]:
     """Bytes as text, and ``(line_no, note)`` for each line that needed a fallback;
     refuses empty and binary content.
 
-    A file that is UTF-8 throughout is read as UTF-8. Otherwise each line is: UTF-8 where
-    it is, else Windows-1252 — so one stray byte spoils no other line. A Windows-1252 line
-    in a file whose other lines hold UTF-8 is noted (the file mixes encodings), and so is
-    a byte neither encoding defines (replaced by U+FFFD)."""
-    if not data.strip():
-        raise EmptyFile(f"file {filename!r} is empty")
-    if b"\x00" in data:
+    UTF-16 (with a BOM, or without one by its NUL bytes: :func:`utf16_codec`) is read as
+    UTF-16. A file that is UTF-8 throughout is read as UTF-8. Otherwise each line is:
+    UTF-8 where it is, else Windows-1252 — so one stray byte spoils no other line. A
+    Windows-1252 line in a file whose other lines hold UTF-8 is noted (the file mixes
+    encodings), and so is a byte neither encoding defines (replaced by U+FFFD)."""
+    utf16 = utf16_codec(data)
+    if utf16 is not None:
+        try:
+            text, notes = data.decode(utf16).removeprefix("\ufeff"), ()
+        except UnicodeDecodeError as exc:
+            raise BinaryFile(
+                f"file {filename!r} is neither text nor valid UTF-16 ({exc.reason}); "
+                "send plain text, CSV or Markdown"
+            ) from None
+    elif b"\x00" in data:
         raise BinaryFile(f"file {filename!r} is binary; send plain text, CSV or Markdown")
-    try:
-        text, notes = data.decode("utf-8-sig"), ()
-    except UnicodeDecodeError:
-        text, notes = _decode_lines(data.removeprefix(codecs.BOM_UTF8))
+    else:
+        try:
+            text, notes = data.decode("utf-8-sig"), ()
+        except UnicodeDecodeError:
+            text, notes = _decode_lines(data.removeprefix(codecs.BOM_UTF8))
+    if not text.strip():
+        raise EmptyFile(f"file {filename!r} is empty")
     controls = sum(1 for ch in text if ord(ch) < 32 and ch not in "\t\n\r\f")
     if controls > max(2, len(text) // 100):
         raise BinaryFile(f"file {filename!r} is binary; send plain text, CSV or Markdown")
@@ -379,19 +454,34 @@ def parse_unit(text: str) -> tuple[Unit, Decimal]:
         raise LineError(f"unknown unit {text.strip()!r}") from None
 
 
+def read_length(value: str, unit: str, notes: list[str]) -> Decimal:
+    """A length in millimetres, as written (not rounded). In metres, a lone separator
+    before three digits is the decimal one (``6,250 m`` is 6250 mm: as thousands it would
+    be a kilometre or more); in mm and cm it groups thousands, with a note."""
+    unit = LENGTH_UNIT_NAMES[unit.lower()]
+    number = read_number(value)
+    if number.decimal is not None and unit == "m":
+        number = Number(value=number.decimal)
+    if number.note:
+        notes.append(f"length: {number.note}")
+    return number.value * LENGTH_UNITS[unit]
+
+
+def whole_millimetres(length: Decimal, shown: str, notes: list[str]) -> int:
+    """``length`` (mm) rounded half up to whole millimetres, with a note when it was
+    rounded; ``LineError`` when it is not between 1 mm and ``MAX_LENGTH_MM``."""
+    whole = int(length.to_integral_value(rounding=ROUND_HALF_UP))
+    if whole < 1 or length > MAX_LENGTH_MM:
+        raise LineError(f"length {shown} is out of range")
+    if whole != length:
+        notes.append(f"length {shown} rounded to {whole} mm")
+    return whole
+
+
 def parse_length(value: str, unit: str, notes: list[str]) -> int:
     """A length in whole millimetres; a note in ``notes`` when it was rounded or its
     number was ambiguous."""
-    number = read_number(value)
-    if number.note:
-        notes.append(f"length: {number.note}")
-    length = number.value * LENGTH_UNITS[unit.lower()]
-    if length <= 0 or length > MAX_LENGTH_MM:
-        raise LineError(f"length {value} {unit} is out of range")
-    whole = int(length.to_integral_value(rounding=ROUND_HALF_UP))
-    if whole != length:
-        notes.append(f"length {value} {unit} rounded to {whole} mm")
-    return whole
+    return whole_millimetres(read_length(value, unit, notes), f"{value} {unit}", notes)
 
 
 def detect_material(item: str) -> str:
@@ -450,6 +540,38 @@ def _collapse(text: str) -> str:
     return _BLANKS.sub(lambda m: m.group() if m.group() in _LONE_GROUPING else " ", text).strip()
 
 
+def _trailing_length(
+    length: re.Match[str], shown: str, quantity: Decimal, unit: Unit, notes: list[str]
+) -> int | None:
+    """The piece length a line's end names: a length of one piece as written; a total
+    length shared by the pieces (in metres it must be the quantity, and adds nothing);
+    none, with a note, when the number names no unit."""
+    lunit = length.group("lunit")
+    if lunit is None:
+        notes.append(
+            f"the length {shown!r} names no unit: left out; write it with its unit, "
+            f"e.g. '{shown} mm'"
+        )
+        return None
+    word = (length.group("word") or length.group("spaced") or "").lower()
+    if word not in TOTAL_LENGTH_WORDS:
+        return parse_length(length.group("len"), lunit, notes)
+    total = read_length(length.group("len"), lunit, notes)
+    written = f"{length.group('len')} {lunit}"
+    if unit == Unit.METRES:
+        if total != quantity * 1000:
+            raise LineError(
+                f"the total length {written} is not the quantity {quantity.normalize():f} m; "
+                "write one"
+            )
+        return None
+    if unit != Unit.PIECES:
+        raise LineError(f"a total length needs a quantity in pieces or metres, not {unit}")
+    return whole_millimetres(
+        total / quantity, f"{written} / {quantity.normalize():f} pieces", notes
+    )
+
+
 def parse_item_line(line: str) -> dict:
     """``[Pos 3:] 12 pcs steel beam HEA 200, 6 m`` -> the fields of a position, and in
     ``notes`` what the line leaves open (an ambiguous number, a rounded length)."""
@@ -465,10 +587,18 @@ def parse_item_line(line: str) -> dict:
         raise LineError("expected a quantity first, e.g. '12 pcs steel beam HEA 200, 6 m'")
     rest = match.group("rest")
     unit_word = match.group("unit") or ""
+    times = bool(match.group("times")) or unit_word.lower() == "x"
     ranged = None if unit_word else _RANGE_OR_FRACTION.match(rest)
     if ranged:
         shown = text[: match.start("rest")] + ranged.group()
         raise LineError(f"{shown!r} reads as a range or a fraction of quantities; write one")
+    if not unit_word and not times and rest[:1] in (",", ";"):
+        # "5, m Rohr": the decimals are missing, or the separator is a typo.
+        shown = text[: match.start("rest") + 1]
+        raise LineError(
+            f"{shown!r} ends in a separator; write the number whole ('5 m') "
+            "or with its decimals ('5,5 m')"
+        )
     if unit_word and unit_word.lower().rstrip(".") not in UNITS:
         # "12 steel beams": the word is part of the item, the unit defaults to pieces.
         rest = text[match.start("unit") :]
@@ -479,11 +609,19 @@ def parse_item_line(line: str) -> dict:
     unit, factor = parse_unit(unit_word)
     quantity = _checked_quantity(qty, unit, factor, notes)
     length_mm = None
+    leading = _LEADING_LENGTH.match(rest) if unit == Unit.PIECES else None
+    if leading and (times or leading.group("times")):
+        # "2 x 6 m Rohr", "12x6m Rohr", "12 Stk à 6 m Träger": pieces of a length.
+        length_mm = parse_length(leading.group("len"), leading.group("lunit"), notes)
+        rest = rest[leading.end() :]
     # A length is short: looking for it in the line's last characters only keeps the
     # search linear whatever the line holds (a number token may span a whole line).
     length = _LENGTH.search(rest, max(0, len(rest) - LENGTH_WINDOW))
-    if length:
-        length_mm = parse_length(length.group("len"), length.group("lunit"), notes)
+    if length and (length.group("lunit") or length.group("word") or length.group("spaced")):
+        shown = length.group().lstrip(" ,;")
+        if length_mm is not None:
+            raise LineError(f"the line names two piece lengths (the second: {shown!r}); write one")
+        length_mm = _trailing_length(length, shown, quantity, unit, notes)
         rest = rest[: length.start()]
     item = _checked_item(rest.strip(" ,;-"), notes)
     return {
@@ -519,7 +657,12 @@ def _csv_layout(header_line: str) -> CsvLayout | None:
     """The layout a header row names, or None unless it names at least qty and item.
     Cells may be quoted (``"Position";"Menge"``)."""
     delimiter = _delimiter(header_line)
-    cells = next(csv.reader([header_line], delimiter=delimiter), [])
+    return _layout(next(csv.reader([header_line], delimiter=delimiter), []), delimiter)
+
+
+def _layout(cells: Sequence[str], delimiter: str) -> CsvLayout | None:
+    """The layout header ``cells`` name (in any case), or None unless they name at least
+    qty and item."""
     header = [_collapse(cell).lower() for cell in cells]
     columns: dict[str, int] = {}
     length_unit = None
@@ -540,16 +683,71 @@ def _csv_layout(header_line: str) -> CsvLayout | None:
     return CsvLayout(delimiter=delimiter, columns=columns, length_unit=length_unit)
 
 
+# --- Markdown tables: a header row, a delimiter row ("|---|:--:|"), rows; read as CSV
+
+#: A table's delimiter row (matched on the stripped line): cells of dashes, each maybe
+#: with colons (alignment), between pipes. Each repetition starts with a pipe: linear.
+_TABLE_DELIMITER_ROW = re.compile(r"\|? ?:?-+:? ?(?:\| ?:?-+:? ?)*\|?")
+#: A cell boundary: a pipe not escaped by a backslash ("Blech \| 2 mm" is one cell).
+_TABLE_PIPE = re.compile(r"(?<!\\)\|")
+TABLE_HEADER_HINT = "| Pos | Menge | Einheit | Bezeichnung |"
+
+
+def table_cells(line: str) -> list[str]:
+    """The cells of a Markdown table row (outer pipes optional, ``\\|`` a pipe in a
+    cell)."""
+    row = line.strip()
+    row = row.removeprefix("|")
+    if row.endswith("|") and not row.endswith("\\|"):
+        row = row[:-1]
+    return [cell.replace("\\|", "|") for cell in _TABLE_PIPE.split(row)]
+
+
+def _is_table_start(lines: Sequence[str], index: int) -> bool:
+    """Whether ``lines[index]`` is a table's header: it holds a pipe and the next line is
+    a delimiter row of as many cells."""
+    if "|" not in lines[index] or index + 1 >= len(lines):
+        return False
+    delimiter = _collapse(lines[index + 1])
+    return (
+        "|" in delimiter
+        and _TABLE_DELIMITER_ROW.fullmatch(delimiter) is not None
+        and len(table_cells(delimiter)) == len(table_cells(lines[index]))
+    )
+
+
 class LineExtractor:
-    """The default extractor: deterministic and offline, one position per readable line."""
+    """The default extractor: deterministic and offline, one position per readable line
+    (or table row)."""
 
     def extract(self, source: SourceFile) -> Extraction:
         if source.format == FileFormat.CSV:
             return self._extract_csv(source)
         positions: list[ParsedPosition] = []
         warnings: list[LineWarning] = []
-        for line_no, line in enumerate(source.text.splitlines(), start=1):
+        lines = source.text.splitlines()
+        table: CsvLayout | None = None
+        in_table = False
+        skip_to = 0
+        for index, line in enumerate(lines):
+            line_no = index + 1
             stripped = line.strip()
+            if index < skip_to:
+                continue
+            if in_table and "|" in stripped:
+                self._add_table_row(source, line_no, stripped, table, positions, warnings)
+                continue
+            in_table = False
+            if _is_table_start(lines, index):
+                in_table, skip_to = True, index + 2
+                table = _layout(table_cells(line), "|")
+                if table is None:
+                    message = (
+                        "this table's header names no qty and item column (such as "
+                        f"{TABLE_HEADER_HINT!r}): its rows are not read"
+                    )
+                    warnings.append(_warning(source, line_no, stripped, message))
+                continue
             if not stripped or stripped.startswith(("#", "//")):
                 continue
             marker = _LIST_MARKER.match(line)
@@ -560,6 +758,26 @@ class LineExtractor:
                 source, line_no, stripped, partial(parse_item_line, body), positions, warnings
             )
         return Extraction(positions=tuple(positions), warnings=tuple(warnings))
+
+    def _add_table_row(
+        self,
+        source: SourceFile,
+        line_no: int,
+        row: str,
+        layout: CsvLayout | None,
+        positions: list[ParsedPosition],
+        warnings: list[LineWarning],
+    ) -> None:
+        cells = table_cells(row)
+        if not any(cell.strip() for cell in cells):
+            return
+        if layout is None:
+            message = "this table's header names no qty and item column: the row is not read"
+            warnings.append(_warning(source, line_no, row, message))
+            return
+        self._add(
+            source, line_no, row, partial(self._csv_fields, cells, layout), positions, warnings
+        )
 
     @staticmethod
     def _add(

@@ -62,19 +62,20 @@ class StageStatus:
 
 @dataclass(frozen=True, kw_only=True)
 class AnfrageDetail:
+    """``quote_total`` and ``currency`` are read in the statement that reads the stages:
+    a ``calculate`` shown as ``success`` always comes with its quote."""
+
     anfrage: Anfrage
     stages: tuple[StageStatus, ...]
     files: tuple[AnfrageFile, ...]
     positions: tuple[Position, ...]
     warnings: tuple[ExtractionWarning, ...]
+    quote_total: Decimal | None
+    currency: str
 
     @property
     def complete(self) -> bool:
         return all(s.status == "success" for s in self.stages)
-
-    @property
-    def quote_total(self) -> Decimal | None:
-        return self.anfrage.quote_total
 
 
 def parse_stage(value: str | Stage) -> Stage:
@@ -95,6 +96,17 @@ def anfrage_get(*, tenant_id: int, anfrage_id: int) -> Anfrage:
     if anfrage is None:
         raise AnfrageNotFound(f"no inquiry {anfrage_id} for this tenant")
     return anfrage
+
+
+def anfrage_file_get(*, tenant_id: int, anfrage_id: int, file_id: int) -> AnfrageFile:
+    """A stored file of the tenant's inquiry; :class:`AnfrageNotFound` for a missing or
+    foreign inquiry or a file of another inquiry."""
+    stored = AnfrageFile.objects.filter(
+        pk=file_id, anfrage_id=anfrage_id, tenant_id=tenant_id
+    ).first()
+    if stored is None:
+        raise AnfrageNotFound(f"no file {file_id} in inquiry {anfrage_id}")
+    return stored
 
 
 def anfrage_get_any(*, anfrage_id: int) -> Anfrage:
@@ -136,9 +148,15 @@ def stage_statuses(runs: list[PipelineRun]) -> tuple[StageStatus, ...]:
 def anfrage_detail(*, anfrage: Anfrage, rows: bool = True) -> AnfrageDetail:
     """Stages, files and (unless ``rows`` is False: the API pages them) every position
     and warning of the inquiry."""
+    # One statement for the stages and the quote (one snapshot): read apart, calculate
+    # could commit between them, and a page would show it succeeded without a quote.
+    runs = list(anfrage.runs.select_related("anfrage"))
+    current = runs[0].anfrage if runs else anfrage
     return AnfrageDetail(
         anfrage=anfrage,
-        stages=stage_statuses(list(anfrage.runs.all())),
+        quote_total=current.quote_total,
+        currency=current.currency,
+        stages=stage_statuses(runs),
         files=tuple(anfrage.files.order_by("id")),
         positions=tuple(anfrage.positions.order_by("position_index")) if rows else (),
         warnings=tuple(anfrage.warnings.order_by("id")) if rows else (),
@@ -161,8 +179,13 @@ def anfrage_overview(
             query = query.filter(tenant_id=tenant_id)
         rows = list(query[:limit])
     runs: dict[int, list[PipelineRun]] = {}
-    for run in PipelineRun.objects.filter(anfrage__in=rows):
+    for run in PipelineRun.objects.filter(anfrage__in=rows).select_related("anfrage"):
         runs.setdefault(run.anfrage_id, []).append(run)
+    # Each quote as of the statement that read the stages (see anfrage_detail).
+    for anfrage in rows:
+        if anfrage.id in runs:
+            current = runs[anfrage.id][0].anfrage
+            anfrage.quote_total, anfrage.currency = current.quote_total, current.currency
     return [(a, stage_statuses(runs.get(a.id, []))) for a in rows]
 
 

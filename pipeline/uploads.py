@@ -9,7 +9,8 @@ upload request only (``pipeline.api``). It refuses
 * the file part past ``MAX_FILES``, an unknown extension, from the part's headers before
   reading its bytes;
 * a file past ``MAX_FILE_BYTES`` or holding a NUL byte (binary) at the chunk where that
-  shows, without reading further.
+  shows, without reading further — unless its first chunk shows UTF-16
+  (``pipeline.extract.utf16_codec``), whose NUL bytes are text; intake decodes it.
 
 Each file streams in 64 KiB chunks to a temporary file in the storage's ``incoming/``
 area, hashed as it arrives, so the request holds one chunk in memory whatever the upload's
@@ -40,7 +41,7 @@ from pipeline.exceptions import (
     RequestTooLarge,
     TooManyFiles,
 )
-from pipeline.extract import format_by_name
+from pipeline.extract import format_by_name, utf16_codec
 from pipeline.limits import MAX_FILE_BYTES, MAX_FILES, MAX_REQUEST_BYTES
 from pipeline.storage import StagedFile
 
@@ -113,6 +114,7 @@ class StagingUploadHandler(FileUploadHandler):
         self._digest = hashlib.sha256()
         self._size = 0
         self._blank = True
+        self._utf16 = False
 
     def receive_data_chunk(self, raw_data: bytes, start: int):
         self._size += len(raw_data)
@@ -123,7 +125,9 @@ class StagingUploadHandler(FileUploadHandler):
                     f"at most {MAX_FILE_BYTES}"
                 )
             )
-        if b"\x00" in raw_data:
+        if start == 0:
+            self._utf16 = utf16_codec(raw_data) is not None
+        if b"\x00" in raw_data and not self._utf16:
             self._abandon(
                 BinaryFile(f"file {self.file_name!r} is binary; send plain text, CSV or Markdown")
             )

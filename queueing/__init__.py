@@ -7,6 +7,7 @@ names of its own ``__all__``. Everything else is internal and may change in any 
 __all__ = [
     "app",
     "backoff",
+    "connector",
     "enqueue",
     "exceptions",
     "gunicorn",

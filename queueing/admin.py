@@ -23,6 +23,7 @@ read-only with :class:`ReadOnlyModelAdmin`.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -259,6 +260,20 @@ class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
         ),
     ]
     search_fields = ["queueing_lock", "task_name"]
+
+    class Media:
+        css = {"all": ["queueing/admin.css"]}
+
+    @admin.display(description="Args")
+    def pretty_args(self, instance: ProcrastinateJob) -> str:
+        """procrastinate's rendering of the job's arguments, styled by a class of
+        ``queueing/admin.css`` instead of its inline ``style`` (which a strict
+        Content-Security-Policy refuses)."""
+        indent = 2 if len(instance.args) > 1 or len(str(instance.args)) > 30 else None
+        pretty = json.dumps(instance.args, indent=indent)
+        if len(pretty) > 2000:
+            pretty = pretty[:2000] + "..."
+        return format_html('<pre class="job-args">{}</pre>', pretty)
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

@@ -6,6 +6,8 @@
   applied, and at least one worker heart-beat within the stall threshold
   (``STALLED_WORKER_SECONDS``). One SQL round trip, no lock, nothing written; ``200`` when
   all hold, else ``503`` with ``Retry-After``, and each check says what it saw.
+* :func:`worker_liveness` — whether any worker heart-beat within the stall threshold, for
+  a page that tells its users that queued work waits for a worker.
 * :func:`local_worker_health` — what ``manage.py worker_health`` reports for the workers
   started on this host (their ids are recorded by :mod:`queueing.worker_state`).
 
@@ -32,7 +34,7 @@ from queueing import worker_state
 from queueing.middleware import RETRY_AFTER_SECONDS
 from queueing.sql import load
 
-__all__ = ["Check", "healthz_view", "readiness", "readyz_view"]
+__all__ = ["Check", "WorkerLiveness", "healthz_view", "readiness", "readyz_view", "worker_liveness"]
 
 queries = load("queueing", "health.sql")
 
@@ -134,6 +136,34 @@ def readyz_view(request: HttpRequest) -> JsonResponse:
     if not ready:
         response["Retry-After"] = str(RETRY_AFTER_SECONDS)
     return response
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerLiveness:
+    """The newest heartbeat of any worker (None: none is registered), its age by the
+    database's clock, and the stall threshold it is judged by."""
+
+    last_heartbeat: datetime.datetime | None
+    age: datetime.timedelta | None
+    threshold: datetime.timedelta
+
+    @property
+    def alive(self) -> bool:
+        return self.age is not None and self.age <= self.threshold
+
+
+def worker_liveness() -> WorkerLiveness:
+    """Whether any worker heart-beat within ``QUEUEING_STALLED_WORKER_SECONDS``: the
+    readiness check's worker test on its own. One read of ``procrastinate_workers``
+    (an index probe), no lock, nothing written."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries["last_heartbeat"])
+        last_heartbeat, now = cursor.fetchone()
+    return WorkerLiveness(
+        last_heartbeat=last_heartbeat,
+        age=None if last_heartbeat is None else now - last_heartbeat,
+        threshold=stall_threshold(),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,10 +2,11 @@
 ``key=value`` text, or one JSON object per line with ``LOG_FORMAT=json``.
 
 Job logs: one line per job start, success, retry, failure and abort, with the job's id,
-task, singleton key, tenant, attempt and duration. Access logs: gunicorn's access record
-becomes one line with the request as fields (method, path, query, status, bytes,
-duration in seconds, remote address, user agent, referer) instead of one preformatted
-string; :mod:`queueing.gunicorn` wires both formatters into gunicorn.
+task, singleton key, tenant, attempt and duration; the sweeps' own jobs, routine, in one
+summary line per five minutes at most (what an idle worker logs). Access logs:
+gunicorn's access record becomes one line with the request as fields (method, path,
+query, status, bytes, duration in seconds, remote address, user agent, referer) instead
+of one preformatted string; :mod:`queueing.gunicorn` wires both formatters into gunicorn.
 
 The lines are procrastinate's own worker log records (``procrastinate.worker``), which
 carry the job and its timing as ``extra`` fields: :class:`JobEventFilter` keeps those (and
@@ -22,10 +23,13 @@ domain declares its formats with :func:`register_key_format` (a key format
 
 from __future__ import annotations
 
+import collections
 import datetime
 import json
 import logging
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -44,6 +48,10 @@ JOB_ACTIONS = {
     "job_aborted": "aborted",
     "job_aborted_retry": "aborted_retrying",
 }
+#: The queue of the sweeps' ticks and runs (``queueing.sweeps.SWEEP_QUEUE``): routine jobs.
+ROUTINE_QUEUE = "sweeps"
+#: At most one summary line of routine jobs per this many seconds.
+ROUTINE_SUMMARY_SECONDS = 300.0
 #: The worker's own lifecycle, kept at any level: a handful of lines per deploy.
 WORKER_ACTIONS = frozenset({"start_worker", "stopping_worker", "stop_worker"})
 TENANT_ARGUMENTS = ("tenant", "tenant_slug", "tenant_id")
@@ -166,18 +174,37 @@ def _level(value: str | int) -> int:
 
 class JobEventFilter(logging.Filter):
     """Keeps job events at ``job_level`` or above (attaching ``record.job_event``), the
-    worker's start and stop, and other records at ``level`` or above."""
+    worker's start and stop, and other records at ``level`` or above.
 
-    def __init__(self, level: str | int = logging.WARNING, job_level: str | int = logging.INFO):
+    The sweeps' own jobs (their ticks and runs, on ``routine_queues``) are routine: an idle
+    worker would log dozens of lines a minute of them. Their successes and starts count
+    as ``DEBUG``; every ``summary_seconds`` at most, one of them is kept as a one-line
+    summary of how many ran since the last. Their retries and failures are kept as any
+    job's."""
+
+    def __init__(
+        self,
+        level: str | int = logging.WARNING,
+        job_level: str | int = logging.INFO,
+        routine_queues: Iterable[str] = (ROUTINE_QUEUE,),
+        summary_seconds: float = ROUTINE_SUMMARY_SECONDS,
+    ):
         super().__init__()
         self.level = _level(level)
         self.job_level = _level(job_level)
+        self.routine_queues = frozenset(routine_queues)
+        self.summary_seconds = summary_seconds
+        self._routine: collections.Counter[str] = collections.Counter()
+        self._routine_since = time.monotonic()
+        self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
         action = getattr(record, "action", "")
         event = JOB_ACTIONS.get(action)
         if event is None:
             return action in WORKER_ACTIONS or record.levelno >= self.level
+        if self._is_routine(record):
+            return self._summarise(record, event)
         if record.levelno < self.job_level:
             return False
         record.job_event = JobEvent.from_record(record, event)
@@ -186,6 +213,29 @@ class JobEventFilter(logging.Filter):
             # The next attempt follows: one line with the error, not a traceback each time.
             record.exc_info, record.exc_text = None, None
         return True
+
+    def _is_routine(self, record: logging.LogRecord) -> bool:
+        job = getattr(record, "job", None) or {}
+        return (
+            record.levelno < logging.WARNING
+            and self.job_level > logging.DEBUG
+            and job.get("queue") in self.routine_queues
+        )
+
+    def _summarise(self, record: logging.LogRecord, event: str) -> bool:
+        """Count a routine job event; turn it into the summary line when one is due."""
+        with self._lock:
+            self._routine[event] += 1
+            seconds = time.monotonic() - self._routine_since
+            if seconds < self.summary_seconds:
+                return False
+            counts = ", ".join(f"{n} {name}" for name, n in sorted(self._routine.items()))
+            self._routine.clear()
+            self._routine_since = time.monotonic()
+        record.msg = "routine jobs (sweeps) in the last %d s: %s"
+        record.args = (round(seconds), counts)
+        record.exc_info, record.exc_text = None, None
+        return record.levelno >= self.job_level
 
 
 def _plain_value(value: object) -> str:

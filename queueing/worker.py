@@ -63,6 +63,11 @@ What it adds to procrastinate's worker (3.10):
   before every job (``CONN_HEALTH_CHECKS``). Here a job thread reconnects once before its
   next job after the worker saw a database error, and drops a connection the server
   ended while it sat idle (its socket is readable: no round trip).
+* **One round trip per statement of its own.** procrastinate's connector spends four on
+  each fetch, outcome and defer (the pool's liveness check, ``BEGIN``, the statement,
+  ``COMMIT``); the worker's (:func:`queueing.connector.worker_connector`, which
+  :func:`install` hands to procrastinate's ``worker`` command) runs them in autocommit and
+  checks a lent connection by its socket.
 * **A stray notification is a wake-up**, not a reason to stop listening; and a loop that
   fails anyway stops the worker with a non-zero exit, as a database outage does.
 """
@@ -77,7 +82,6 @@ import functools
 import json
 import logging
 import random
-import select
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -89,11 +93,13 @@ from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 from procrastinate import exceptions as procrastinate_exceptions
 from procrastinate import jobs, manager, periodic, retry, utils
 from procrastinate import worker as procrastinate_worker
+from procrastinate.contrib.django.django_connector import DjangoConnector
 from procrastinate.contrib.django.utils import connector_params
 from procrastinate.job_context import JobContext, JobResult
 from procrastinate.manager import get_channel_for_queues
 
 from queueing import current, giveup, sweeps
+from queueing.connector import ended_by_server, worker_connector
 from queueing.exceptions import PollLater
 from queueing.outage import RECONNECT_SECONDS, Failures, describe
 from queueing.sql import load
@@ -164,20 +170,13 @@ def _is_missing_worker(exc: BaseException) -> bool:
 def _drop_if_ended_by_server() -> None:
     """Close this thread's Django connection when the server ended it while it sat idle
     (``pg_terminate_backend``, ``idle_session_timeout``, a proxy dropping idle sockets),
-    so the next query connects afresh instead of failing. No round trip: an idle
-    connection has nothing to read unless the server said goodbye (or, rarely, sent a
-    notice, and then one reconnect is the price)."""
+    so the next query connects afresh instead of failing — without a round trip
+    (:func:`queueing.connector.ended_by_server`)."""
     wrapper = connections[DEFAULT_DB_ALIAS]
     raw = wrapper.connection
     if raw is None or wrapper.in_atomic_block:
         return
-    try:
-        poller = select.poll()
-        poller.register(raw.fileno(), select.POLLIN)
-        readable = bool(poller.poll(0))
-    except (OSError, ValueError, psycopg.Error):
-        readable = True
-    if readable or raw.closed or raw.broken:
+    if ended_by_server(raw):
         wrapper.close()
 
 
@@ -896,10 +895,17 @@ class _ReportingDeferrer(periodic.PeriodicDeferrer):
 def install(app: Any) -> None:
     """``PROCRASTINATE_ON_APP_READY``: make procrastinate build a :class:`PgstageWorker`
     wherever it builds a worker (its ``worker`` command, ``app.run_worker``), fetching by
-    task name (:class:`TaskNameJobManager`)."""
+    task name (:class:`TaskNameJobManager`), on the worker's connector
+    (:func:`queueing.connector.worker_connector`: one round trip per statement) wherever
+    procrastinate asks the Django app for one (its ``procrastinate`` command)."""
 
     def build_worker(**kwargs: Any) -> PgstageWorker:
         return PgstageWorker(app=app, **{**app.worker_defaults, **kwargs})
 
     fetch_by_task_name(app)
     app._worker = build_worker
+    if isinstance(app.connector, DjangoConnector):
+        # an instance attribute over procrastinate's method: its public hook for this
+        app.connector.get_worker_connector = functools.partial(  # type: ignore[method-assign]
+            worker_connector, app.connector.alias
+        )

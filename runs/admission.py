@@ -205,8 +205,9 @@ def held_runs_expire(*, limit: int = 500) -> int:
     """Cancel held core runs no live job needs, giving their budget back (the resume
     tick's net): those no admission took, older than ``CORE_HELD_EXPIRY_SECONDS`` (an
     admission died between creating its held run and committing its job), and those
-    whose job ended without releasing them while the core was unreachable. Idempotent;
-    0 while the core is unreachable (the next tick tries again)."""
+    whose job ended without releasing them while the core was unreachable; and fail the
+    released runs whose jobs all ended while the core was unreachable (no budget given
+    back). Idempotent; 0 while the core is unreachable (the next tick tries again)."""
     try:
         return get_core().expire_held(
             older_than_seconds=float(settings.CORE_HELD_EXPIRY_SECONDS), limit=limit

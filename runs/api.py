@@ -154,10 +154,14 @@ class AnalysisJobIn(StrictSchema):
     @field_validator("sources")
     @classmethod
     def _unique_keys(cls, sources: list[SourceIn]) -> list[SourceIn]:
-        keys = [s.key for s in sources]
+        # Markers match keys in any case ("[S1]" cites "s1"), so keys differing only in
+        # case would be one key.
+        keys = [s.key.casefold() for s in sources]
         duplicates = sorted({k for k in keys if keys.count(k) > 1})
         if duplicates:
-            raise ValueError(f"source keys must be unique; repeated: {', '.join(duplicates)}")
+            raise ValueError(
+                f"source keys must be unique, in any case; repeated: {', '.join(duplicates)}"
+            )
         return sources
 
 

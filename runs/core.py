@@ -81,9 +81,10 @@ class CoreClient(Protocol):
 
     def expire_held(self, *, older_than_seconds: float, limit: int) -> int:
         """Cancel held runs no live job needs: those no job took, older than
-        ``older_than_seconds``, and those whose job ended without releasing them; return
-        how many. A remote core that expires them itself returns 0. Raises
-        ``CoreUnavailable``."""
+        ``older_than_seconds``, and those whose job ended without releasing them; fail
+        the released (or judging) runs whose every job ended (their job's own close
+        missed the core); return how many. A remote core that expires them itself
+        returns 0. Raises ``CoreUnavailable``."""
 
     def release(self, *, core_run_id: int) -> None:
         """Take the run out of hold (attach its sources). Idempotent."""
@@ -174,7 +175,9 @@ class LocalCore:
                 queries["core_stale_held"], {"seconds": older_than_seconds, "limit": limit}
             )
             stale = [row[0] for row in cursor.fetchall()]
-        return sum(self._cancel_held(core_run_id) for core_run_id in stale)
+            cursor.execute(queries["core_abandoned_released"], {"limit": limit})
+            abandoned = cursor.rowcount
+        return sum(self._cancel_held(core_run_id) for core_run_id in stale) + abandoned
 
     def _move(
         self,
@@ -207,7 +210,7 @@ class LocalCore:
             core_run_id,
             to=CoreRunState.JUDGING,
             allowed=(CoreRunState.RELEASED,),
-            done=(CoreRunState.JUDGING, CoreRunState.DONE),
+            done=(CoreRunState.JUDGING, CoreRunState.DONE, CoreRunState.FAILED),
         )
 
     def finish(self, *, core_run_id: int, ok: bool, detail: str = "") -> None:
@@ -237,6 +240,28 @@ def held_run_give_back(*, core_run_id: int | None) -> None:
     except (CoreError, DatabaseError):
         logger.warning(
             "could not cancel held core run %s now; the resume tick will",
+            core_run_id,
+            exc_info=True,
+        )
+
+
+def released_run_fail(*, core_run_id: int | None, detail: str) -> None:
+    """Close the released run of a job that just failed or was given up after its
+    release, as failed (it would otherwise stay ``judging`` for ever: no attempt comes
+    back to finish it). Call it in the transaction that ends the job. Idempotent; best
+    effort like :func:`held_run_give_back`: when the core is unreachable (or refuses),
+    the resume tick's ``held_runs_expire`` fails the run later. The budget unit is not
+    given back: the provider may have worked on a released run."""
+    if core_run_id is None:
+        return
+    core = get_core()
+    try:
+        with transaction.atomic():
+            core.start(core_run_id=core_run_id)
+            core.finish(core_run_id=core_run_id, ok=False, detail=detail)
+    except (CoreError, DatabaseError):
+        logger.warning(
+            "could not fail released core run %s now; the resume tick will",
             core_run_id,
             exc_info=True,
         )

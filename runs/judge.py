@@ -11,6 +11,12 @@ text. Then:
 * every bracket marker ``[KEY]`` / ``[K1, K2; K3]`` cites the sentence it stands in —
   or, when it opens a sentence (nothing but space and markers before it there), the
   sentence before it in its block: ``…scattering. [s1] Grass…`` cites "…scattering.";
+  a block of markers alone (``<p>[s1]</p>`` between paragraphs) cites the last
+  sentence of the last block before it that has words; with none before it, the marker
+  is unattached: its claim is empty (the default judge: unsupported, "the claim has no
+  checkable words");
+* a key matches its source's key in any case (``[S1]`` cites source ``s1``; the API
+  refuses two source keys that differ only in case);
 * ``[sic]`` (any case) is an editorial note, never a citation;
 * a sentence ends after ``.``, ``!`` or ``?`` (and closing quotes) followed by space
   or by a marker's ``[`` (``…blue.[s1] Grass``), unless the next word starts in lower
@@ -32,8 +38,9 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache, partial
 from typing import Protocol
 
 from django.conf import settings
@@ -220,11 +227,19 @@ def _claim(text: str) -> str:
     ]
 
 
-def _markers(text: str, base: int) -> list[tuple[int, str, str]]:
+def _markers(text: str, base: int, before: Callable[[], str]) -> list[tuple[int, str, str]]:
     """The bracket markers of one block as (position, keys, claim), each attached to its
     sentence: the one it stands in, or, when it opens a sentence (nothing but markers
-    and space before it there) the previous one."""
+    and space before it there) the previous one. A block of markers alone cites
+    ``before()``: the last sentence of the last earlier block with words ("" for none)."""
     found = []
+    if not _has_words(text):
+        claim = before()
+        return [
+            (base + m.start(), m[1], claim)
+            for m in _BRACKET.finditer(text)
+            if not _is_editorial(m[1])
+        ]
     ends = _sentence_ends(text)
     starts = [0, *ends[:-1]]
     claims: dict[int, str] = {}
@@ -243,6 +258,20 @@ def _markers(text: str, base: int) -> list[tuple[int, str, str]]:
     return found
 
 
+def _has_words(block: str) -> bool:
+    """Whether ``block`` holds more than markers, space and punctuation."""
+    return any(ch.isalnum() for ch in _BRACKET.sub("", block))
+
+
+def _last_sentence(block: str) -> str:
+    """The claim of ``block``'s last sentence that holds words ("" for none)."""
+    ends = _sentence_ends(block)
+    for start, end in zip([0, *ends[:-1]][::-1], ends[::-1], strict=True):
+        if _has_words(block[start:end]):
+            return _claim(block[start:end])
+    return ""
+
+
 def _squash(text: str) -> str:
     return _SPACE_BEFORE_PUNCT.sub(r"\1", " ".join(text.split()))
 
@@ -259,9 +288,14 @@ def extract_citations(doc_html: str) -> list[Citation]:
         for start, end, keys in cited
     ]
     offset = 0
+    # The last sentence of the last block with words, for a block of markers alone:
+    # computed once per such block, however many blocks of markers follow it.
+    before: Callable[[], str] = str
     for block in text.split(_BREAK):
         if "[" in block:
-            found.extend(_markers(block, offset))
+            found.extend(_markers(block, offset, before))
+        if _has_words(block):
+            before = cache(partial(_last_sentence, block))
         offset += len(block) + 1
     found.sort(key=lambda item: item[0])  # stable: an element before a marker at its start
     citations = []
@@ -328,7 +362,7 @@ def judge_document(
     """
     judge = judge or get_judge()
     by_key = {
-        str(s["key"]): Source(
+        str(s["key"]).casefold(): Source(
             key=str(s["key"]),
             title=str(s.get("title") or ""),
             doi=s.get("doi") or None,
@@ -343,7 +377,9 @@ def judge_document(
     for citation in citations:
         # Only JudgeError is final; anything else a judge raises (a timeout of a remote
         # judge, say) propagates so the task is retried.
-        judgement = judge.judge(claim=citation.claim, source=by_key.get(citation.source_key))
+        judgement = judge.judge(
+            claim=citation.claim, source=by_key.get(citation.source_key.casefold())
+        )
         verdicts.append(
             CitationVerdict(
                 marker=citation.marker,

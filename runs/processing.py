@@ -23,7 +23,7 @@ from queueing.exceptions import RetryLater
 from queueing.rows import replace_children
 from runs import judge as judging
 from runs.admission import analysis_job_cancel, enqueue_process, lock_job, promote_next
-from runs.core import get_core, held_run_give_back, queries
+from runs.core import get_core, held_run_give_back, queries, released_run_fail
 from runs.credits import credit_refund
 from runs.exceptions import (
     CoreStateError,
@@ -121,7 +121,8 @@ def analysis_job_abandon(*, job_id: int, reason: str, tenant: str = "") -> bool:
 
 def job_fail(job: AnalysisJob, *, reason: str) -> None:
     """Mark the (locked) job failed, refund it once, give its held core run back when it
-    was never released (the provider did no work), and hand its slot on."""
+    was never released (the provider did no work) or fail it when it was, and hand its
+    slot on."""
     now = timezone.now()
     AnalysisJob.objects.filter(pk=job.pk).update(
         status=JobStatus.FAILED, error=reason, finished_at=now, updated_at=now
@@ -133,6 +134,8 @@ def job_fail(job: AnalysisJob, *, reason: str) -> None:
         promote_next(job.user_id, tenant_id=job.tenant_id)
     if job.released_at is None:
         held_run_give_back(core_run_id=job.core_run_id)
+    else:
+        released_run_fail(core_run_id=job.core_run_id, detail=reason)
 
 
 def _release_failed_reason(job: AnalysisJob, exc: Exception) -> str:

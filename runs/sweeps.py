@@ -49,7 +49,8 @@ def _give_up(row) -> bool:
 def resume_analysis_queue(ctx: SweepContext) -> SweepResult:
     """Fail expired releases (refunded), cancel deactivated users' queued jobs
     (refunded), promote stuck queues, re-enqueue lost jobs, cancel held core runs no live
-    job needs."""
+    job needs and fail released ones whose jobs all ended (both counted as
+    ``held_expired``)."""
     expired = sweep_rows(ctx, select_sql=queries["expired_releases"], params={}, process=_give_up)
     if ctx.dry_run:
         return expired

@@ -30,6 +30,7 @@ EXPECTED = {
     "resume_sweep_idle",
     "stage_jobs_c1",
     "stage_jobs_c4",
+    "stage_jobs_c1_bare",
     "stage_jobs_p2",
     "worker_peak_rss",
     "inquiries_throughput",
@@ -40,6 +41,9 @@ EXPECTED = {
     "unsaved_sweep_large",
     "unsaved_sweep_growth",
     "metrics_scrape",
+    "sustained_20_served",
+    "sustained_20_claim_p50",
+    "sustained_20_claim_p99",
 }
 KEYS = {"scenario", "parameters", "figure", "unit", "baseline", "ratio", "target", "met"}
 

@@ -157,3 +157,24 @@ DELETE FROM api_tokens
  WHERE user_id IN (SELECT id FROM users WHERE tenant_id = %(tenant)s);
 DELETE FROM users WHERE tenant_id = %(tenant)s;
 DELETE FROM tenants WHERE id = %(tenant)s;
+
+-- sustained_jobs --
+-- A sustained run's jobs of one task and queue, each from procrastinate's events (database
+-- clock): when it was deferred, when it first started, when it ended well (NULL: not yet).
+SELECT min(e.at) FILTER (WHERE e.type = 'deferred') AS deferred_at,
+       min(e.at) FILTER (WHERE e.type = 'started') AS started_at,
+       max(e.at) FILTER (WHERE e.type = 'succeeded') AS ended_at
+  FROM procrastinate_jobs j
+  JOIN procrastinate_events e ON e.job_id = j.id
+ WHERE j.id > %(after)s
+   AND j.queue_name = %(queue)s
+   AND j.task_name = %(task)s
+ GROUP BY j.id;
+
+-- sustained_insert --
+-- One tick's jobs of the sustained-load scenario, in one statement for either side, so the
+-- offering never limits the rate: the INSERT procrastinate's defer and pgstage's enqueue
+-- both run (the job table's triggers — NOTIFY, events — fire as for them).
+INSERT INTO procrastinate_jobs (queue_name, task_name, queueing_lock, args)
+SELECT %(queue)s, %(task)s, l.lock, jsonb_build_object('unit', l.unit)
+  FROM unnest(%(units)s::text[], %(locks)s::text[]) AS l(unit, lock);

@@ -14,3 +14,8 @@ SELECT
 SELECT id, last_heartbeat, now() - last_heartbeat AS age
   FROM procrastinate_workers
  WHERE id = ANY(%(worker_ids)s)
+
+-- last_heartbeat --
+-- The newest heartbeat of any registered worker, against the database's clock (hosts'
+-- clocks may disagree); NULL when no worker is registered.
+SELECT (SELECT max(last_heartbeat) FROM procrastinate_workers) AS last_heartbeat, now() AS now

@@ -82,6 +82,25 @@ SELECT c.id
  ORDER BY c.id
  LIMIT %(limit)s;
 
+-- core_abandoned_released --
+-- Released or judging runs whose every job ended (failed or cancelled after the release,
+-- while the core was unreachable): no attempt will come back to finish them, so they are
+-- failed. A run no job references is left alone (its admission may still commit).
+-- Oldest first, bounded.
+UPDATE core_runs
+   SET state = 'failed', finished_at = now(),
+       error = 'its analysis ended without finishing it'
+ WHERE id IN (SELECT c.id
+                FROM core_runs c
+               WHERE c.state IN ('released', 'judging')
+                 AND EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.core_run_id = c.id)
+                 AND NOT EXISTS (SELECT 1 FROM analysis_jobs j
+                                  WHERE j.core_run_id = c.id
+                                    AND j.status IN ('queued', 'pending', 'running'))
+               ORDER BY c.id
+               LIMIT %(limit)s
+                 FOR UPDATE SKIP LOCKED);
+
 -- admit_checks --
 -- The admission's checks, a CTE of the serial queue's admit statement (under the user's
 -- lock, so two admits of one user cannot both pass): the balance covers the price, the

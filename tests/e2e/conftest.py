@@ -1,5 +1,6 @@
 """The browser of the e2e suite: Debian's Chromium driven by Playwright. Every page it
-loads is watched for Content-Security-Policy violations: a test that met one fails."""
+loads is watched for Content-Security-Policy violations and for resources that failed to
+load (a missing favicon is a 404 in the console): a test that met either fails."""
 
 from __future__ import annotations
 
@@ -28,7 +29,20 @@ def csp_violations() -> list[str]:
 
 
 @pytest.fixture
-def browser_page(monkeypatch, csp_violations) -> Iterator:
+def load_failures() -> list[str]:
+    """The console's reports of resources that did not load (a 404, a 500)."""
+    return []
+
+
+def _watch(message, csp_violations: list[str], load_failures: list[str]) -> None:
+    if "Content Security Policy" in message.text:
+        csp_violations.append(message.text)
+    elif message.type == "error" and "Failed to load resource" in message.text:
+        load_failures.append(f"{message.text} ({message.location.get('url')})")
+
+
+@pytest.fixture
+def browser_page(monkeypatch, csp_violations, load_failures) -> Iterator:
     from playwright.sync_api import sync_playwright
 
     # Playwright's sync API runs an event loop in this thread; the test's own ORM calls
@@ -41,14 +55,7 @@ def browser_page(monkeypatch, csp_violations) -> Iterator:
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.set_default_timeout(15_000)
-            page.on(
-                "console",
-                lambda message: (
-                    csp_violations.append(message.text)
-                    if "Content Security Policy" in message.text
-                    else None
-                ),
-            )
+            page.on("console", lambda message: _watch(message, csp_violations, load_failures))
             yield page
         finally:
             browser.close()
@@ -56,3 +63,4 @@ def browser_page(monkeypatch, csp_violations) -> Iterator:
             # context rather than by thread: close the ones this test opened that way.
             connections.close_all()
     assert csp_violations == []
+    assert load_failures == []

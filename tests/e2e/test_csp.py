@@ -1,7 +1,10 @@
 """The pages under the Content-Security-Policy, in a real browser: each page of the
 dashboard and of the admin loads with its script and its stylesheet working and no
-violation reported (the ``browser_page`` fixture fails a test that met one), while an
-inline script is refused.
+violation reported (the ``browser_page`` fixture fails a test that met one: the dashboard's
+detail pages are checked by every test of ``test_dashboard.py``), while an inline script
+is refused. The framework's admin pages (procrastinate's job list and job page, the
+Sweeps page) style what procrastinate styled inline with classes of
+``queueing/admin.css``.
 
 Fault model: an inline ``<script>``, ``<style>`` or ``style=""`` left in a template (the
 page would lose its behaviour or its look under the policy: a console violation fails the
@@ -11,6 +14,7 @@ test); an injected inline script (it must not run).
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 
 from tests.e2e.test_dashboard import (  # noqa: F401  (alice: a fixture)
     alice,
@@ -56,6 +60,17 @@ def test_the_dashboard_runs_under_the_policy_and_refuses_an_inline_script(
     csp_violations.clear()
 
 
+def admin_log_in(page, url: str) -> None:
+    root = UserFactory(username="root", is_staff=True, is_superuser=True)
+    root.set_password("right horse")
+    root.save()
+    page.goto(f"{url}/admin/login/")
+    page.fill("#id_username", "root")
+    page.fill("#id_password", "right horse")
+    with page.expect_navigation():
+        page.click("input[type=submit]")
+
+
 @pytest.mark.parametrize(
     "path",
     [
@@ -66,15 +81,8 @@ def test_the_dashboard_runs_under_the_policy_and_refuses_an_inline_script(
     ],
 )
 def test_admin_pages_load_under_the_policy(browser_page, live_server, csp_violations, path):
-    root = UserFactory(username="root", is_staff=True, is_superuser=True)
-    root.set_password("right horse")
-    root.save()
     page = browser_page
-    page.goto(f"{live_server.url}/admin/login/")
-    page.fill("#id_username", "root")
-    page.fill("#id_password", "right horse")
-    with page.expect_navigation():
-        page.click("input[type=submit]")
+    admin_log_in(page, live_server.url)
 
     page.goto(f"{live_server.url}{path}")
     page.wait_for_load_state("load")
@@ -84,3 +92,28 @@ def test_admin_pages_load_under_the_policy(browser_page, live_server, csp_violat
     assert page.evaluate(
         "getComputedStyle(document.querySelector('#header')).backgroundColor"
     ) not in ("rgba(0, 0, 0, 0)", "")
+
+
+def test_the_job_pages_and_the_sweeps_page_keep_their_look_under_the_policy(
+    browser_page, live_server, clean_queue
+):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO procrastinate_jobs (queue_name, task_name, args) "
+            "VALUES ('default', 'pipeline.tasks.intake', '{\"anfrage_id\": 1}') RETURNING id"
+        )
+        [job] = cursor.fetchone()
+    page = browser_page
+    admin_log_in(page, live_server.url)
+    jobs = f"{live_server.url}/admin/procrastinate/procrastinatejob/"
+
+    for url, selector, prop, value in [
+        (jobs, "pre.job-args", "marginTop", "0px"),
+        (f"{jobs}{job}/change/", "pre.job-args", "marginTop", "0px"),
+        (f"{jobs}sweeps/", "#result_list code.nowrap", "whiteSpace", "nowrap"),
+    ]:
+        page.goto(url)
+        page.wait_for_load_state("load")
+        assert (
+            page.evaluate(f"getComputedStyle(document.querySelector('{selector}')).{prop}") == value
+        ), url

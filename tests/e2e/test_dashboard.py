@@ -1,8 +1,11 @@
 """The dashboard in a real browser: Debian's Chromium (driven by Playwright) logs in,
-uploads an inquiry and follows it to its detail page until ``calculate`` succeeds, and
-submits analyses that a real worker subprocess runs through the per-user queue, until the
-page has saved their runs — all without a page reload (a marker set on the window after
-the page loaded must still be there at the end).
+uploads an inquiry (on the board at once, its message gone once its pipeline finished)
+and follows it to its detail page until ``calculate`` succeeds (files to download, the
+material every view shows), and submits analyses that a real worker subprocess runs
+through the per-user queue, until the page has saved their runs — all without a page
+reload (a marker set on the window after the page loaded must still be there at the end).
+Every time on the pages reads the same way, whether the server or the script wrote it;
+without a live worker the pages say so, and stop saying it when one beats.
 
 The worker's judge holds each analysis until the test opens its gate
 (``tests.e2e.judges.GatedJudge``), so *running* and *queued* are states the page can be
@@ -19,7 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
+from pipeline.models import Position
+from runs.admission import analysis_job_admit
 from runs.credits import credit_grant
 from tests.conftest import ROOT
 from tests.e2e.conftest import CHROMIUM
@@ -99,22 +105,43 @@ def status_of(page, selector: str) -> str | None:
     return row.first.get_attribute("data-status") if row.count() else None
 
 
+#: How the pages show a time, and how long ago it was (config/templatetags/timestamps.py).
+STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC")
+AGO = re.compile(r"just now|\d+ (min|h|d) ago")
+
+
+def assert_times_read_alike(page) -> int:
+    """Every time cell holds a stamp and a relative hint of the one style, or a dash.
+    Returns how many times the page shows."""
+    cells = page.locator("td.when").evaluate_all(
+        "cells => cells.map(c => [c.querySelector('time')?.textContent ?? null,"
+        " c.querySelector('.ago')?.textContent ?? null, c.textContent.trim()])"
+    )
+    shown = 0
+    for stamp, ago, text in cells:
+        if stamp is None:
+            assert text == "—", text
+            continue
+        assert STAMP.fullmatch(stamp) and AGO.fullmatch(ago), (stamp, ago)
+        shown += 1
+    return shown
+
+
 def submit_analysis(page, *, title: str, key: str) -> int:
     """Fill the dashboard's form; the page admits it through the API (no navigation) and
     says so. Returns the admitted job's id."""
-    before = page.locator("#notices li").count()
     page.fill("#id_title", title)
     page.fill("#id_doc_html", f"<p>Water boils at one hundred degrees at sea level [{key}].</p>")
     page.fill("#id_source_key", key)
     page.fill("#id_source_title", "Thermodynamics")
     page.fill("#id_source_doi", "10.1000/thermo.1")
     page.fill("#id_source_text", "At sea level water boils at one hundred degrees.")
-    page.click("#analysis-form button[type=submit]")
-    eventually(lambda: page.locator("#notices li").count() > before, message="the admission")
-    message = page.locator("#notices li").nth(before).inner_text()
-    match = re.search(r"Analysis #(\d+) admitted", message)
-    assert match, message
-    return int(match.group(1))
+    with page.expect_response(re.compile(r"/api/analysis-jobs$")) as admitted:
+        page.click("#analysis-form button[type=submit]")
+    job = admitted.value.json()["id"]
+    # The message about it stays at least until the page sees the analysis finish.
+    assert f"Analysis #{job} admitted" in page.locator("#notices").inner_text()
+    return job
 
 
 def test_upload_an_inquiry_follow_it_then_analyse_and_see_the_page_save(
@@ -132,13 +159,20 @@ def test_upload_an_inquiry_follow_it_then_analyse_and_see_the_page_save(
     link.wait_for()
     assert not_reloaded(page)
     anfrage_id = int(re.search(r"#(\d+)", link.inner_text()).group(1))
+    # On the stage board at once, not at the next poll.
+    assert page.locator(f"#anfrage-{anfrage_id}").count() == 1
+    assert page.locator("#no-worker").is_hidden()
     eventually(
-        lambda: page.locator(f"#anfrage-{anfrage_id}").count() == 1,
-        message="the inquiry on the dashboard's stage board",
+        lambda: page.locator(f"#anfrage-{anfrage_id} [data-status=success]").count() == 4,
+        message="the inquiry's pipeline to finish on the board",
+    )
+    eventually(
+        lambda: page.locator("#notices li").count() == 0,
+        message="the message about the inquiry to go once its pipeline finished",
     )
 
     with page.expect_navigation():
-        link.click()
+        page.click(f"#anfrage-{anfrage_id} a")
     assert page.url.endswith(f"/dashboard/inquiries/{anfrage_id}")
     mark_loaded(page)
     eventually(
@@ -147,8 +181,26 @@ def test_upload_an_inquiry_follow_it_then_analyse_and_see_the_page_save(
     )
     assert not_reloaded(page), "the detail page reloaded instead of polling"
     assert page.locator("#position-rows tr").count() == 3
-    assert re.match(r"\d+\.\d\d EUR", page.locator("#quote").inner_text())
     eventually(lambda: page.locator("#live").is_hidden(), message="the page to stop polling")
+    assert re.match(r"\d+\.\d\d EUR", page.locator("#quote").inner_text())
+    # The material column shows what pipeline_status and the API show.
+    shown = [
+        p.material_shown or "—"
+        for p in Position.objects.filter(anfrage_id=anfrage_id).order_by("position_index")
+    ]
+    assert page.locator("#position-rows tr td:nth-child(4)").all_inner_texts() == shown
+    assert assert_times_read_alike(page) == 8
+    download = page.locator("#file-rows a")
+    assert download.inner_text() == INQUIRY.name
+    fetched = page.evaluate(
+        "href => fetch(href).then(async r => [r.status, await r.text()])",
+        download.get_attribute("href"),
+    )
+    assert fetched == [200, INQUIRY.read_text()]
+    assert (
+        page.evaluate("fetch(document.querySelector('link[rel=icon]').href).then(r => r.status)")
+        == 200
+    )
     page.screenshot(path=str(SCREENSHOTS / "inquiry.png"), full_page=True)
 
     with page.expect_navigation():
@@ -165,10 +217,16 @@ def test_upload_an_inquiry_follow_it_then_analyse_and_see_the_page_save(
     assert page.locator("#balance").inner_text() == "4"
     assert not_reloaded(page), "the dashboard reloaded instead of polling"
 
+    eventually(lambda: page.locator("#notices li").count() == 0, message="the message to go")
+    assert_times_read_alike(page)
+
     with page.expect_navigation():
         page.click(f"#job-{job} a")
     assert "Saved by" in page.locator("#run-state").inner_text()
     assert page.locator("#verdict-rows tr").count() == 1
+    assert "[alpha]" in page.locator("#document pre.doc").inner_text()
+    assert page.locator("#run-link").get_attribute("href").endswith(f"/dashboard/analyses/{job}")
+    assert assert_times_read_alike(page) == 3
     page.screenshot(path=str(SCREENSHOTS / "analysis.png"), full_page=True)
 
 
@@ -203,5 +261,35 @@ def test_analyses_move_through_the_queue_and_are_saved_without_a_reload(
     eventually(lambda: page.locator("#live").is_hidden(), message="the page to stop polling")
     assert page.locator("body").get_attribute("data-in-flight") == "false"
     assert page.locator("#balance").inner_text() == "3"
+    # Rows the script built read like the ones the server rendered.
+    assert assert_times_read_alike(page) >= 4
     assert not_reloaded(page), "the dashboard reloaded instead of polling"
     page.screenshot(path=str(SCREENSHOTS / "dashboard.png"), full_page=True)
+
+
+def test_the_pages_say_when_no_worker_is_alive(browser_page, live_server, alice, clean_queue):
+    """Heartbeats are rows of ``procrastinate_workers``, aged by back-dating them."""
+    analysis_job_admit(
+        user=alice,
+        title="Waits for a worker",
+        doc_html="<p>Water boils at one hundred degrees at sea level [alpha].</p>",
+        sources=[{"key": "alpha", "title": "T", "doi": None, "text": "Water boils."}],
+    )
+    page = browser_page
+    log_in(page, live_server.url)
+    notice = page.locator("#no-worker")
+    assert notice.is_visible()
+    assert "No worker is running" in notice.inner_text()
+
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id")
+        [worker] = cursor.fetchone()
+    eventually(notice.is_hidden, timeout=10, message="the notice to go once a worker beats")
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE procrastinate_workers SET last_heartbeat = now() - interval '1 hour' "
+            "WHERE id = %s",
+            [worker],
+        )
+    eventually(notice.is_visible, timeout=10, message="the notice once the worker fell silent")

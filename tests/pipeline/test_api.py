@@ -238,3 +238,15 @@ def test_the_list_shows_only_the_tenants_inquiries_newest_first(client, user, ot
         "calculate",
     ]
     assert client.get("/api/anfragen?limit=0", headers=auth_header(user)).status_code == 422
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le"])
+def test_a_utf16_upload_is_accepted_and_read(client, user, encoding):
+    text = "4 Stück Träger HEA 200, 6 m\n2 m Rohr für Geländer\n"
+    response = post(client, user, [upload("liste.txt", text.encode(encoding))])
+    assert response.status_code == 201, response.content
+    anfrage_id = response.json()["id"]
+    run_stages(anfrage_id)
+    body = client.get(f"{URL}/{anfrage_id}", headers=auth_header(user)).json()
+    assert [p["item"] for p in body["positions"]] == ["Träger HEA 200", "Rohr für Geländer"]
+    assert body["warnings"] == []

@@ -1,8 +1,8 @@
 """A corpus of inquiry files as customers send them (``corpus/``), German and English:
-delimiters, encodings, units, thousands separators, quoted headers, Markdown lists and
-multi-line fields. Each runs through all four stages; its positions, warnings and quote
-are written down here, every price worked out by hand from the default catalog
-(``pipeline/data/default_catalog.json``)."""
+delimiters, encodings (UTF-16 too), units, thousands separators, quoted headers, Markdown
+lists and tables, length forms and multi-line fields. Each runs through all four stages;
+its positions, warnings and quote are written down here, every price worked out by hand
+from the default catalog (``pipeline/data/default_catalog.json``)."""
 
 from __future__ import annotations
 
@@ -130,6 +130,73 @@ EXPECTED: dict[str, dict] = {
         ],
         "warnings": [(4, "'x' is not a number")],
         "quote": "945.90",
+    },
+    # A Markdown table (header in capitals, aligned delimiter row, an escaped pipe in a
+    # cell) between prose, and a list item of pieces of a length.
+    "tabelle.md": {
+        "positions": [
+            # 6,250 in a column in metres is 6.25 m; 12 x 6.25 m = 75 m >= 50 m: 36.00/m
+            P(7, "12", "pcs", "Träger HEA 200", 6250, "S355", "2700.00"),
+            # 1500 m >= 200 m: 5.40/m
+            P(8, "1500", "m", "Flachstahl 40x5", None, "S235 (steel)", "8100.00"),
+            # 300 pcs >= 50: 0.45
+            P(10, "300", "pcs", "Schraube M12 | verzinkt", None, "1.4301 (V2A)", "135.00"),
+            # 2 x 6 m = 12 m: 18.50/m, 111.00 a piece
+            P(12, "2", "pcs", "Rohr 60x4 verzinkt", 6000, "S235 (assumed)", "222.00"),
+        ],
+        "warnings": [(8, "'1.500' is read as 1500"), (9, "'zwölf' is not a number")],
+        "quote": "11157.00",
+    },
+    # Every length form of a text line: single and total lengths, lfm, pieces x length,
+    # a length without its unit, a quantity ending in a separator, 5,750 m.
+    "laengen.txt": {
+        "positions": [
+            # 12 x 6 m = 72 m >= 50 m: 36.00/m
+            P(1, "12", "pcs", "Träger HEB 300", 6000, "S235 (assumed)", "2592.00"),
+            # 4 x 6 m = 24 m >= 20 m: 16.90/m
+            P(2, "4", "pcs", "Rohr 60x4", 6000, "S235 (assumed)", "405.60"),
+            # 12 x 6 m = 72 m >= 20 m: 16.90/m
+            P(3, "12", "pcs", "Rohr 40x3", 6000, "S235 (assumed)", "1216.80"),
+            # 64 m shared by 8 pieces: 8 m each; 64 m >= 50 m: 36.00/m
+            P(4, "8", "pcs", "Träger IPE 240", 8000, "S235 (assumed)", "2304.00"),
+            # "L=6000" names no unit: left out, so the beam has no length
+            P(
+                5,
+                "4",
+                "pcs",
+                "Träger HEA 200",
+                None,
+                "",
+                None,
+                "give the piece length",
+            ),
+            # 30 x 5.75 m = 172.5 m >= 100 m: 15.20/m
+            P(7, "30", "pcs", "Rohr 40x3", 5750, "S235 (assumed)", "2622.00"),
+        ],
+        "warnings": [(5, "'L=6000' names no unit"), (6, "ends in a separator")],
+        "quote": "9140.40",
+    },
+    # UTF-16 with its BOM, CRLF, ';'.
+    "utf16_liste.csv": {
+        "positions": [
+            # 6 x 6 m = 36 m >= 10 m: 39.50/m
+            P(2, "6", "pcs", "Träger HEA 200", 6000, "S235 (assumed)", "1422.00"),
+            # 250 kg >= 100 kg: 1.35/kg
+            P(3, "250", "kg", "Betonstahl", None, "S235 (steel)", "337.50"),
+        ],
+        "warnings": [],
+        "quote": "1759.50",
+    },
+    # UTF-16 (little-endian) without a BOM: its NUL bytes tell.
+    "utf16_ohne_bom.txt": {
+        "positions": [
+            # 3 x 8 m = 24 m >= 10 m: 39.50/m
+            P(1, "3", "pcs", "Träger IPE 240", 8000, "S235 (assumed)", "948.00"),
+            # 20 m < 50 m: 6.80/m
+            P(2, "20", "m", "Flachstahl 30x5 Edelstahl", None, "1.4301 (stainless)", "136.00"),
+        ],
+        "warnings": [],
+        "quote": "1084.00",
     },
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 from decimal import Decimal
 
 import pytest
@@ -154,3 +155,98 @@ def test_inspect_upload_decodes_windows_1252_and_sniffs_formats():
     assert inspect_upload("noext", b"qty;item\n1;beam\n").format == FileFormat.CSV
     assert inspect_upload("noext", b"Hello\n- 1 pcs beam\n").format == FileFormat.MARKDOWN
     assert inspect_upload("noext", b"1 pcs beam\n").format == FileFormat.TEXT
+
+
+MARKDOWN_TABLE = (
+    "# Anfrage\n"
+    "\n"
+    "| Pos | Menge | Einheit | Bezeichnung | Länge (m) |\n"
+    "|---|--:|:---:|---|---|\n"
+    "| 1 | 12 | Stk | Träger HEA 200 | 6 |\n"
+    "| 2 | 1.200 | m | Flachstahl 40x5 | |\n"
+    "| 3 | x | Stk | Rohr | |\n"
+    "| 4 | 2 | Stk | Blech \\| 2 mm | |\n"
+    "\n"
+    "- 3 pcs bolt M12\n"
+)
+
+
+@pytest.mark.parametrize("name", ["anfrage.md", "anfrage.txt", "anfrage"])
+def test_a_markdown_table_is_read_as_a_delimited_table(name):
+    result = LineExtractor().extract(inspect_upload(name, MARKDOWN_TABLE.encode()))
+    assert [
+        (p.line_no, p.label, p.quantity, p.unit, p.item, p.length_mm) for p in result.positions
+    ] == [
+        (5, "1", Decimal(12), "pcs", "Träger HEA 200", 6000),
+        (6, "2", Decimal(1200), "m", "Flachstahl 40x5", None),
+        (8, "4", Decimal(2), "pcs", "Blech | 2 mm", None),
+        (10, "", Decimal(3), "pcs", "bolt M12", None),
+    ]
+    assert [(w.line_no, w.message) for w in result.warnings] == [
+        (
+            6,
+            "quantity: '1.200' is read as 1200 ('.' separating thousands); write 1200, or 1,2 "
+            "for a decimal",
+        ),
+        (7, "'x' is not a number"),
+    ]
+
+
+def test_a_markdown_table_without_qty_and_item_columns_warns_per_row():
+    text = "| Name | Telefon |\n|---|---|\n| Jane | 0123 |\n| Joe | 0456 |\n"
+    result = LineExtractor().extract(inspect_upload("kontakt.md", text.encode()))
+    assert result.positions == ()
+    assert [w.line_no for w in result.warnings] == [1, 3, 4]
+    assert all("names no qty and item column" in w.message for w in result.warnings)
+
+
+def test_a_markdown_table_row_with_too_few_cells_warns():
+    text = "| Menge | Bezeichnung | Einheit |\n|---|---|---|\n| 4 | Rohr |\n"
+    result = LineExtractor().extract(inspect_upload("a.md", text.encode()))
+    assert result.positions == ()
+    assert [(w.line_no, w.message) for w in result.warnings] == [(3, "expected 3 columns, got 2")]
+
+
+UTF16_TEXT = "Menge;Einheit;Bezeichnung\n4;Stück;Träger HEA 200\n2;m;Rohr für Geländer\n"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        UTF16_TEXT.encode("utf-16"),  # with its BOM (little-endian here)
+        codecs.BOM_UTF16_BE + UTF16_TEXT.encode("utf-16-be"),
+        UTF16_TEXT.encode("utf-16-le"),  # no BOM: the NUL pattern tells
+        UTF16_TEXT.encode("utf-16-be"),
+    ],
+    ids=["bom", "bom-be", "le", "be"],
+)
+def test_a_utf16_file_is_decoded(data):
+    source = inspect_upload("liste.csv", data)
+    assert source.text == UTF16_TEXT
+    result = LineExtractor().extract(source)
+    assert [p.item for p in result.positions] == ["Träger HEA 200", "Rohr für Geländer"]
+    assert result.warnings == ()
+
+
+def test_binary_with_nul_bytes_is_still_binary():
+    with pytest.raises(BinaryFile):
+        inspect_upload("x.txt", bytes(range(256)) * 4)
+    with pytest.raises(BinaryFile):
+        inspect_upload("x.txt", "12 pcs beam".encode("utf-16-le") + b"\x00\x00\x00\x00\x01\x02")
+
+
+def test_header_names_units_and_keywords_are_read_in_any_case():
+    text = "POS.;MENGE;EINHEIT;BEZEICHNUNG;WERKSTOFF;LÄNGE (M)\n1;2;STÜCK;Rohr;S355;6\n"
+    (position,) = LineExtractor().extract(inspect_upload("a.csv", text.encode())).positions
+    assert (position.label, position.unit, position.material, position.length_mm) == (
+        "1",
+        "pcs",
+        "S355",
+        6000,
+    )
+    (line,) = (
+        LineExtractor()
+        .extract(inspect_upload("a.txt", "POS 3: 12 STK. Rohr EINZELLÄNGE 6 M\n".encode()))
+        .positions
+    )
+    assert (line.label, line.quantity, line.item, line.length_mm) == ("3", 12, "Rohr", 6000)

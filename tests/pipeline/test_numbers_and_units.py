@@ -282,3 +282,110 @@ def test_warning_lines_count_the_lines_of_a_multi_line_quoted_field():
     _, result = extract("list.csv", text)
     assert [p.line_no for p in result.positions] == [2, 6]
     assert [(w.line_no, w.message) for w in result.warnings] == [(5, "'x' is not a number")]
+
+
+# --- shapes that once lost characters without a warning
+
+
+@pytest.mark.parametrize("line", ["5, m Rohr", "5 , m Rohr", "12; Stk Träger", "12, Träger"])
+def test_a_quantity_ending_in_a_separator_is_refused(line):
+    _, result = extract("items.txt", f"{line}\n")
+    assert result.positions == ()
+    (warning,) = result.warnings
+    assert "ends in a separator" in warning.message
+
+
+@pytest.mark.parametrize(
+    ("line", "quantity", "unit", "item", "length_mm"),
+    [
+        ("4 Stk Rohr, 6 lfm", "4", Unit.PIECES, "Rohr", 6000),
+        ("4 Stk Rohr je 6 lfdm", "4", Unit.PIECES, "Rohr", 6000),
+        ("4 Stk Rohr, 6 Meter", "4", Unit.PIECES, "Rohr", 6000),
+        ("2 x 6 m Rohr 60x4", "2", Unit.PIECES, "Rohr 60x4", 6000),
+        ("2 \u00d7 6000 mm Rohr", "2", Unit.PIECES, "Rohr", 6000),
+        ("12x6m Rohr", "12", Unit.PIECES, "Rohr", 6000),
+        ("12 X 6 M Rohr", "12", Unit.PIECES, "Rohr", 6000),
+        ("12 Stk x 6 m Träger HEA 200", "12", Unit.PIECES, "Träger HEA 200", 6000),
+        ("12 Stk à 2,5 m Träger", "12", Unit.PIECES, "Träger", 2500),
+        ("12 x 40x5 Flachstahl", "12", Unit.PIECES, "40x5 Flachstahl", None),
+        ("4 Stk Träger HEA 200, Einzellänge 6 m", "4", Unit.PIECES, "Träger HEA 200", 6000),
+        ("4 Stk Träger, Einzellaenge: 6000 mm", "4", Unit.PIECES, "Träger", 6000),
+        ("4 pcs beam, single length 6 m", "4", Unit.PIECES, "beam", 6000),
+        # A total length is shared by the pieces.
+        ("12 Stk Träger HEA 200, Gesamtlänge 72 m", "12", Unit.PIECES, "Träger HEA 200", 6000),
+        ("12 pcs beam, total length 72 m", "12", Unit.PIECES, "beam", 6000),
+        # In metres, a total length is the quantity itself.
+        ("72 m Rohr, Gesamtlänge 72 m", "72", Unit.METRES, "Rohr", None),
+        # A length in metres reads a lone separator before three digits as the decimal
+        # one: 6,250 m is 6250 mm (as thousands it would be a 6 km piece).
+        ("12 Stk Rohr, 6,250 m", "12", Unit.PIECES, "Rohr", 6250),
+        ("12 Stk Rohr L=1.000 m", "12", Unit.PIECES, "Rohr", 1000),
+    ],
+)
+def test_length_forms(line, quantity, unit, item, length_mm):
+    _, result = extract("items.txt", f"{line}\n")
+    (position,) = result.positions
+    assert (position.quantity, position.unit, position.item, position.length_mm) == (
+        Decimal(quantity),
+        unit,
+        item,
+        length_mm,
+    )
+    assert result.warnings == ()
+
+
+@pytest.mark.parametrize(
+    ("line", "item", "message"),
+    [
+        ("4 Stk Träger L=6000", "Träger", "'L=6000' names no unit"),
+        ("4 Stk Träger, Länge 6", "Träger", "'Länge 6' names no unit"),
+        ("4 Stk Träger je 6", "Träger", "'je 6' names no unit"),
+        ("7 Stk Träger, Gesamtlänge 10 m", "Träger", "rounded to 1429 mm"),
+    ],
+)
+def test_a_length_form_that_leaves_a_choice_open_warns(line, item, message):
+    _, result = extract("items.txt", f"{line}\n")
+    (position,) = result.positions
+    assert position.item == item
+    (warning,) = result.warnings
+    assert message in warning.message
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("70 m Rohr, Gesamtlänge 72 m", "the total length 72 m is not the quantity 70 m"),
+        ("2 t Rohr, Gesamtlänge 72 m", "a total length needs a quantity in pieces or metres"),
+        ("2 x 6 m Rohr, 6 m", "two piece lengths"),
+        ("7 Stk Träger, Gesamtlänge 0,001 m", "out of range"),
+    ],
+)
+def test_a_length_form_that_contradicts_the_line_is_refused(line, message):
+    _, result = extract("items.txt", f"{line}\n")
+    assert result.positions == ()
+    (warning,) = result.warnings
+    assert message in warning.message
+
+
+def test_an_ambiguous_length_in_millimetres_or_centimetres_still_warns():
+    _, result = extract("items.txt", "4 Stk Rohr, 6,250 mm\n4 Stk Rohr, 1,250 cm\n")
+    assert [p.length_mm for p in result.positions] == [6250, 12500]
+    assert [
+        "read as 6250" in w.message or "read as 1250" in w.message for w in result.warnings
+    ] == [
+        True,
+        True,
+    ]
+
+
+def test_a_length_column_in_metres_reads_three_decimals_as_millimetres():
+    _, result = extract("list.csv", "Menge;Einheit;Bezeichnung;Länge (m)\n4;Stk;Rohr;6,250\n")
+    assert [p.length_mm for p in result.positions] == [6250]
+    assert result.warnings == ()
+
+
+@pytest.mark.parametrize("cell", ["6 lfm", "6 Meter", "6 metres", "6,000 m"])
+def test_a_length_cell_takes_every_metre_spelling(cell):
+    _, result = extract("list.csv", f"Menge;Einheit;Bezeichnung;Länge\n4;Stk;Rohr;{cell}\n")
+    assert [p.length_mm for p in result.positions] == [6000]
+    assert result.warnings == ()

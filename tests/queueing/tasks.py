@@ -8,7 +8,7 @@ from pathlib import Path
 from django.db import connection, transaction
 
 from queueing.app import task
-from queueing.enqueue import enqueue
+from queueing.enqueue import Policy, enqueue, job_params
 from queueing.exceptions import DoNotRetry, PollLater
 from queueing.ledger import Ledger
 from tests.queueing.models import Step
@@ -125,3 +125,21 @@ def stage(unit: str, hold: str) -> None:
     with transaction.atomic():
         STEPS.complete(claim)
         record(f"{unit}:completed")
+
+
+@task(name="tests.stage_hop")
+def stage_hop(unit: str) -> None:
+    """A stage with no work: claim, then complete and enqueue the next hop (to a queue no
+    test worker takes) in one statement."""
+    claim = STEPS.claim(unit=unit, stage="hop")
+    if claim.claimed:
+        STEPS.complete(
+            claim,
+            then=job_params(
+                "tests.record",
+                args={"label": unit},
+                queue="sink",
+                key=f"hop:{unit}",
+                policy=Policy.EXCLUSIVE,
+            ),
+        )

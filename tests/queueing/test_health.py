@@ -15,7 +15,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from queueing import worker_state
-from queueing.health import migration_leaves
+from queueing.health import migration_leaves, worker_liveness
 
 pytestmark = pytest.mark.django_db
 
@@ -96,6 +96,21 @@ def test_readyz_with_only_a_stale_heartbeat_is_not_ready(client, settings):
     response = client.get("/readyz")
     assert response.status_code == 503
     assert "threshold" in response.json()["checks"]["worker"]["detail"]
+
+
+def test_worker_liveness_follows_the_newest_heartbeat(settings, django_assert_num_queries):
+    threshold = settings.QUEUEING_STALLED_WORKER_SECONDS
+    with django_assert_num_queries(1):
+        nobody = worker_liveness()
+    assert (nobody.alive, nobody.last_heartbeat, nobody.age) == (False, None, None)
+
+    register_worker(age_seconds=threshold + 5)
+    stale = worker_liveness()
+    assert not stale.alive
+    assert stale.age.total_seconds() >= threshold + 5
+
+    register_worker(age_seconds=1)
+    assert worker_liveness().alive
 
 
 def test_readyz_notices_an_unapplied_migration(client):

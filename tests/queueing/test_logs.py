@@ -16,6 +16,8 @@ import pytest
 from queueing.enqueue import Policy, enqueue
 from queueing.keys import KeyFormat
 from queueing.logs import (
+    ROUTINE_QUEUE,
+    ROUTINE_SUMMARY_SECONDS,
     JobEventFilter,
     JsonFormatter,
     PlainFormatter,
@@ -230,3 +232,52 @@ def test_other_records_with_a_mapping_are_left_alone():
     rec = logging.LogRecord("app", logging.INFO, __file__, 1, "%(a)s", ({"a": "x"},), None)
     assert json.loads(JsonFormatter().format(rec))["message"] == "x"
     assert PlainFormatter().format(rec).endswith("app: x")
+
+
+def routine(action: str, *, level: int = logging.INFO, exc: BaseException | None = None):
+    """A record of a sweep's tick or run (the sweeps' queue)."""
+    rec = record(action, level=level, key="sweep:unsaved_runs", kwargs={}, exc=exc)
+    rec.job["queue"] = ROUTINE_QUEUE
+    rec.job["task_name"] = "sweeps.unsaved_runs.tick"
+    return rec
+
+
+def test_an_idle_workers_sweep_jobs_log_one_summary_per_period_at_info():
+    """Two sweeps ticking every 30 s for an hour (each tick and each run a started and a
+    succeeded line) log one summary line per five minutes, not 16 lines a minute."""
+    jobs_filter = JobEventFilter()
+    kept = []
+    for minute in range(1, 61):
+        # Two sweeps, twice a minute, a tick and a run each: a start and a success each.
+        records = [routine(a) for _ in range(2 * 2 * 2) for a in ("start_job", "job_success")]
+        for i, rec in enumerate(records):
+            if minute % 5 == 0 and i == len(records) - 1:
+                jobs_filter._routine_since -= ROUTINE_SUMMARY_SECONDS  # five minutes went by
+            if jobs_filter.filter(rec):
+                kept.append(rec)
+    assert len(kept) == 12
+    first = kept[0]
+    assert first.getMessage() == (
+        f"routine jobs (sweeps) in the last {ROUTINE_SUMMARY_SECONDS:.0f} s: "
+        "40 started, 40 succeeded"
+    )
+    assert not hasattr(first, "job_event")
+    assert "routine jobs (sweeps)" in PlainFormatter().format(first)
+
+
+def test_a_sweep_jobs_failures_are_logged_and_other_jobs_are_not_summarised():
+    assert passes(routine("job_error", level=logging.ERROR, exc=ValueError("x")))
+    assert passes(routine("job_error_retry", level=logging.WARNING, exc=ValueError("x")))
+    assert not passes(routine("job_success"))
+    assert passes(record("job_success"))
+
+
+def test_job_log_level_debug_keeps_every_sweep_jobs_line():
+    assert passes(routine("start_job"), job_level="DEBUG")
+    assert passes(routine("job_success"), job_level="DEBUG")
+
+
+def test_the_routine_queue_is_the_sweeps_queue():
+    from queueing.sweeps import SWEEP_QUEUE
+
+    assert ROUTINE_QUEUE == SWEEP_QUEUE

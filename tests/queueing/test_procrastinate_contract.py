@@ -17,6 +17,9 @@ What is pinned:
   ``PeriodicDeferrer.defer_jobs``, ``Job.from_row``, ``get_channel_for_queues``,
   ``connector_params``, and psycopg_pool's ``timeout``, ``reconnect_timeout`` and
   ``check()``;
+* the worker's connector (``queueing.connector``): procrastinate's command asks the Django
+  app's connector for it (``get_worker_connector``), and ``PsycopgConnector`` builds its
+  pool through ``pool_factory``, passing the ``check`` ours replaces;
 * procrastinate's SQL functions pgstage's statements call, with their argument types, in
   the migrated database (``procrastinate_fetch_job_v2``'s body is pinned separately, in
   ``tests/queueing/test_fetch.py``, and the defer's in ``test_enqueue.py``).
@@ -156,6 +159,41 @@ def test_the_structural_public_names_keep_their_shape():
             hasattr(AsyncConnectionPool, name)
             or name in inspect.signature(AsyncConnectionPool.__init__).parameters
         ), name
+
+
+def test_the_job_admin_column_pgstage_restyles_is_still_shown():
+    """``queueing.admin.JobAdmin.pretty_args`` replaces procrastinate's inline-styled
+    rendering of the arguments; under another name it would be bypassed."""
+    from procrastinate.contrib.django.admin import ProcrastinateJobAdmin
+
+    assert "pretty_args" in ProcrastinateJobAdmin.list_display
+    assert "pretty_args" in ProcrastinateJobAdmin.fields
+
+
+def test_the_worker_command_takes_the_connector_install_gives_and_its_pool_takes_our_check():
+    """procrastinate's ``procrastinate`` command asks the Django app's connector for the
+    worker's (``get_worker_connector``, which ``install`` points at
+    ``queueing.connector.worker_connector``), and its connector builds the pool through
+    ``pool_factory`` with its own round-trip ``check``, which ours replaces."""
+    import asyncio
+
+    from procrastinate import psycopg_connector
+    from procrastinate.contrib.django import app as django_app
+    from procrastinate.contrib.django.management.commands import procrastinate as command
+
+    from queueing import connector as queueing_connector
+
+    assert "get_worker_connector()" in inspect.getsource(command.Command.handle)
+    built = django_app.connector.get_worker_connector()
+    assert isinstance(built, psycopg_connector.PsycopgConnector)
+    assert built._pool_factory is queueing_connector._pool
+
+    seen: dict = {}
+    connector = psycopg_connector.PsycopgConnector(pool_factory=lambda **kw: seen.update(kw))
+    asyncio.run(connector._create_pool(connector._pool_args))
+    assert seen["check"] == AsyncConnectionPool.check_connection
+    pool = queueing_connector._pool(open=False, check=AsyncConnectionPool.check_connection)
+    assert pool._check is queueing_connector._check
 
 
 @pytest.mark.django_db

@@ -1,10 +1,13 @@
 """The hot path is lean: enqueue, claim and complete are one statement each; a serial
-queue's admit is one round trip (counted on the wire)."""
+queue's admit is one round trip; the worker's fetch, outcome and defer are one round trip
+each, and a stage job on a real worker at most five (counted on the wire)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
@@ -29,15 +32,7 @@ def round_trips(func) -> tuple[object, int]:
     from bench.scenarios.common import through
     from bench.wire import WireCounter
 
-    db = connection.settings_dict
-    params = {
-        "host": db["HOST"] or "127.0.0.1",
-        "port": db["PORT"] or 5432,
-        "user": db["USER"],
-        "password": db["PASSWORD"],
-        "dbname": db["NAME"],
-    }
-    with WireCounter(params) as counter:
+    with WireCounter(_params()) as counter:
 
         def counted() -> tuple[object, int]:
             before = counter.snapshot()
@@ -118,3 +113,149 @@ def test_complete_and_the_next_job_are_one_statement_and_both_or_neither(clean_q
     with pytest.raises(LeaseLost):
         LEDGER.complete(stale, then=next_job("b"))
     assert len(jobs()) == 1
+
+
+def test_the_workers_connector_spends_one_round_trip_per_statement(clean_queue):
+    """fetch, finish and a defer through the worker's connector: no BEGIN, no COMMIT, no
+    liveness check of the lent connection."""
+
+    from procrastinate import jobs as procrastinate_jobs
+    from procrastinate.contrib.django import app
+
+    from queueing.connector import worker_connector
+    from queueing.worker import TaskNameJobManager
+    from tests.conftest import jobs
+
+    enqueue("tests.record", args={"label": "w"})
+
+    async def body(connector, counter) -> list[int]:
+        await connector.open_async()
+        try:
+            manager = TaskNameJobManager(connector=connector, tasks=lambda: app.tasks)
+            worker_id = await manager.register_worker()
+            spent = []
+            before = counter.snapshot()
+            job = await manager.fetch_job(queues=None, worker_id=worker_id)
+            spent.append((counter.snapshot() - before).round_trips)
+            before = counter.snapshot()
+            await manager.finish_job(
+                job, status=procrastinate_jobs.Status.SUCCEEDED, delete_job=False
+            )
+            spent.append((counter.snapshot() - before).round_trips)
+            before = counter.snapshot()
+            await manager.defer_job_async(
+                procrastinate_jobs.Job(
+                    id=None,
+                    queue="default",
+                    lock=None,
+                    queueing_lock=None,
+                    task_name="tests.record",
+                    task_kwargs={"label": "d"},
+                )
+            )
+            spent.append((counter.snapshot() - before).round_trips)
+            return spent
+        finally:
+            await connector.close_async()
+
+    spent = _on_the_wire(lambda: worker_connector(min_size=2, max_size=2), body)
+    assert spent == [1, 1, 1]
+    assert [j["status"] for j in jobs()] == ["succeeded", "todo"]
+
+
+def test_the_workers_connector_replaces_a_pooled_connection_the_server_ended(transactional_db):
+    """A connection terminated while it sat in the pool is not lent: the statement runs on
+    a fresh one instead of failing, with no round trip spent on checking."""
+    import asyncio
+
+    from queueing.connector import worker_connector
+
+    async def body() -> tuple[int, int]:
+        connector = worker_connector(min_size=1, max_size=1)
+        await connector.open_async()
+        try:
+            query = "SELECT pg_backend_pid() AS pid"
+            first = (await connector.execute_query_one_async(query))["pid"]
+            await asyncio.to_thread(_terminate, first)
+            second = (await connector.execute_query_one_async(query))["pid"]
+            return first, second
+        finally:
+            await connector.close_async()
+
+    first, second = asyncio.run(body())
+    assert second != first
+
+
+#: A worker whose own loops (heartbeat, stalled recovery, owed hooks) are rare, so the
+#: count is the jobs', not the loops' (a slow machine stretches the batch, not the loops).
+QUIET = {
+    "WORKER_HEARTBEAT_SECONDS": "20",
+    "STALLED_WORKER_SECONDS": "120",
+    "STALLED_RECOVERY_SECONDS": "40",
+}
+
+
+@pytest.mark.slow
+def test_a_stage_job_on_a_real_worker_costs_at_most_five_round_trips(clean_queue, task_worker):
+    """fetch, claim, complete with the next hop's enqueue, the outcome: one round trip each,
+    counted on the wire between a real worker and the server (whatever else the worker
+    sends meanwhile counts too)."""
+    from bench.wire import WireCounter
+    from tests.conftest import jobs, wait_for
+
+    n = 40
+    with WireCounter(_params()) as counter:
+        worker = task_worker("--queues=rt_stage", env={**QUIET, "DATABASE_URL": counter.url})
+        before = counter.snapshot()
+        with transaction.atomic():
+            for i in range(n):
+                enqueue("tests.stage_hop", args={"unit": f"u{i}"}, queue="rt_stage")
+        wait_for(
+            lambda: len(jobs(status="succeeded")) == n,
+            message=f"the stage jobs\n{worker.log()[-1500:]}",
+        )
+        time.sleep(0.3)  # the last outcome's reply passes the counter
+        spent = counter.snapshot() - before
+    assert len([j for j in jobs() if j["task_name"] == "tests.record"]) == n
+    per_job = spent.per(n)
+    assert per_job["round_trips"] <= 5, per_job
+
+
+def _params() -> dict:
+    db = connection.settings_dict
+    return {
+        "host": db["HOST"] or "127.0.0.1",
+        "port": db["PORT"] or 5432,
+        "user": db["USER"],
+        "password": db["PASSWORD"],
+        "dbname": db["NAME"],
+    }
+
+
+def _terminate(pid: int) -> None:
+    """End backend ``pid`` and wait until it is gone (its goodbye is on its socket)."""
+    import time
+
+    from django.db import connections
+
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+            if cursor.fetchone()[0] == 0:
+                return
+            time.sleep(0.01)
+    raise AssertionError(f"backend {pid} did not end")
+
+
+def _on_the_wire(connector, body):
+    """``body(connector(), counter)`` (a coroutine function) with the connector built
+    through a counting proxy (``bench.wire``); its result."""
+    import asyncio
+
+    from bench.scenarios.common import through
+    from bench.wire import WireCounter
+
+    with WireCounter(_params()) as counter:
+        return through(counter, lambda: asyncio.run(body(connector(), counter)))

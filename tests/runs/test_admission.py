@@ -84,6 +84,7 @@ def test_short_credits_answer_402_and_write_nothing(api, table_counts):
         (payload(title="   "), 422, "invalid_payload"),
         (payload(doc_html=""), 422, "invalid_payload"),
         (payload(sources=[{"key": "a"}, {"key": "a"}]), 422, "invalid_payload"),
+        (payload(sources=[{"key": "a"}, {"key": "A"}]), 422, "invalid_payload"),
         (payload(sources=[{"key": "has space"}]), 422, "invalid_payload"),
         (payload(sources="thermo"), 422, "invalid_payload"),
         (payload(delta_of_job_id=0), 422, "invalid_payload"),

@@ -185,6 +185,26 @@ CASES = {
             ("ghost", "Grass is green by chlorophyll.", MISSING),
         ],
     ),
+    "a marker alone between paragraphs cites the last sentence before it": (
+        f"<p>Intro. {SKY}.</p><p>[s1]</p><p>{GRASS}.</p>",
+        [("s1", f"{SKY}.", OK)],
+    ),
+    "a marker alone between blocks, outside any element, cites the sentence before it": (
+        f"<p>{SKY}.</p> <sup>[s1]</sup> <p>{GRASS} [s2].</p>",
+        [("s1", f"{SKY}.", OK), ("s2", f"{GRASS}.", OK)],
+    ),
+    "a lone marker skips blank blocks back to the last sentence": (
+        f"<ul><li>{GRASS}</ul><p> </p><br><p>[s2] [s1]</p>",
+        [("s2", GRASS, OK), ("s1", GRASS, NO)],
+    ),
+    "a lone marker with no sentence before it is unattached: an empty claim": (
+        f"<p>[s1]</p><p>{GRASS}.</p>",
+        [("s1", "", NO)],
+    ),
+    "a key matches its source in any case": (
+        f'<p>{SKY} [S1].</p><p data-source="S2">{GRASS}</p>',
+        [("S1", f"{SKY}.", OK), ("S2", GRASS, OK)],
+    ),
     "a void element cites nothing": (
         f'<p>{GRASS} [s2]<img data-source=s1 alt="sky"></p>',
         [("s2", GRASS, OK)],
@@ -208,8 +228,9 @@ def test_citations_and_verdicts_table(html, expected):
         "<p>" + " " * 300_000 + "[s1].</p>",
         "<span data-source=s1>" * 5_000 + "x" * 1_000,
         "<p>" + "e.g. " * 100_000 + "[s1]</p>",
+        "<p>" + "x. " * 100_000 + "</p>" + "<p>[s1]</p>" * 1_000,
     ],
-    ids=["markers", "sentences", "spaces", "nesting", "abbreviations"],
+    ids=["markers", "sentences", "spaces", "nesting", "abbreviations", "lone markers"],
 )
 def test_adversarial_documents_are_extracted_whole(html):
     """No quadratic step and no recursion limit: each finishes, with every citation

@@ -1,6 +1,10 @@
 """Releasing the held core run: retries inside RELEASE_RETRY_WINDOW_SECONDS, then a
-failure with exactly one refund; judge failures; cancellation. Time moves by back-dating
-release_deadline, never by sleeping."""
+failure with exactly one refund; judge failures; cancellation; a job given up after its
+release, which fails its judging core run at once
+(``test_a_job_given_up_after_its_release_fails_its_judging_core_run``) or, when the core
+was unreachable then, at the resume tick
+(``test_the_resume_tick_fails_a_judging_core_run_whose_job_ended``). Time moves by
+back-dating release_deadline, never by sleeping."""
 
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ from django.utils import timezone
 from queueing.exceptions import RetryLater
 from queueing.sweeps import run_sweep
 from runs import admission, processing
-from runs.exceptions import JudgeError
+from runs.core import LocalCore
+from runs.exceptions import CoreUnavailable, JudgeError
 from runs.models import AnalysisJob, CoreRun, CoreRunState, CreditEntry, CreditKind, JobStatus
 from runs.selectors import credit_balance
 from tests.conftest import run_concurrently
@@ -218,3 +223,44 @@ def test_a_core_run_closed_behind_the_jobs_back_fails_it_with_a_refund():
     row.refresh_from_db()
     assert row.status == JobStatus.FAILED and "refused to release" in row.error
     assert refunds(job.id) == 1
+
+
+def judging_job(settings) -> tuple[int, int]:
+    """A job whose core run was released and whose judge crashed: it stays running, its
+    core run judging, until a retry (or the give-up hook) ends it. (job id, core run id)"""
+    job = admit(funded_user(credits=1))
+    settings.RUNS_JUDGE = "tests.runs.test_release.CrashingJudge"
+    with pytest.raises(TimeoutError):
+        processing.analysis_job_process(job_id=job.id)
+    core_run_id = AnalysisJob.objects.get(pk=job.id).core_run_id
+    assert CoreRun.objects.get(pk=core_run_id).state == CoreRunState.JUDGING
+    return job.id, core_run_id
+
+
+@pytest.mark.django_db
+def test_a_job_given_up_after_its_release_fails_its_judging_core_run(settings):
+    job_id, core_run_id = judging_job(settings)
+
+    assert processing.analysis_job_abandon(job_id=job_id, reason="its last attempt failed")
+
+    core_run = CoreRun.objects.get(pk=core_run_id)
+    assert (core_run.state, refunds(job_id)) == (CoreRunState.FAILED, 1)
+    assert "its last attempt failed" in core_run.error
+
+
+@pytest.mark.django_db
+def test_the_resume_tick_fails_a_judging_core_run_whose_job_ended(settings, monkeypatch):
+    job_id, core_run_id = judging_job(settings)
+
+    def down(self, **kwargs):
+        raise CoreUnavailable()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(LocalCore, "finish", down)
+        assert processing.analysis_job_abandon(job_id=job_id, reason="gave up")
+    assert CoreRun.objects.get(pk=core_run_id).state == CoreRunState.JUDGING
+
+    assert admission.held_runs_expire() == 1
+
+    assert CoreRun.objects.get(pk=core_run_id).state == CoreRunState.FAILED
+    assert admission.held_runs_expire() == 0

@@ -7,9 +7,12 @@ import re
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import connection
 from django.test import Client
 
-from pipeline.models import Anfrage
+from config.templatetags.timestamps import ago, stamp
+from pipeline.models import Anfrage, AnfrageFile
+from pipeline.stages import Stage
 from runs.admission import analysis_job_admit
 from runs.models import AnalysisJob, CreditEntry, JobStatus, SavedBy
 from tests.site.conftest import (
@@ -260,6 +263,8 @@ def test_upload_form_submits_an_inquiry_and_goes_to_its_page(client, alice):
     assert anfrage.title == "Beams"
     page = client.get(response["Location"])
     assert f"Inquiry #{anfrage.pk} submitted" in page.content.decode()
+    # The page's script removes the message once this inquiry's pipeline finished.
+    assert f'data-watch="anfrage:{anfrage.pk}"' in page.content.decode()
     assert 'data-in-flight="true"' in page.content.decode()
 
 
@@ -290,6 +295,8 @@ def test_every_page_carries_the_policy_and_nothing_inline(client, alice, tenant,
         (admin_client, "/admin/runs/analysisjob/"),
         (admin_client, "/admin/pipeline/pipelinerun/"),
         (admin_client, "/admin/accounts/user/"),
+        (admin_client, "/admin/procrastinate/procrastinatejob/"),
+        (admin_client, "/admin/procrastinate/procrastinatejob/sweeps/"),
     ]
     anonymous = Client()
     pages.append((anonymous, "/accounts/login/"))
@@ -302,6 +309,107 @@ def test_every_page_carries_the_policy_and_nothing_inline(client, alice, tenant,
         assert "script-src 'self'" in policy and "style-src 'self'" in policy, url
         assert "'unsafe-inline'" not in policy
         assert INLINE.findall(response.content.decode()) == [], url
+
+
+@pytest.fixture
+def storage(settings, tmp_path):
+    settings.STORAGE_ROOT = tmp_path / "storage"
+
+
+def test_an_inquirys_files_download_for_its_tenant_only(client, alice, mallory, storage):
+    from tests.pipeline.conftest import run_stages
+
+    data = b"12 pcs steel beam HEA 200, 6 m\n"
+    client.force_login(alice)
+    client.post(
+        "/dashboard/inquiries",
+        {"files": [SimpleUploadedFile("hall 3 beams.txt", data, "text/plain")]},
+    )
+    anfrage = Anfrage.objects.get(tenant=alice.tenant)
+    run_stages(anfrage.pk, stages=[Stage.INTAKE])
+    stored = AnfrageFile.objects.get(anfrage=anfrage)
+    url = f"/dashboard/inquiries/{anfrage.pk}/files/{stored.pk}"
+    assert (
+        f'href="{url}" download'
+        in client.get(f"/dashboard/inquiries/{anfrage.pk}").content.decode()
+    )
+
+    response = client.get(url)
+    assert response.status_code == 200
+    assert response.content == data
+    assert response["Content-Type"] == "text/plain"
+    assert response["Content-Disposition"] == 'attachment; filename="hall 3 beams.txt"'
+    other = inquiry(alice.tenant, "another of alice's")
+    assert client.get(f"/dashboard/inquiries/{other.pk}/files/{stored.pk}").status_code == 404
+    assert client.get(f"/dashboard/inquiries/{anfrage.pk}/files/999999").status_code == 404
+
+    client.force_login(mallory)
+    assert client.get(url).status_code == 404
+    assert Client().get(url).status_code == 302  # to the login page
+
+
+def test_analysis_page_shows_the_document_and_links_its_run(client, alice):
+    job = admit(alice, "T")
+    client.force_login(alice)
+    body = client.get(f"/dashboard/analyses/{job.pk}").content.decode()
+    document = re.search(r'<pre class="doc">(.*?)</pre>', body, re.S).group(1)
+    assert document == DOC_HTML.replace("<", "&lt;").replace(">", "&gt;")
+    assert re.search(
+        rf'href="/dashboard/analyses/{job.pk}" id="run-link"[^>]*><code>{job.run_id}</code>', body
+    )
+
+
+def register_worker(*, age_seconds: float) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO procrastinate_workers (last_heartbeat) "
+            "VALUES (now() - make_interval(secs => %s))",
+            [age_seconds],
+        )
+
+
+def test_the_pages_say_when_no_worker_is_alive(client, alice, settings):
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM procrastinate_workers")
+    client.force_login(alice)
+    notice = re.compile(r'<p class="notice warn" id="no-worker"[^>]*>')
+
+    assert "hidden" not in notice.search(client.get("/dashboard/").content.decode()).group()
+    assert client.get("/dashboard/workers").json()["alive"] is False
+    register_worker(age_seconds=settings.QUEUEING_STALLED_WORKER_SECONDS + 5)
+    assert "hidden" not in notice.search(client.get("/dashboard/").content.decode()).group()
+
+    register_worker(age_seconds=1)
+    assert "hidden" in notice.search(client.get("/dashboard/").content.decode()).group()
+    state = client.get("/dashboard/workers").json()
+    assert state["alive"] is True
+    assert state["threshold_seconds"] == settings.QUEUEING_STALLED_WORKER_SECONDS
+    assert Client().get("/dashboard/workers").status_code == 302
+
+
+def test_times_read_with_date_zone_and_one_relative_style():
+    import datetime
+
+    now = datetime.datetime(2026, 12, 1, 19, 5, 30, tzinfo=datetime.UTC)
+    berlin = datetime.timezone(datetime.timedelta(hours=1))
+    assert stamp(now.astimezone(berlin)) == "2026-12-01 19:05 UTC"
+    ages = [0, 59, 60, 3599, 3600, 86399, 86400, -5]
+    assert [ago(now - datetime.timedelta(seconds=s), now=now) for s in ages] == [
+        "just now",
+        "just now",
+        "1 min ago",
+        "59 min ago",
+        "1 h ago",
+        "23 h ago",
+        "1 d ago",
+        "just now",
+    ]
+
+
+def test_the_favicon_is_the_sites_own(client):
+    response = client.get("/favicon.ico")
+    assert response.status_code == 301
+    assert re.fullmatch(r"/static/pgstage/favicon(\.[0-9a-f]{12})?\.svg", response["Location"])
 
 
 def test_a_stage_waiting_for_a_replay_shows_as_waiting_and_keeps_the_page_live(

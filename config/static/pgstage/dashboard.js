@@ -7,7 +7,13 @@
    - Submits the analysis and inquiry forms through the API (session + CSRF).
    - The client save: when the page sees an analysis complete, it saves its run with
      POST /api/analysis-runs — only for the newest job of the run (an older one would be
-     a stale save), once per job. The backstop sweep covers closed tabs. */
+     a stale save), once per job. The backstop sweep covers closed tabs.
+   - Times read as the server renders them (config/templatetags/timestamps.py): date,
+     minute and zone in UTC, then how long ago, refreshed every half minute.
+   - A message about an analysis or an inquiry (data-watch="job:ID" / "anfrage:ID") goes
+     once the page sees that work finished.
+   - While work is in flight (or the notice is up) the page asks every few seconds whether
+     a worker is alive, and shows or hides the "no worker" notice. */
 (function () {
   "use strict";
 
@@ -17,6 +23,8 @@
   var TERMINAL = ["complete", "failed", "cancelled"];
   var STAGES = ["intake", "extract", "feasibility", "calculate"];
   var POLL = { base: 1000, cap: 15000, factor: 1.6 };
+  var WORKER_POLL = 3000;
+  var AGO_REFRESH = 30000;
 
   function csrfToken() {
     var field = document.querySelector("[name=csrfmiddlewaretoken]");
@@ -132,9 +140,37 @@
     return Math.floor(seconds / 86400) + " d ago";
   }
 
-  function clock(iso) {
-    return iso ? new Date(iso).toISOString().slice(11, 19) : "—";
+  function stamp(iso) {
+    return new Date(iso).toISOString().slice(0, 16).replace("T", " ") + " UTC";
   }
+
+  /* The nodes of a time: <time>2026-12-01 19:05 UTC</time> <span class="ago">…</span>. */
+  function when(iso) {
+    if (!iso) return ["—"];
+    var utc = new Date(iso).toISOString();
+    return [
+      el("time", { datetime: utc, title: utc, text: stamp(iso) }),
+      " ",
+      el("span", { className: "ago", "data-since": utc, text: ago(iso) })
+    ];
+  }
+
+  function whenCell(iso, extra) {
+    return el("td", { className: (extra ? extra + " " : "") + "when" }, when(iso));
+  }
+
+  function setWhen(cell, iso) {
+    cell.textContent = "";
+    when(iso).forEach(function (node) {
+      cell.appendChild(typeof node === "string" ? document.createTextNode(node) : node);
+    });
+  }
+
+  setInterval(function () {
+    Array.prototype.forEach.call(document.querySelectorAll(".ago[data-since]"), function (span) {
+      span.textContent = ago(span.dataset.since);
+    });
+  }, AGO_REFRESH);
 
   /* Replace the rows of tbody by `items`, keeping a row whose key and signature are
      unchanged (a server-rendered one keeps its content). Returns whether any changed. */
@@ -177,12 +213,38 @@
     });
   }
 
-  function notify(text, level) {
+  /* A notice about some work (watch: "job:ID" or "anfrage:ID") stays until settle()
+     sees that work finished; any other goes after 15 s. */
+  function notify(content, watch) {
     var list = document.getElementById("notices");
     if (!list) return;
-    var item = el("li", { className: level || "", text: text });
+    var item = el("li", watch ? { "data-watch": watch } : {}, content);
     list.appendChild(item);
-    setTimeout(function () { if (item.parentNode) list.removeChild(item); }, 15000);
+    if (!watch) setTimeout(function () { if (item.parentNode) list.removeChild(item); }, 15000);
+  }
+
+  /* The work named by `watch` finished: its messages have said what they had to say. */
+  function settle(watch) {
+    Array.prototype.forEach.call(
+      document.querySelectorAll('.messages li[data-watch="' + watch + '"]'),
+      function (item) { item.parentNode.removeChild(item); }
+    );
+  }
+
+  /* ------------------------------------------------------------ worker notice -- */
+
+  function watchWorkers() {
+    var notice = document.getElementById("no-worker");
+    if (!notice) return;
+    var asking = false;
+    setInterval(function () {
+      if (asking || (body.dataset.inFlight !== "true" && notice.hidden)) return;
+      asking = true;
+      fetch(notice.dataset.url, { credentials: "same-origin", headers: { Accept: "application/json" } })
+        .then(function (response) { return response.ok ? response.json() : null; })
+        .then(function (state) { if (state) notice.hidden = state.alive; }, function () {})
+        .then(function () { asking = false; });
+    }, WORKER_POLL);
   }
 
   /* ---------------------------------------------------------------- client save -- */
@@ -238,7 +300,7 @@
       var row = jobCells(job, el("td", { className: "position" }, [
         job.queue_position ? String(job.queue_position) : muted("—")
       ]));
-      row.appendChild(el("td", { className: "muted", text: ago(job.created_at) }));
+      row.appendChild(whenCell(job.created_at, "muted"));
       return row;
     }
 
@@ -248,7 +310,7 @@
       else if (job.error) verdicts.appendChild(el("div", { className: "error", title: job.error, text: job.error }));
       else verdicts.appendChild(muted("—"));
       var row = jobCells(job, verdicts);
-      row.appendChild(el("td", { className: "muted", text: ago(job.finished_at) }));
+      row.appendChild(whenCell(job.finished_at || job.updated_at, "muted"));
       return row;
     }
 
@@ -289,7 +351,7 @@
       return el("tr", { "data-run": run.id, "data-job": run.job_id }, [
         el("td", {}, [run.job_id ? el("a", { href: "analyses/" + run.job_id, text: title }) : title]),
         el("td", {}, [badge(run.saved_by || "legacy")]),
-        el("td", { className: "muted", text: ago(run.created_at) })
+        whenCell(run.created_at, "muted")
       ]);
     }
 
@@ -324,6 +386,8 @@
           return LIVE.indexOf(b.status) - LIVE.indexOf(a.status) || a.queue_position - b.queue_position || a.id - b.id;
         });
         var recent = jobs.filter(function (job) { return TERMINAL.indexOf(job.status) >= 0; }).slice(0, 10);
+        jobs.forEach(function (job) { if (TERMINAL.indexOf(job.status) >= 0) settle("job:" + job.id); });
+        inquiries.forEach(function (a) { if (!inquiryInFlight(a)) settle("anfrage:" + a.id); });
         return Promise.all([
           fetchSummaries(recent),
           Promise.all(recent.map(function (job) { return saveIfNewest(job, newestOfRun, savedUpTo); }))
@@ -350,12 +414,23 @@
       });
     }
 
+    function showInquiry(anfrage) {
+      if (document.getElementById("anfrage-" + anfrage.id)) return;
+      var row = inquiryRow(anfrage);
+      row.dataset.key = row.id;
+      row.dataset.sig = inquirySig(anfrage);
+      inquiryRows.insertBefore(row, inquiryRows.firstChild);
+      var table = inquiryRows.closest("table");
+      table.hidden = false;
+      table.parentNode.querySelector(".empty").hidden = true;
+    }
+
     var poller = Poller(tick);
-    enhanceForms(poller);
+    enhanceForms(poller, showInquiry);
     poller.start();
   }
 
-  function enhanceForms(poller) {
+  function enhanceForms(poller, showInquiry) {
     var analysisForm = document.getElementById("analysis-form");
     var errors = document.getElementById("form-errors");
     if (analysisForm) analysisForm.addEventListener("submit", function (event) {
@@ -369,7 +444,7 @@
         function (reply) {
           var job = reply.data;
           errors.hidden = true;
-          notify("Analysis #" + job.id + " admitted, " + (job.status === "queued" ? "queued at position " + job.queue_position : "starting now") + ".");
+          notify(["Analysis #" + job.id + " admitted, " + (job.status === "queued" ? "queued at position " + job.queue_position : "starting now") + "."], "job:" + job.id);
           var balance = document.getElementById("balance");
           if (balance && /^\d+$/.test(balance.textContent)) balance.textContent = String(Number(balance.textContent) - 1);
           analysisForm.reset();
@@ -397,10 +472,14 @@
       call("POST", "anfragen", data).then(
         function (reply) {
           uploadErrors.hidden = true;
-          var list = document.getElementById("notices");
-          var link = el("a", { href: "inquiries/" + reply.data.id, id: "new-inquiry-link", text: "Inquiry #" + reply.data.id });
-          var item = el("li", {}, [link, " submitted; its pipeline is running."]);
-          list.appendChild(item);
+          var id = reply.data.id;
+          var link = el("a", { href: "inquiries/" + id, id: "new-inquiry-link", text: "Inquiry #" + id });
+          notify([link, " submitted; its pipeline is running."], "anfrage:" + id);
+          // On the board at once, as the API would list it now: every stage pending.
+          showInquiry({
+            id: id, title: data.get("title"), quote_total: null, currency: "", complete: false,
+            stages: STAGES.map(function (stage) { return { stage: stage, status: "pending", attempts: 0, error: "" }; })
+          });
           inquiryForm.reset();
           poller.nudge();
         },
@@ -434,8 +513,8 @@
         el("td", { text: stage.stage }),
         el("td", {}, [badge(shown(stage))]),
         el("td", { className: "num", text: String(stage.attempts) }),
-        el("td", { className: "muted", text: clock(stage.started_at) }),
-        el("td", { className: "muted", text: clock(stage.finished_at) }),
+        whenCell(stage.started_at, "muted"),
+        whenCell(stage.finished_at, "muted"),
         el("td", { className: "num", text: took }),
         el("td", {}, stage.error ? [el("div", { className: "error wrap", text: stage.error })] : [])
       ]);
@@ -472,16 +551,19 @@
         }, stageRow);
         changed = reconcile(positionRows, a.positions, function (p) { return "position-" + p.index; }, positionSig, positionRow) || changed;
         reconcile(fileRows, a.files, function (f) { return "file-" + f.id; }, function () { return "f"; }, function (f) {
-          return el("tr", {}, [el("td", { text: f.filename }), el("td", { text: f.format }), el("td", { className: "num", text: size(f.size) })]);
+          var link = el("a", { href: id + "/files/" + f.id, download: "", text: f.filename });
+          return el("tr", {}, [el("td", {}, [link]), el("td", { text: f.format }), el("td", { className: "num", text: size(f.size) })]);
         });
         var total = a.quote_total === null ? "—" : a.quote_total + " " + a.currency;
         if (quote.textContent !== total) { quote.textContent = total; changed = true; }
         var statuses = a.stages.map(shown);
         var live = statuses.indexOf("running") >= 0 || (statuses.indexOf("failed") < 0 && !a.complete);
+        if (!live) settle("anfrage:" + id);
         return { changed: changed, live: live };
       });
     }
     if (body.dataset.inFlight === "true") Poller(tick).start();
+    else settle("anfrage:" + id);
   }
 
   /* ----------------------------------------------------------- analysis detail -- */
@@ -517,8 +599,8 @@
         status.textContent = job.status;
         position.hidden = !job.queue_position;
         position.querySelector("strong").textContent = String(job.queue_position);
-        document.getElementById("started").textContent = job.started_at ? job.started_at.replace("T", " ").slice(0, 19) : "—";
-        document.getElementById("finished").textContent = job.finished_at ? job.finished_at.replace("T", " ").slice(0, 19) : "—";
+        setWhen(document.getElementById("started"), job.started_at);
+        setWhen(document.getElementById("finished"), job.finished_at);
         error.textContent = job.error;
         error.hidden = !job.error;
         if (job.summary) {
@@ -535,14 +617,17 @@
             el("td", {}, [badge(v.verdict, "verdict")]), el("td", { className: "num", text: v.score.toFixed(2) })
           ]);
         });
+        if (TERMINAL.indexOf(job.status) >= 0) settle("job:" + id);
         return save(job).then(function () {
           return { changed: changed, live: LIVE.indexOf(job.status) >= 0 };
         });
       });
     }
     if (body.dataset.inFlight === "true" || (newest && runState.dataset.saved !== "true")) Poller(tick).start();
+    if (body.dataset.inFlight !== "true") settle("job:" + id);
   }
 
   var pages = { dashboard: dashboard, inquiry: inquiry, analysis: analysis };
   if (pages[body.dataset.page]) pages[body.dataset.page]();
+  watchWorkers();
 })();

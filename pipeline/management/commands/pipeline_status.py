@@ -136,10 +136,10 @@ class Command(BaseCommand):
                 f"'manage.py replay_stage --tenant {anfrage.tenant.slug} --anfrage {anfrage.id} "
                 f"--stage {given_up[0]}'"
             )
-        total = anfrage.quote_total
+        total = detail.quote_total
         self.stdout.write("")
         self.stdout.write(
-            f"quote total: {total} {anfrage.currency}"
+            f"quote total: {total} {detail.currency}"
             if total is not None
             else "quote total: not calculated yet"
         )

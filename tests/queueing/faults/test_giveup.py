@@ -13,7 +13,7 @@ looks at ``doing`` jobs. So whatever ends the worker between the two commits lea
 that fails for good leaves its domain row terminal") —
 test_a_worker_killed_between_the_failure_and_its_hook.
 
-No process even has to die: when the reply to the COMMIT that saved ``failed`` is lost,
+No process even has to die: when the reply to the commit that saved ``failed`` is lost,
 the worker saves again, finds the job no longer ``doing``, takes it for "recovered
 elsewhere" (outcome ``taken``) and skips the hook —
 test_a_lost_reply_to_the_failures_commit_still_settles_the_domain.
@@ -75,9 +75,11 @@ def test_a_worker_killed_between_the_failure_and_its_hook(effects, task_worker, 
 
 class ReplyCutter:
     """A TCP proxy in front of the test database that passes everything through, except
-    that once — on the connection that sent ``trigger`` (a statement's text) and then a
-    ``COMMIT`` — it drops the server's reply to that COMMIT and closes both ends: the
-    commit happened, the client never hears of it (a connection cut at the wrong moment)."""
+    that once — on the connection that sent ``trigger`` (a statement's text) — it drops the
+    server's reply that ends the statement's transaction (the first ``ReadyForQuery`` that
+    reports the session idle: the reply to the statement itself in autocommit, to its
+    ``COMMIT`` otherwise) and closes both ends: the commit happened, the client never hears
+    of it (a connection cut at the wrong moment)."""
 
     def __init__(self, upstream: tuple[str, int] | str, trigger: bytes):
         import socket
@@ -110,7 +112,7 @@ class ReplyCutter:
                 server.connect(self.upstream)
             else:
                 server = socket.create_connection(self.upstream)
-            state = {"armed": False, "committing": False}
+            state = {"armed": False}
             threading.Thread(
                 target=self._pump_up, args=(client, server, state), daemon=True
             ).start()
@@ -121,11 +123,12 @@ class ReplyCutter:
     def _pump_up(self, client, server, state) -> None:
         try:
             while data := client.recv(65536):
-                if not self.cut.is_set():
-                    if self.trigger in data and self._armed_once.acquire(blocking=False):
-                        state["armed"] = True
-                    elif state["armed"] and b"COMMIT" in data:
-                        state["committing"] = True
+                if (
+                    not self.cut.is_set()
+                    and self.trigger in data
+                    and self._armed_once.acquire(blocking=False)
+                ):
+                    state["armed"] = True
                 server.sendall(data)
         except OSError:
             pass
@@ -136,7 +139,7 @@ class ReplyCutter:
     def _pump_down(self, server, client, state) -> None:
         try:
             while data := server.recv(65536):
-                if state["committing"] and not self.cut.is_set():
+                if state["armed"] and _IDLE in data and not self.cut.is_set():
                     self.cut.set()
                     for sock in (client, server):
                         _hang_up(sock)
@@ -147,6 +150,10 @@ class ReplyCutter:
         finally:
             for sock in (client, server):
                 _hang_up(sock)
+
+
+#: The server's ``ReadyForQuery`` with the session idle: a transaction just ended.
+_IDLE = b"Z\x00\x00\x00\x05I"
 
 
 def _hang_up(sock) -> None:

@@ -1,0 +1,217 @@
+"""Sustained load: jobs offered at a steady rate for a while, pgstage against plain
+procrastinate, on real worker processes (``bench.workers``).
+
+For each offered rate (``Sizes.sustained_rates``, jobs/s) and each side in turn (plain
+first), the harness enqueues jobs at that rate for ``Sizes.sustained_seconds``, in one
+INSERT per 20 ms tick (the same for both sides, so the offering never limits the rate; the
+enqueue scenarios measure enqueueing): pgstage's stage jobs (``bench.stage``: claim →
+complete + enqueue the next hop, with their EXCLUSIVE key) against plain no-ops that defer
+their next hop (``bench.noop_next``). One worker process per side, at concurrency
+``Sizes.sustained_concurrency``. Then it waits until every offered job has ended, and
+reads each job's deferral, first start and end from procrastinate's events (database
+clock):
+
+* claim latency: first start - deferral, per job; p50 and p99 over every job of the run;
+* served: jobs that started within the window ÷ its length;
+* keeps up: every job offered in the window started within a second of the window's end
+  (the backlog then is under a second's work), reported per side as ``backlog_s``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from bench import database
+from bench.harness import Row, Target, percentile, say, series
+from bench.scenarios.common import Context
+from bench.scenarios.jobs import PLAIN_QUEUE, STAGE_QUEUE, _specs
+from bench.tasks import NOOP_NEXT, STAGE, STAGE_KEY
+from bench.workers import BenchError, WorkerGroup, running
+from queueing.enqueue import Policy, queueing_lock_for
+
+#: The offering loop's tick: each tick inserts the jobs due by then, in one statement.
+TICK_SECONDS = 0.02
+#: A side keeps up when its backlog at the window's end is at most this much.
+KEEP_UP_SECONDS = 1.0
+
+
+def _jobs(*, tag: str, queue: str, task: str, keyed: bool) -> Callable[[int, int], None]:
+    """Insert jobs ``first`` … ``first + count - 1`` of a run in one statement; a stage job
+    carries its EXCLUSIVE key, as ``queueing.enqueue`` would give it."""
+
+    def insert(first: int, count: int) -> None:
+        units = [f"{tag}-{i}" for i in range(first, first + count)]
+        locks = [
+            queueing_lock_for(STAGE_KEY.build(hop="stage", unit=u), Policy.EXCLUSIVE)
+            if keyed
+            else None
+            for u in units
+        ]
+        database.execute("sustained_insert", queue=queue, task=task, units=units, locks=locks)
+
+    return insert
+
+
+def _offer(rate: float, seconds: float, insert: Callable[[int, int], None]) -> tuple[int, float]:
+    """Enqueue ``rate`` jobs a second for ``seconds``; the jobs sent and the seconds the
+    offering took (longer than ``seconds`` when the harness itself could not keep up)."""
+    started = time.monotonic()
+    sent = 0
+    while (elapsed := time.monotonic() - started) < seconds:
+        due = int(rate * elapsed) - sent
+        if due <= 0:
+            time.sleep(TICK_SECONDS)
+            continue
+        insert(sent, due)
+        sent += due
+    return sent, time.monotonic() - started
+
+
+def _wait_ended(
+    *, after: int, queue: str, task: str, sent: int, groups: list[WorkerGroup], timeout: float
+) -> list[tuple[Any, ...]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = database.fetch_all("sustained_jobs", after=after, queue=queue, task=task)
+        if len(rows) >= sent and all(row[2] is not None for row in rows):
+            return rows
+        if database.fetch_value("job_broken", after=after):
+            raise BenchError(f"a sustained-load job after {after} failed or was retried")
+        for group in groups:
+            group.check_alive()
+        if time.monotonic() > deadline:
+            ended = sum(row[2] is not None for row in rows)
+            raise BenchError(f"only {ended} of {sent} sustained-load jobs ended in {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def _run_side(
+    ctx: Context,
+    groups: list[WorkerGroup],
+    *,
+    rate: int,
+    queue: str,
+    task: str,
+    keyed: bool,
+) -> dict[str, Any]:
+    seconds = ctx.sizes.sustained_seconds
+    after = database.last_job_id()
+    window_start = database.fetch_value("now")
+    insert = _jobs(tag=uuid.uuid4().hex[:8], queue=queue, task=task, keyed=keyed)
+    sent, offering = _offer(rate, seconds, insert)
+    window_end = database.fetch_value("now")
+    rows = _wait_ended(
+        after=after,
+        queue=queue,
+        task=task,
+        sent=sent,
+        groups=groups,
+        timeout=max(120.0, 10 * seconds),
+    )
+    database.execute("delete_batch", after=after)
+    window = (window_end - window_start).total_seconds()
+    latencies = [(started - deferred).total_seconds() * 1000 for deferred, started, _ in rows]
+    last_start = max(started for _, started, _ in rows)
+    backlog = max(0.0, (last_start - window_end).total_seconds())
+    in_window = sum(started <= window_end for _, started, _ in rows)
+    return {
+        "offered_per_s": sent / offering,
+        "served_per_s": in_window / window,
+        "p50_ms": percentile(latencies, 50),
+        "p99_ms": percentile(latencies, 99),
+        "backlog_s": round(backlog, 3),
+        "keeps_up": backlog <= KEEP_UP_SECONDS,
+        "jobs": len(rows),
+    }
+
+
+def run(ctx: Context) -> list[Row]:
+    sizes = ctx.sizes
+    found: dict[int, dict[str, dict[str, Any]]] = {}
+    specs = _specs(ctx, "sustained", processes=1, concurrency=sizes.sustained_concurrency)
+    try:
+        with running(specs, log_dir=ctx.log_dir) as groups:
+            for rate in sizes.sustained_rates:
+                say(f"sustained load: {rate} jobs/s, plain")
+                plain = _run_side(
+                    ctx, groups, rate=rate, queue=PLAIN_QUEUE, task=NOOP_NEXT, keyed=False
+                )
+                say(f"sustained load: {rate} jobs/s, pgstage")
+                stage = _run_side(ctx, groups, rate=rate, queue=STAGE_QUEUE, task=STAGE, keyed=True)
+                found[rate] = {"plain": plain, "pgstage": stage}
+    finally:
+        database.delete_bench_jobs()
+    return _rows(ctx, found)
+
+
+def _rows(ctx: Context, found: dict[int, dict[str, dict[str, Any]]]) -> list[Row]:
+    sizes = ctx.sizes
+    rows = []
+    common = {
+        "seconds": sizes.sustained_seconds,
+        "processes": 1,
+        "concurrency": sizes.sustained_concurrency,
+    }
+    for rate, sides in found.items():
+        plain, stage = sides["plain"], sides["pgstage"]
+        profile = {"pgstage": stage, "plain": plain}
+        rows.append(
+            Row(
+                key=f"sustained_{rate}_served",
+                scenario=f"sustained {rate} jobs/s offered: jobs/s served",
+                unit="jobs/s",
+                measures=(
+                    f"stage jobs (baseline: no-ops that defer their next hop) offered at {rate}/s "
+                    f"for {sizes.sustained_seconds:g} s, one worker process at concurrency "
+                    f"{sizes.sustained_concurrency}; jobs that started within the window ÷ "
+                    f"its length. A side keeps up when its backlog at the window's end is at "
+                    f"most {KEEP_UP_SECONDS:g} s (profile: keeps_up, backlog_s)"
+                ),
+                parameters={**common, "offered_per_s": rate},
+                result=series([stage["served_per_s"]]),
+                baseline_label="plain procrastinate",
+                baseline=series([plain["served_per_s"]]),
+                target=Target(on="ratio", op=">=", value=0.95),
+                profile=profile,
+            )
+        )
+        for q in (50, 99):
+            rows.append(
+                Row(
+                    key=f"sustained_{rate}_claim_p{q}",
+                    scenario=f"sustained {rate} jobs/s offered: claim latency p{q}",
+                    unit="ms",
+                    measures=(
+                        "per job, its first start - its deferral (procrastinate's events, "
+                        f"database clock), p{q} over every job offered in the window"
+                    ),
+                    parameters={**common, "offered_per_s": rate},
+                    result=series([stage[f"p{q}_ms"]]),
+                    baseline_label="plain procrastinate",
+                    baseline=series([plain[f"p{q}_ms"]]),
+                    target=Target(on="ratio", op="<=", value=1.2),
+                    profile=profile,
+                )
+            )
+    for row in rows:
+        _explain(row)
+    return rows
+
+
+def _explain(row: Row) -> None:
+    stage, plain = row.profile["pgstage"], row.profile["plain"]
+
+    def side(name: str, figures: dict[str, Any]) -> str:
+        kept = "keeps up" if figures["keeps_up"] else "falls behind"
+        return (
+            f"{name} {kept} (backlog {figures['backlog_s']:g} s at the window's end, "
+            f"{figures['served_per_s']:.0f} jobs/s served of {figures['offered_per_s']:.0f} "
+            "offered)"
+        )
+
+    row.cause = f"{side('pgstage', stage)}; {side('plain procrastinate', plain)}"
+    if row.key.endswith("_served") and plain["keeps_up"] and not stage["keeps_up"]:
+        row.cause += "; pgstage falls behind where plain procrastinate keeps up"

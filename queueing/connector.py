@@ -1,0 +1,78 @@
+"""The worker's connector: procrastinate's psycopg connector, one round trip per statement.
+
+procrastinate's worker talks to the database in single statements (fetch a job, save its
+outcome, defer, retry, the periodic defers). Its connector lends a pooled connection per
+statement, and with its defaults each one costs four round trips: the pool's liveness
+check (an empty statement), ``BEGIN``, the statement, ``COMMIT``. Here the same
+statements cost one:
+
+* **Autocommit.** A single statement is atomic on its own; ``BEGIN``/``COMMIT`` around it
+  add two waits and no guarantee. Every query procrastinate and pgstage send through the
+  connector is one statement (a multi-step one is a SQL function), so none needs a block.
+* **No round trip to check a lent connection.** A connection the server ended while it
+  sat in the pool (a restart, ``pg_terminate_backend``, an idle timeout) has its goodbye
+  waiting on the socket: the check looks at the socket, closes such a connection and the
+  pool lends another. A connection that dies later fails its statement, which the
+  worker's loops retry (``queueing.worker``), and the pool replaces it. After an outage
+  the worker still checks every pooled connection with a round trip, once
+  (``PgstageWorker._reopen_pool``).
+
+The heartbeat and LISTEN keep connections of their own, outside this pool.
+"""
+
+from __future__ import annotations
+
+import select
+from typing import Any
+
+import psycopg
+import psycopg_pool
+from procrastinate import psycopg_connector
+from procrastinate.contrib.django.utils import connector_params
+
+__all__ = ["worker_connector"]
+
+
+def ended_by_server(connection: Any) -> bool:
+    """Whether the server has ended ``connection`` (a psycopg connection, sync or async)
+    while it sat idle — without a round trip: an idle connection has nothing to read
+    unless the server said goodbye (or, rarely, sent a notice: then one reconnect is the
+    price)."""
+    if connection.closed or connection.broken:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(connection.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError, psycopg.Error):
+        return True
+
+
+async def _check(connection: psycopg.AsyncConnection) -> None:
+    """The pool's check on every lent connection: refuse (and close) one the server ended,
+    so the pool replaces it and lends another."""
+    if ended_by_server(connection):
+        await connection.close()
+        raise psycopg.OperationalError("the server ended this pooled connection")
+
+
+async def _autocommit(connection: psycopg.AsyncConnection) -> None:
+    """Every new pooled connection runs in autocommit (a local setting: no round trip)."""
+    await connection.set_autocommit(True)
+
+
+def _pool(**kwargs: Any) -> psycopg_pool.AsyncConnectionPool:
+    # procrastinate passes its round-trip check (check_connection); the socket's is ours.
+    return psycopg_pool.AsyncConnectionPool(**{**kwargs, "check": _check})
+
+
+def worker_connector(
+    alias: str = "default", **pool_args: Any
+) -> psycopg_connector.PsycopgConnector:
+    """The connector pgstage's worker runs on: procrastinate's ``PsycopgConnector`` on the
+    Django database ``alias``, in autocommit, without a liveness round trip per lent
+    connection; ``pool_args`` go to the pool (``min_size``, ``max_size`` …). Each call is
+    one statement in one round trip."""
+    return psycopg_connector.PsycopgConnector(
+        kwargs=connector_params(alias), configure=_autocommit, pool_factory=_pool, **pool_args
+    )
