@@ -9,15 +9,18 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
 RUN python -m venv /venv
 # Dependencies first, in their own layer: a code change does not reinstall them. The
-# framework and the reference site's libraries (the `demo` extra); not the embedded
-# PostgreSQL, which a container with DATABASE_URL never starts.
+# framework's and the reference site's libraries (the `demo` extra); not the embedded
+# PostgreSQL (the `embedded` extra), which a container with DATABASE_URL never starts.
 COPY pyproject.toml README.md ./
-RUN mkdir accounts config pipeline queueing runs \
-    && touch accounts/__init__.py config/__init__.py pipeline/__init__.py \
-             queueing/__init__.py runs/__init__.py \
-    && /venv/bin/pip install -e ".[demo]" \
-    && rm -rf accounts config pipeline queueing runs
+RUN mkdir queueing && touch queueing/__init__.py \
+    && /venv/bin/pip install ".[demo]" \
+    && /venv/bin/pip uninstall -y -q pgstage \
+    && rm -rf queueing build pgstage.egg-info
 COPY . .
+# The framework as a plain (not editable) install, as a project installs it; its source
+# copy leaves the tree, so the site imports the installed package.
+RUN /venv/bin/pip install --no-deps . \
+    && rm -rf queueing build pgstage.egg-info
 # collectstatic reads the settings, which need a DATABASE_URL (unused here: unset, the
 # embedded PostgreSQL would be started).
 RUN DATABASE_URL=postgresql://build@localhost/build SECRET_KEY=build STATIC_ROOT=/app/static \

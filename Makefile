@@ -49,11 +49,11 @@ endef
 ## The whole suite, slow fault-injection tests included (they run real workers);
 ## the browser tests need Chromium and run in `make e2e`.
 test: install  ## the whole suite but the browser tests, slow fault-injection tests included
-	$(call with_embedded,$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not e2e")
+	$(call with_embedded,$(BIN)/python -m pytest --create-db -n $(PYTEST_WORKERS) --dist loadgroup -m "not e2e")
 
 ## Everything but the slow fault-injection tests.
 test-fast: install  ## the suite without the slow and browser tests
-	$(call with_embedded,$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow and not e2e")
+	$(call with_embedded,$(BIN)/python -m pytest --create-db -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow and not e2e")
 
 ## The nemesis (tests/nemesis): random faults drawn from a seed against real workers, a
 ## recorded history and a checker. `make nemesis SEED=… SECONDS=…` replays a seed (the

@@ -112,7 +112,7 @@ class InquiryRow:
 
     @property
     def in_flight(self) -> bool:
-        statuses = {s.status for s in self.stages}
+        statuses = {s.shown for s in self.stages}
         if "running" in statuses:
             return True
         return "failed" not in statuses and statuses != {"success"}

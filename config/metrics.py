@@ -10,17 +10,21 @@ framework's process registry (summed across gunicorn processes).
 
 from __future__ import annotations
 
-from django.db.models import Count, F, Sum
+from django.db.models import Case, CharField, Count, F, Q, Sum, Value, When
 from django.http import HttpRequest
 from prometheus_client import Counter
 
-from pipeline.models import PipelineRun
+from pipeline.models import REPLAY_REASON_PREFIX, PipelineRun
 from queueing.ledger import LedgerStatus
 from queueing.metrics import PROCESS_REGISTRY, Family, MetricSource
 from runs.models import AnalysisJob, AnalysisRun, CreditEntry, CreditKind, SavedBy
 from runs.selectors import unsaved_counts_by_age
 
 LIVE_ANALYSIS_STATUSES = ("queued", "pending", "running")
+#: A stage a replay reset or queued and that has not run since: ``failed`` in the ledger
+#: (so it is claimable) with the replay as its reason. It waits for the replay's job; an
+#: alert on failed stages must not count it.
+WAITING = "waiting"
 #: ``saved_by`` NULL is a legacy row (it counts as a client save, docs/runs.md).
 LEGACY = "legacy"
 
@@ -31,7 +35,10 @@ class SiteMetrics(MetricSource):
     def families(self) -> dict[str, Family]:
         families = {
             "pgstage_pipeline_runs": Family(
-                "gauge", "Stage ledger rows per stage and status.", ("stage", "status")
+                "gauge",
+                "Stage ledger rows per stage and status; waiting: reset or queued by a "
+                "replay, not run since (failed in the ledger).",
+                ("stage", "status"),
             ),
             "pgstage_pipeline_stage_duration_seconds": Family(
                 "summary",
@@ -90,15 +97,24 @@ class SiteMetrics(MetricSource):
     def collect_history(self, families: dict[str, Family]) -> None:
         stages = families["pgstage_pipeline_runs"]
         durations = families["pgstage_pipeline_stage_duration_seconds"]
+        waiting = Q(status=LedgerStatus.FAILED, error__startswith=REPLAY_REASON_PREFIX)
         for row in (
             PipelineRun.objects.exclude(status=LedgerStatus.RUNNING)
-            .values("stage", "status")
+            .annotate(
+                shown=Case(
+                    When(waiting, then=Value(WAITING)),
+                    default=F("status"),
+                    output_field=CharField(),
+                )
+            )
+            .values("stage", "shown")
             .annotate(n=Count("id"), total=Sum(F("finished_at") - F("started_at")))
             .order_by()
         ):
-            stages.samples[(row["stage"], row["status"])] = row["n"]
-            if row["total"] is not None:
-                durations.samples[(row["stage"], row["status"])] = [
+            stages.samples[(row["stage"], row["shown"])] = row["n"]
+            # A waiting stage has not run since the replay: its times are the reset's.
+            if row["total"] is not None and row["shown"] != WAITING:
+                durations.samples[(row["stage"], row["shown"])] = [
                     row["n"],
                     row["total"].total_seconds(),
                 ]

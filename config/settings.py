@@ -38,6 +38,8 @@ env = environ.Env(
     RETRY_CAP_SECONDS=(float, 300.0),
     JOB_RETENTION_SECONDS=(int, 3 * 24 * 3600),
     BUSY_POLL_SECONDS=(float, 2.0),
+    JOB_TIMEOUT_SECONDS=(float, 3600.0),
+    JOB_TIMEOUT_GRACE_SECONDS=(float, 30.0),
     UNRUNNABLE_CHECK_SECONDS=(float, 60.0),
     WORKER_GRACEFUL_TIMEOUT_SECONDS=(float, 60.0),
     PGSTAGE_DATA_DIR=(str, str(BASE_DIR / ".data")),
@@ -307,6 +309,11 @@ QUEUEING_JOB_RETENTION_SECONDS = env("JOB_RETENTION_SECONDS")
 # no live worker has the task of, checked this often.
 QUEUEING_BUSY_POLL_SECONDS = env("BUSY_POLL_SECONDS")
 QUEUEING_UNRUNNABLE_CHECK_SECONDS = env("UNRUNNABLE_CHECK_SECONDS")
+# queueing: one run of a task may take this long unless the task says otherwise (0: no
+# bound); past it and the grace, stalled recovery ends the run as a failed attempt, and a
+# worker whose slots are all held by such hung runs says so (worker_health fails).
+QUEUEING_JOB_TIMEOUT_SECONDS = env("JOB_TIMEOUT_SECONDS")
+QUEUEING_JOB_TIMEOUT_GRACE_SECONDS = env("JOB_TIMEOUT_GRACE_SECONDS")
 #: The environment variable of each setting named differently, for operators' pages.
 SETTING_ENVIRONMENT_NAMES = {
     "QUEUEING_STALLED_WORKER_SECONDS": "STALLED_WORKER_SECONDS",

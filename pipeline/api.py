@@ -65,6 +65,7 @@ EXAMPLE_STAGES = [
     {
         "stage": stage,
         "status": "success",
+        "waiting": False,
         "attempts": 1,
         "error": "",
         "started_at": "2025-01-31T08:00:00Z",
@@ -102,6 +103,10 @@ class AnfrageCreated(Schema):
 class StageOut(Schema):
     stage: Stage
     status: StageStatusValue = Field(description="pending: the stage has not run yet.")
+    waiting: bool = Field(
+        description="A replay reset or queued the stage and it has not run since (its "
+        "status stays failed until a worker claims it): it waits, it has not failed."
+    )
     attempts: int
     error: str
     started_at: datetime.datetime | None
@@ -331,7 +336,7 @@ def anfrage_list(request: HttpRequest, response: HttpResponse, query: Query[Page
             "title": anfrage.title,
             "created_at": anfrage.created_at,
             "complete": all(s.status == "success" for s in stages),
-            "stages": [asdict(s) for s in stages],
+            "stages": [{**asdict(s), "waiting": s.waiting} for s in stages],
             "quote_total": anfrage.quote_total,
             "currency": anfrage.currency,
         }
@@ -406,7 +411,7 @@ def anfrage_read(request: HttpRequest, anfrage_id: int = Path(..., ge=1, le=MAX_
         "title": anfrage.title,
         "created_at": anfrage.created_at,
         "complete": detail.complete,
-        "stages": [asdict(s) for s in detail.stages],
+        "stages": [{**asdict(s), "waiting": s.waiting} for s in detail.stages],
         "files": [
             {
                 "id": f.id,

@@ -13,6 +13,7 @@ from accounts.models import Tenant
 from pipeline.catalog import CatalogSpec, catalog_from_dict, default_catalog
 from pipeline.exceptions import AnfrageNotFound, UnknownStage
 from pipeline.models import (
+    WAITING_FOR_REPLAY,
     Anfrage,
     AnfrageFile,
     Catalog,
@@ -26,6 +27,8 @@ from pipeline.queries import QUERIES
 
 #: Shown for a stage that has no ledger row yet (it is not a ledger status).
 PENDING = "pending"
+#: Shown on the dashboard for a stage waiting for a replay's run (StageStatus.shown).
+WAITING = "waiting"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +48,16 @@ class StageStatus:
     def display(self) -> str:
         """The status as operators read it (waiting for a replay, or given up on)."""
         return display_status(status=self.status, error=self.error, gave_up=self.gave_up or None)
+
+    @property
+    def waiting(self) -> bool:
+        """Reset or queued by a replay and not run since (``failed`` in the ledger)."""
+        return self.display == WAITING_FOR_REPLAY
+
+    @property
+    def shown(self) -> str:
+        """The status the dashboard shows: ``waiting`` for such a stage, else the ledger's."""
+        return WAITING if self.waiting else self.status
 
 
 @dataclass(frozen=True, kw_only=True)

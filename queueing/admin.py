@@ -25,15 +25,16 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.admin import ModelAdmin
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
-from django.db.models import Model, QuerySet
+from django.db.models import F, Func, Model, Q, QuerySet, TextField, Value
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -41,11 +42,23 @@ from django.utils.html import format_html
 from procrastinate.contrib.django.admin import ProcrastinateJobAdmin
 from procrastinate.contrib.django.models import ProcrastinateJob
 
-from queueing.enqueue import Policy, queueing_lock_for
+from queueing.enqueue import EXCLUSIVE_PREFIX, Policy, queueing_lock_for
 from queueing.exceptions import UnknownSweep
 from queueing.jobs import CancelRefused, RetryOutcome, job_cancel, job_retry, unrunnable_tasks
-from queueing.sweeps import SWEEP_KEY, Sweep, SweepResult, get_sweep, request_sweep, run_sweep
+from queueing.sweeps import (
+    SWEEP_KEY,
+    SWEEP_QUEUE,
+    Sweep,
+    SweepResult,
+    get_sweep,
+    request_sweep,
+    run_sweep,
+)
 from queueing.sweeps import sweeps as declared_sweeps
+
+if TYPE_CHECKING:
+    from django.contrib.admin.filters import _ListFilterChoices  # django-stubs only
+    from django.contrib.admin.views.main import ChangeList
 
 logger = logging.getLogger(__name__)
 
@@ -146,17 +159,107 @@ class RunnableFilter(admin.SimpleListFilter):
         return queryset.filter(status="todo", task_name__in=names)
 
 
+class KindFilter(admin.SimpleListFilter):
+    """The list shows the work jobs by default: the sweeps' jobs and ticks (queue
+    ``sweeps``) come every few seconds and would bury them after a quiet quarter of an
+    hour. A list narrowed to a queue, a task or a key shows what it is narrowed to."""
+
+    title = "kind"
+    parameter_name = "kind"
+    SWEEPS, ALL = "sweeps", "all"
+    #: Parameters that already say which jobs to show.
+    NARROWING = ("queue_name", "task_name", "queueing_lock", "lock", "key", "runnable")
+
+    def lookups(self, request: HttpRequest, model_admin: ModelAdmin) -> list[tuple[str, str]]:
+        return [(self.SWEEPS, "sweep and tick jobs"), (self.ALL, "all jobs")]
+
+    def choices(self, changelist: ChangeList) -> Iterator[_ListFilterChoices]:
+        yield {
+            "selected": self.value() is None,
+            "query_string": changelist.get_query_string(remove=[self.parameter_name]),
+            "display": "work jobs (no sweeps)",
+        }
+        for value, label in self.lookup_choices:
+            yield {
+                "selected": self.value() == value,
+                "query_string": changelist.get_query_string({self.parameter_name: value}),
+                "display": label,
+            }
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == self.SWEEPS:
+            return queryset.filter(queue_name=SWEEP_QUEUE)
+        # An action acts on exactly the rows it was posted for, whichever list showed them.
+        if (
+            self.value() == self.ALL
+            or request.method != "GET"
+            or any(name.split("__")[0] in self.NARROWING for name in request.GET)
+        ):
+            return queryset
+        return queryset.exclude(queue_name=SWEEP_QUEUE)
+
+
+class KeyPrefixFilter(admin.SimpleListFilter):
+    """Singleton keys grouped by their first part (``extract``, ``analysis``, ``sweep``
+    …): one line per kind of key instead of one per key. A single key is found with the
+    search box or the rows' ``jobs`` links."""
+
+    title = "singleton key"
+    parameter_name = "key"
+
+    def lookups(self, request: HttpRequest, model_admin: ModelAdmin) -> list[tuple[str, str]]:
+        bare = Func(
+            F("queueing_lock"),
+            Value(f"^{EXCLUSIVE_PREFIX}"),
+            Value(""),
+            function="regexp_replace",
+            output_field=TextField(),
+        )
+        prefixes = (
+            ProcrastinateJob.objects.exclude(queueing_lock=None)
+            .annotate(
+                prefix=Func(
+                    bare, Value(":"), Value(1), function="split_part", output_field=TextField()
+                )
+            )
+            .values_list("prefix", flat=True)
+            .distinct()
+            .order_by("prefix")
+        )
+        return [(prefix, f"{prefix}:…") for prefix in prefixes]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        prefix = self.value()
+        if not prefix:
+            return queryset
+        return queryset.filter(
+            Q(queueing_lock__startswith=f"{prefix}:")
+            | Q(queueing_lock__startswith=f"{EXCLUSIVE_PREFIX}{prefix}:")
+        )
+
+
 class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
     """procrastinate's job admin, plus the Sweeps page. Its retry and cancel go through
     the framework (``queueing.jobs``) and need the change permission on jobs: a running
     job is never retried under its live worker, a retry that a live job's key blocks
     points at that job, a cancel settles the job's domain row and is refused where nothing
     else would do the job's work. The list says which task names have waiting jobs that no
-    live worker can run, and filters to them (:class:`RunnableFilter`). procrastinate's
+    live worker can run, and filters to them (:class:`RunnableFilter`). It lists the work
+    jobs unless asked for the sweeps' (:class:`KindFilter`), and filters keys by their first
+    part (:class:`KeyPrefixFilter`) or a search. procrastinate's
     *abort* is left out: a sync task cannot be interrupted, so it would only mark the job."""
 
     change_list_template = "admin/queueing/job_change_list.html"
-    list_filter = [RunnableFilter, *ProcrastinateJobAdmin.list_filter]
+    # procrastinate's queueing_lock filter lists every key ever used: grouped instead.
+    list_filter = [
+        KindFilter,
+        RunnableFilter,
+        *(
+            f if f != "queueing_lock" else KeyPrefixFilter
+            for f in ProcrastinateJobAdmin.list_filter
+        ),
+    ]
+    search_fields = ["queueing_lock", "task_name"]
 
     class Media:
         css = {"all": ["queueing/admin.css"]}

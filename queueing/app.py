@@ -14,7 +14,7 @@ from typing import Any
 from procrastinate.contrib.django import app as procrastinate_app
 from procrastinate.tasks import Task
 
-from queueing import giveup
+from queueing import giveup, timeouts
 from queueing.backoff import DEFAULT_RETRY
 
 __all__ = ["periodic", "retired_task", "task"]
@@ -27,6 +27,7 @@ def task(
     retry: Any = DEFAULT_RETRY,
     on_give_up: giveup.GiveUpHook | None = None,
     cancellable: bool | None = None,
+    timeout: float | None = None,
     **options: Any,
 ) -> Callable[[Callable[..., Any]], Task[..., Any, ...]]:
     """``@task(name="pipeline.extract")``: a procrastinate task with pgstage's defaults.
@@ -35,8 +36,11 @@ def task(
     **args)`` settles the task's domain row when a job of it ends without doing its work
     for good (``queueing.giveup``); it must be idempotent. ``cancellable`` (default: when it
     has a hook) lets an operator cancel its waiting jobs; otherwise a cancel is refused,
-    since nothing would do the job's work.
+    since nothing would do the job's work. ``timeout`` bounds one run, in seconds (default
+    ``QUEUEING_JOB_TIMEOUT_SECONDS``; 0: no bound): past it the run counts as a failed
+    attempt (``queueing.timeouts``).
     """
+    timeouts.declare(name, timeout)
 
     def decorator(func: Callable[..., Any]) -> Task[..., Any, ...]:
         giveup.register(

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from queueing import timeouts
 from queueing.outage import beat_resume_seconds
 from queueing.sweeps import resume_gap_seconds
 
@@ -46,12 +47,73 @@ def check_database(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> li
                 "never run.",
                 hint=f"Remove PROCRASTINATE_DATABASE_ALIAS (or set it to {DEFAULT_DB_ALIAS!r}): "
                 "procrastinate's tables and your own share the default database.",
-                id="queueing.E004",
+                id="queueing.E006",
             )
         )
     errors.extend(_check_stall_threshold())
     errors.extend(_check_recovery_period())
+    errors.extend(_check_job_timeouts())
+    errors.extend(_check_busy_poll())
     return errors
+
+
+def _check_job_timeouts() -> list[Error]:
+    """A run's bound (``queueing.timeouts``): the default and each task's a finite number
+    of seconds, 0 (or None, for the default) for no bound; the grace a positive one; and
+    a bound no shorter than the grace — recovery steps in a grace after the deadline, so
+    a shorter bound would be no bound the task could plan around."""
+    errors = []
+    raw_grace = getattr(settings, "QUEUEING_JOB_TIMEOUT_GRACE_SECONDS", 30)
+    grace = timeouts.check_seconds(raw_grace, allow_zero=False)
+    if grace is None:
+        errors.append(
+            Error(
+                f"QUEUEING_JOB_TIMEOUT_GRACE_SECONDS={raw_grace!r} must be a positive, finite "
+                "number of seconds: how long past its timeout a run may still save its own "
+                "outcome before stalled recovery ends it.",
+                id="queueing.E004",
+            )
+        )
+    raw_default = getattr(settings, "QUEUEING_JOB_TIMEOUT_SECONDS", 3600)
+    bounds = {"QUEUEING_JOB_TIMEOUT_SECONDS": raw_default}
+    bounds.update({f"@task(name={name!r}) timeout": v for name, v in timeouts.declared().items()})
+    for source, raw in bounds.items():
+        seconds = timeouts.check_seconds(raw)
+        if seconds is None:
+            errors.append(
+                Error(
+                    f"{source}={raw!r} must be a finite number of seconds at least 0 "
+                    "(0 or None: runs are not bounded).",
+                    id="queueing.E004",
+                )
+            )
+        elif grace is not None and 0 < seconds < grace:
+            errors.append(
+                Error(
+                    f"{source}={raw!r} is shorter than QUEUEING_JOB_TIMEOUT_GRACE_SECONDS="
+                    f"{grace:g}: a run is ended a grace after its timeout, so a timeout "
+                    "shorter than the grace bounds nothing the task can rely on.",
+                    hint=f"Use {grace:g} s or more, or lower the grace.",
+                    id="queueing.E004",
+                )
+            )
+    return errors
+
+
+def _check_busy_poll() -> list[Error]:
+    """A job that raised ``PollLater`` waits ``QUEUEING_BUSY_POLL_SECONDS`` (jittered down
+    to half) before it runs again: 0 would make it spin against the database."""
+    raw = getattr(settings, "QUEUEING_BUSY_POLL_SECONDS", 2)
+    if timeouts.check_seconds(raw, allow_zero=False) is not None:
+        return []
+    return [
+        Error(
+            f"QUEUEING_BUSY_POLL_SECONDS={raw!r} must be a positive, finite number of "
+            "seconds: a job waiting on a busy holder would poll again at once, in a loop.",
+            hint="Use the default, 2 s.",
+            id="queueing.E005",
+        )
+    ]
 
 
 def _check_recovery_period() -> list[Error]:

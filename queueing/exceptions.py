@@ -7,6 +7,7 @@ import datetime
 __all__ = [
     "DoNotRetry",
     "InvalidKey",
+    "JobTimedOut",
     "LeaseLost",
     "LockOutsideTransaction",
     "PollLater",
@@ -91,3 +92,8 @@ class PollLater(QueueingError):
     def __init__(self, message: str | None = None, *, seconds: float | None = None):
         super().__init__(message)
         self.seconds = seconds
+
+
+class JobTimedOut(QueueingError):
+    """The job's run outlived its task's timeout (``queueing.timeouts``): the run is over,
+    and counts as a failed attempt."""

@@ -175,9 +175,17 @@ class WorkerBeat:
     pid: int
     worker_id: int
     age: datetime.timedelta | None
+    slots: int | None = None
+    hung_slots: int = 0
+
+    @property
+    def all_slots_hung(self) -> bool:
+        """Every slot holds a run past its timeout (``queueing.timeouts``): the worker
+        beats but runs nothing until it is restarted."""
+        return self.slots is not None and self.slots > 0 and self.hung_slots >= self.slots
 
     def healthy(self, threshold: datetime.timedelta) -> bool:
-        return self.age is not None and self.age <= threshold
+        return self.age is not None and self.age <= threshold and not self.all_slots_hung
 
 
 def local_worker_health() -> list[WorkerBeat]:
@@ -188,8 +196,20 @@ def local_worker_health() -> list[WorkerBeat]:
         return []
     with connection.cursor() as cursor:
         cursor.execute(queries["worker_heartbeats"], {"worker_ids": [w.worker_id for w in local]})
-        ages = {row[0]: row[2] for row in cursor.fetchall()}
-    return [WorkerBeat(pid=w.pid, worker_id=w.worker_id, age=ages.get(w.worker_id)) for w in local]
+        rows = {row[0]: row for row in cursor.fetchall()}
+    beats = []
+    for w in local:
+        row = rows.get(w.worker_id)
+        beats.append(
+            WorkerBeat(
+                pid=w.pid,
+                worker_id=w.worker_id,
+                age=row[2] if row else None,
+                slots=row[3] if row else None,
+                hung_slots=row[4] if row else 0,
+            )
+        )
+    return beats
 
 
 def _alive(pid: int) -> bool:

@@ -151,6 +151,18 @@ class QueueingMetrics(MetricSource):
                 "QUEUEING_STALLED_WORKER_SECONDS) or silent.",
                 ("state",),
             ),
+            "pgstage_worker_hung_slots": Family(
+                "gauge",
+                "Job slots of alive workers held by hung runs (past their task's timeout: "
+                "ended, but a sync thread cannot be stopped).",
+                (),
+            ),
+            "pgstage_workers_all_slots_hung": Family(
+                "gauge",
+                "Alive workers whose every slot is held by a hung run: they run nothing "
+                "until restarted.",
+                (),
+            ),
             "pgstage_ledger_entries": Family(
                 "gauge", "Stage ledger rows per ledger model and status.", ("ledger", "status")
             ),
@@ -167,6 +179,8 @@ class QueueingMetrics(MetricSource):
         }
         for state in ("alive", "silent"):
             families["pgstage_workers"].samples[(state,)] = 0
+        families["pgstage_worker_hung_slots"].samples[()] = 0
+        families["pgstage_workers_all_slots_hung"].samples[()] = 0
         return families
 
     def collect_live(self, families: dict[str, Family]) -> None:
@@ -183,11 +197,13 @@ class QueueingMetrics(MetricSource):
         threshold = float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30))
         with connection.cursor() as cursor:
             cursor.execute(METRIC_QUERIES["workers"], {"threshold": threshold})
-            alive, silent = cursor.fetchone()
+            alive, silent, hung_slots, all_hung = cursor.fetchone()
             cursor.execute(METRIC_QUERIES["inline_sweeps"])
             sweeps = cursor.fetchall()
         families["pgstage_workers"].samples[("alive",)] = alive
         families["pgstage_workers"].samples[("silent",)] = silent
+        families["pgstage_worker_hung_slots"].samples[()] = hung_slots
+        families["pgstage_workers_all_slots_hung"].samples[()] = all_hung
         for name, age in sweeps:
             families["pgstage_inline_sweep_age_seconds"].samples[(name,)] = float(age)
         for unrunnable in unrunnable_tasks():

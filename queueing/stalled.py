@@ -33,6 +33,12 @@ Why it is built the way it is:
   work, so the stalled one ends ``failed`` ("superseded"), in its own savepoint.
 * Never put a procrastinate ``lock`` on this task (issue 1599): it would block behind the
   very jobs it must recover.
+* **A run past its timeout is ended here too** (``queueing.timeouts``), under the same
+  try-lock and clock: its worker is alive, so its silence never would be. The run counts
+  as a failed attempt (:class:`~queueing.exceptions.JobTimedOut`) and the task's retry
+  strategy decides: one more attempt later, or ``failed`` with the owed give-up hook
+  recorded in the same statement. Only tasks this process knows are judged (their
+  strategy is code): a worker of another release leaves them to one that knows them.
 """
 
 from __future__ import annotations
@@ -45,8 +51,11 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.backends.utils import CursorWrapper
+from procrastinate import jobs, utils
+from procrastinate.tasks import Task
 
-from queueing import giveup
+from queueing import giveup, timeouts
+from queueing.exceptions import JobTimedOut
 from queueing.sql import queries
 from queueing.sweeps import SweepContext, SweepResult, Watch, declare_sweep, sweep_rows
 
@@ -131,6 +140,92 @@ def recover_job(row: Sequence[Any], *, watch: Watch) -> str:
     return "retried"
 
 
+def _known_tasks() -> dict[str, Task]:
+    from procrastinate.contrib.django import app
+
+    return dict(app.tasks)
+
+
+def end_timed_out_job(row: Sequence[Any], *, watch: Watch) -> str:
+    """End one run past its timeout (a row of ``timed_out_jobs``, locked by the caller)
+    as a failed attempt: retried when its task's retry strategy says so, else failed
+    (owing its give-up hook, in the same statement); aborted when an abort was
+    requested; superseded when a waiting job holds its queueing lock. Returns which.
+    Only under recovery's try-lock and clock (see :func:`recover_job`)."""
+    if not isinstance(watch, Watch):
+        raise TypeError("end_timed_out_job needs the Watch of queueing.sweeps.watch(STALLED_SWEEP)")
+    columns = (
+        "id", "status", "task_name", "priority", "lock", "queueing_lock", "args",
+        "scheduled_at", "queue_name", "attempts", "abort_requested", "worker_id",
+    )  # fmt: skip
+    job = jobs.Job.from_row(dict(zip(columns, row, strict=True)))
+    assert job.id is not None
+    bound = timeouts.timeout_seconds(job.task_name)
+    error = JobTimedOut(f"its run outlived its timeout ({bound:g} s)")
+    with connection.cursor() as cursor:
+        if job.abort_requested:
+            _end(
+                cursor,
+                job.id,
+                job.task_name,
+                "aborted",
+                owed_reason=f"its job {job.id} was asked to abort and its run hung",
+            )
+            logger.warning("timed-out job %s (%s) aborted as requested", job.id, job.task_name)
+            return "aborted"
+        task = _known_tasks().get(job.task_name)
+        job_retry = task.get_retry_exception(exception=error, job=job) if task else None
+        if job_retry is None:
+            _end(
+                cursor,
+                job.id,
+                job.task_name,
+                "failed",
+                owed_reason=f"its job {job.id} failed for good after {job.attempts + 1} "
+                f"attempt(s): {error}",
+            )
+            logger.warning(
+                "job %s (%s) failed: its run outlived its timeout (%g s), attempt %d was its last",
+                job.id,
+                job.task_name,
+                bound,
+                job.attempts + 1,
+            )
+            return "timed_out_failed"
+        decision = job_retry.retry_decision
+        try:
+            with transaction.atomic():
+                cursor.execute(
+                    queries["retry_timed_out_job"],
+                    {
+                        "job_id": job.id,
+                        "retry_at": decision.retry_at or utils.utcnow(),
+                        "priority": decision.priority,
+                        "queue": decision.queue,
+                        "lock": decision.lock,
+                    },
+                )
+        except IntegrityError:
+            _end(cursor, job.id, job.task_name, "failed", owed_reason=None)
+            logger.warning(
+                "timed-out job %s (%s) superseded by a waiting job with lock %r",
+                job.id,
+                job.task_name,
+                job.queueing_lock,
+            )
+            return "superseded"
+    logger.warning(
+        "job %s (%s): its run outlived its timeout (%g s), attempt %d; retried at %s "
+        "(the hung run's outcome will not be saved)",
+        job.id,
+        job.task_name,
+        bound,
+        job.attempts + 1,
+        decision.retry_at,
+    )
+    return "timed_out_retried"
+
+
 @declare_sweep(
     name=STALLED_SWEEP,
     batch_size=100,
@@ -141,7 +236,8 @@ def recover_job(row: Sequence[Any], *, watch: Watch) -> str:
     every_default=5,
 )
 def recover_stalled_jobs(ctx: SweepContext) -> SweepResult:
-    """Retry jobs whose worker died (no heartbeat for the grace period)."""
+    """Retry jobs whose worker died (no heartbeat for the grace period), and end runs
+    past their timeout as failed attempts."""
     if ctx.watch is None:
         raise TypeError("stalled recovery runs through queueing.sweeps.run_sweep only")
     result = sweep_rows(
@@ -149,6 +245,15 @@ def recover_stalled_jobs(ctx: SweepContext) -> SweepResult:
         select_sql=queries["stalled_jobs"],
         params={"seconds": ctx.grace_seconds, "resumed_at": ctx.watch.resumed_at},
         process=functools.partial(recover_job, watch=ctx.watch),
+    ) + sweep_rows(
+        ctx,
+        select_sql=queries["timed_out_jobs"],
+        params={
+            "grace": timeouts.grace_seconds(),
+            "resumed_at": ctx.watch.resumed_at,
+            "known": sorted(_known_tasks()),
+        },
+        process=functools.partial(end_timed_out_job, watch=ctx.watch),
     )
     changed = sum(result.notes.values())
     return SweepResult(

@@ -56,6 +56,7 @@ from django.db import connections, transaction
 
 from queueing import locks
 from queueing.app import periodic, task
+from queueing.cron import describe_cron
 from queueing.enqueue import Enqueued, Policy, enqueue
 from queueing.exceptions import UnknownSweep
 from queueing.keys import KeyFormat
@@ -148,7 +149,11 @@ class Sweep:
 
     @property
     def schedule(self) -> str:
-        return f"every {self.every_seconds:g} s, in every worker" if self.inline else self.cron
+        """The cadence in words (``every 30 seconds``; :func:`queueing.cron.describe_cron`)."""
+        if self.inline:
+            unit = "second" if self.every_seconds == 1 else "seconds"
+            return f"every {self.every_seconds:g} {unit}, in every worker"
+        return describe_cron(self.cron)
 
     @property
     def grace_seconds(self) -> int:

@@ -68,6 +68,12 @@ What it adds to procrastinate's worker (3.10):
   ``COMMIT``); the worker's (:func:`queueing.connector.worker_connector`, which
   :func:`install` hands to procrastinate's ``worker`` command) runs them in autocommit and
   checks a lent connection by its socket.
+* **A hung job does not hold its slot unnoticed** (``queueing.timeouts``). The fetch
+  records each run's deadline; an async run is cancelled at it; a sync run, which no one
+  can stop, is ended by stalled recovery a grace later, and its outcome is refused (the
+  fences match the run's attempt). Each heartbeat counts the hung runs and records them
+  with the worker's slots; when they hold every slot, the worker says so once per change
+  (``worker_health`` and ``/metrics`` read the record).
 * **A stray notification is a wake-up**, not a reason to stop listening; and a loop that
   fails anyway stops the worker with a non-zero exit, as a database outage does.
 """
@@ -98,9 +104,9 @@ from procrastinate.contrib.django.utils import connector_params
 from procrastinate.job_context import JobContext, JobResult
 from procrastinate.manager import get_channel_for_queues
 
-from queueing import current, giveup, sweeps
+from queueing import current, giveup, sweeps, timeouts
 from queueing.connector import ended_by_server, worker_connector
-from queueing.exceptions import PollLater
+from queueing.exceptions import JobTimedOut, PollLater
 from queueing.outage import RECONNECT_SECONDS, Failures, describe
 from queueing.sql import load
 from queueing.sql import queries as queueing_queries
@@ -211,11 +217,14 @@ class TaskNameJobManager(manager.JobManager):
         return sorted(self._tasks())
 
     async def fetch_job(self, queues: Iterable[str] | None, worker_id: int) -> jobs.Job | None:
+        timeout_tasks, timeout_seconds = timeouts.for_tasks(self._tasks())
         row = await self.connector.execute_query_one_async(
             query=queries["fetch_job"],
             queues=list(queues) if queues is not None else None,
             worker_id=worker_id,
             task_names=self.task_names(),
+            timeout_tasks=timeout_tasks,
+            timeout_seconds=timeout_seconds,
         )
         return None if row["id"] is None else jobs.Job.from_row(row)
 
@@ -255,6 +264,8 @@ class PgstageWorker(procrastinate_worker.Worker):
         self._side_task_failed: str | None = None
         #: When the heartbeat last beat, on its own connection (monotonic clock).
         self._last_beat = float("-inf")
+        #: How many hung runs held every slot when last said (0: not all slots).
+        self._hung_reported = 0
         self.failures = Failures(
             window=outage_seconds(), on_expired=self._give_up, reachable=self._beat_lately
         )
@@ -309,9 +320,20 @@ class PgstageWorker(procrastinate_worker.Worker):
     async def _in_async_job(
         self, call_next: Callable[[], Awaitable[Any]], context: Any, worker: Any
     ) -> Any:
-        """Async task middleware: as :meth:`_in_job`, for async tasks."""
+        """Async task middleware: as :meth:`_in_job`, for async tasks; and a run that
+        outlives its task's timeout is cancelled, and fails as an attempt with
+        :class:`~queueing.exceptions.JobTimedOut` (as a hung sync run does in stalled
+        recovery), so it never holds its slot past it (``queueing.timeouts``)."""
+        bound = timeouts.timeout_seconds(context.task.name)
+        scope = asyncio.timeout(bound if bound > 0 else None)
         with current.running(context.job.id):
-            return await call_next()
+            try:
+                async with scope:
+                    return await call_next()
+            except TimeoutError as exc:
+                if scope.expired():
+                    raise JobTimedOut(f"its run outlived its timeout ({bound:g} s)") from exc
+                raise
 
     # -- the outage window -------------------------------------------------------------
 
@@ -476,6 +498,7 @@ class PgstageWorker(procrastinate_worker.Worker):
             fenced = {
                 "job_id": orphan["id"],
                 "worker_id": self.worker_id,
+                "attempts": None,
                 "delete_job": False,
                 "owed_reason": None,
             }
@@ -511,8 +534,13 @@ class PgstageWorker(procrastinate_worker.Worker):
         # This worker fetched a job it is still running: stalled recovery took it back
         # while this worker looked dead, and this worker fetched it again. The first run
         # goes on and saves the outcome; a second one here would run it twice.
-        job_id = context.job.id
-        if any(c.job.id == job_id and c is not context for c in self._running_jobs.values()):
+        # A run whose attempt recovery ended as timed out is no longer this job's: the
+        # new attempt runs (the hung run's outcome will be refused).
+        job_id, attempts = context.job.id, context.job.attempts
+        if any(
+            c.job.id == job_id and c.job.attempts == attempts and c is not context
+            for c in self._running_jobs.values()
+        ):
             logger.warning(
                 "job %s was fetched again while this worker still runs it (it looked dead "
                 "for a moment); the running one goes on",
@@ -540,7 +568,7 @@ class PgstageWorker(procrastinate_worker.Worker):
                             connection = await psycopg.AsyncConnection.connect(
                                 **connector_params(), autocommit=True
                             )
-                        cursor = await connection.execute(queries["beat"], {"worker_id": beating})
+                        cursor = await connection.execute(queries["beat"], self._beat_params())
                         rows = await cursor.fetchall()
                 except (psycopg.Error, OSError) as exc:
                     if connection is not None:
@@ -549,6 +577,8 @@ class PgstageWorker(procrastinate_worker.Worker):
                     pause = min(interval, self.failures.failed("beating", exc))
                     continue
                 self._last_beat = time.monotonic()
+                if rows:
+                    self._note_hung(rows[0][1])
                 if self.failures.failing("beating"):
                     self.failures.recovered("beating")
                     await self._reopen_pool()
@@ -563,6 +593,36 @@ class PgstageWorker(procrastinate_worker.Worker):
         finally:
             if connection is not None:
                 await connection.close()
+
+    def _beat_params(self) -> dict[str, Any]:
+        running = [c.job for c in self._running_jobs.values() if c.job.id is not None]
+        return {
+            "worker_id": self.worker_id,
+            "running": [job.id for job in running],
+            "attempts": [job.attempts for job in running],
+            "grace": timeouts.grace_seconds(),
+            "slots": self.concurrency,
+        }
+
+    def _note_hung(self, hung: int) -> None:
+        """Say once per change when hung runs (past their timeout and grace: a sync thread
+        cannot be stopped) hold every slot of this worker, and when that ends: it does no
+        work until its supervisor restarts it (``worker_health`` exits 1)."""
+        all_hung = hung >= self.concurrency
+        if all_hung and hung != self._hung_reported:
+            logger.warning(
+                "all %d slot(s) of worker %s are held by hung jobs (past their timeout: "
+                "their runs were ended, their threads cannot be stopped); it runs nothing "
+                "until it is restarted (manage.py worker_health fails)",
+                self.concurrency,
+                self.worker_id,
+            )
+            self._hung_reported = hung
+        elif not all_hung and self._hung_reported:
+            logger.info(
+                "worker %s has a free slot again (%d hung job(s) left)", self.worker_id, hung
+            )
+            self._hung_reported = 0
 
     async def _periodic_deferrer(self) -> None:
         while True:
@@ -768,29 +828,32 @@ class PgstageWorker(procrastinate_worker.Worker):
             poll_at = utils.utcnow() + datetime.timedelta(
                 seconds=random.uniform(seconds / 2, seconds)
             )
-            retry_decision = retry.RetryDecision(retry_at=poll_at)
 
         async def persist() -> str:
+            decision = retry_decision
             if poll_at is not None:
                 rows = await connector.execute_query_all_async(
                     queries["poll_job_fenced"],
                     job_id=job.id,
                     worker_id=self.worker_id,
+                    attempts=job.attempts,
                     retry_at=poll_at,
                 )
                 if rows:
                     return "polls"
-                # Taken, or its abort was requested: as procrastinate's retry below.
-            if retry_decision is not None:
+                # Taken, its abort was requested, or it polled past its timeout: a
+                # failed attempt, as its retry strategy decided (the fences below tell).
+            if decision is not None:
                 try:
                     rows = await connector.execute_query_all_async(
                         queries["retry_job_fenced"],
                         job_id=job.id,
                         worker_id=self.worker_id,
-                        retry_at=retry_decision.retry_at or utils.utcnow(),
-                        priority=retry_decision.priority,
-                        queue=retry_decision.queue,
-                        lock=retry_decision.lock,
+                        attempts=job.attempts,
+                        retry_at=decision.retry_at or utils.utcnow(),
+                        priority=decision.priority,
+                        queue=decision.queue,
+                        lock=decision.lock,
                         abort_reason=f"its job {job.id} was aborted" if owes_hook else None,
                     )
                     if not rows:
@@ -811,6 +874,7 @@ class PgstageWorker(procrastinate_worker.Worker):
                 queries["finish_job_fenced"],
                 job_id=job.id,
                 worker_id=self.worker_id,
+                attempts=job.attempts,
                 status=status_now.value,
                 delete_job=delete_job,
                 owed_reason=owes,
@@ -826,8 +890,9 @@ class PgstageWorker(procrastinate_worker.Worker):
             await self._settle(job)
         elif outcome == "taken":
             logger.warning(
-                "job %s (%s) is no longer this worker's (recovered elsewhere, or already "
-                "saved before the connection dropped); this run's outcome (%s) is not saved",
+                "job %s (%s) is no longer this worker's (recovered elsewhere, ended as timed "
+                "out, or already saved before the connection dropped); this run's outcome "
+                "(%s) is not saved",
                 job.id,
                 job.task_name,
                 status.value,

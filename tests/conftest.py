@@ -45,6 +45,28 @@ def database_url() -> str:
     return f"postgresql://{auth}@{info.host}:{info.port}/{info.dbname}"
 
 
+#: Rows a kept test database keeps: what the migrations wrote and stays the same.
+KEPT_TABLES = ("django_migrations", "django_content_type", "auth_permission")
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker, request) -> None:
+    """A test database kept from an earlier run (``--reuse-db``, the default) starts
+    empty: a run that was killed mid-test (a transactional or browser test commits) would
+    leave rows that a later run's tests trip over. One TRUNCATE, not a new database."""
+    if request.config.getoption("create_db") or not request.config.getoption("reuse_db"):
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT quote_ident(tablename) FROM pg_tables "
+            "WHERE schemaname = current_schema() AND NOT tablename = ANY(%s)",
+            [list(KEPT_TABLES)],
+        )
+        tables = [row[0] for row in cursor.fetchall()]
+        if tables:
+            cursor.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY")
+
+
 @pytest.fixture(autouse=True)
 def _static_files_from_the_apps(settings, tmp_path_factory) -> None:
     """Pages name their static files as the app directories have them, whether or not

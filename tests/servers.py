@@ -245,7 +245,10 @@ def pgbouncer_binary() -> str | None:
 @dataclass
 class PgBouncer:
     """PgBouncer in transaction mode on 127.0.0.1:``port`` in front of one database;
-    ``pool_size`` server connections at most, whatever the number of clients."""
+    ``pool_size`` server connections at most, whatever the number of clients.
+    ``server_host`` may be a Unix socket's directory (the embedded server listens on no
+    TCP port): run as root, PgBouncer then drops to the directory's owner, the one user
+    that may reach a socket in a private directory."""
 
     binary: str
     server_host: str
@@ -281,7 +284,12 @@ class PgBouncer:
             # PgBouncer refuses to run as root: it drops to an ordinary user.
             import pwd
 
-            owner = next((u for u in ("postgres", "pgserver", "nobody") if _has_user(u)), "nobody")
+            if self.server_host.startswith("/"):
+                owner = pwd.getpwuid(os.stat(self.server_host).st_uid).pw_name
+            else:
+                owner = next(
+                    (u for u in ("postgres", "pgserver", "nobody") if _has_user(u)), "nobody"
+                )
             entry = pwd.getpwnam(owner)
             self.root.chmod(0o755)
             for path in self.root.iterdir():

@@ -18,6 +18,10 @@ from config.wsgi import application
 from runs.credits import credit_grant
 from tests.factories import TenantFactory, UserFactory
 
+#: The plugin turns ``schema.parametrize()`` into test cases; the suite loads no plugin
+#: by itself (pyproject.toml's addopts), so this module asks for it.
+pytest_plugins = ["schemathesis.pytest.plugin"]
+
 schema = schemathesis.openapi.from_wsgi("/api/openapi.json", application)
 
 pytestmark = [pytest.mark.slow]

@@ -28,8 +28,13 @@ def test_the_image_runs_gunicorn_as_a_non_root_user():
         'CMD ["python", "-m", "gunicorn", "-c", "python:queueing.gunicorn", "config.wsgi"]' in final
     )
     assert "collectstatic" in dockerfile
-    # The distribution is the framework: the site's libraries come from its extra.
-    assert 'pip install -e ".[demo]"' in dockerfile
+    # The distribution is the framework, installed plainly (not editable); the site's
+    # libraries come from its extra, and neither the embedded PostgreSQL nor the
+    # development tools are installed.
+    installs = re.findall(r"pip install ([^\n\\&]+)", dockerfile)
+    assert installs == ['".[demo]" ', "--no-deps . "], installs
+    assert "-e " not in "".join(installs) and "pgserver" not in dockerfile
+    assert "rm -rf queueing" in dockerfile.split("COPY . .", 1)[1]
     assert "HEALTHCHECK" in final and "/healthz" in final
 
 

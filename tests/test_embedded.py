@@ -6,10 +6,13 @@ temporary data directory, and connects to the database it reports."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -42,6 +45,18 @@ def manage_embedded(data: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.fixture
+def checkout_tmp() -> Iterator[Path]:
+    """A directory under the checkout's ``.data/``: the server's own user (pgserver's,
+    when run as root) can reach it, where it cannot reach pytest's private temporary
+    directories."""
+    (ROOT / ".data").mkdir(exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="test-make-", dir=ROOT / ".data"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def test_a_command_that_needs_no_database_starts_no_server(tmp_path):
     done = manage_embedded(tmp_path, "help")
     assert done.returncode == 0, done.stderr
@@ -50,7 +65,8 @@ def test_a_command_that_needs_no_database_starts_no_server(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_command_that_starts_the_server_says_it_is_left_running(tmp_path):
+def test_the_command_that_starts_the_server_says_it_is_left_running(checkout_tmp):
+    tmp_path = checkout_tmp
     data_dir = tmp_path / "pg"
     try:
         first = manage_embedded(tmp_path, "showmigrations", "queueing")
@@ -68,8 +84,8 @@ def test_the_command_that_starts_the_server_says_it_is_left_running(tmp_path):
 
 
 @pytest.mark.slow
-def test_embedded_server_starts_creates_the_database_and_is_reused(tmp_path):
-    data_dir = tmp_path / "pg"
+def test_embedded_server_starts_creates_the_database_and_is_reused(checkout_tmp):
+    data_dir = checkout_tmp / "pg"
     url = embedded_database_url(data_dir)
     try:
         with psycopg.connect(url) as conn:
@@ -79,5 +95,67 @@ def test_embedded_server_starts_creates_the_database_and_is_reused(tmp_path):
         pid = (data_dir / "postmaster.pid").read_text().split()[0]
         assert embedded_database_url(data_dir) == url
         assert (data_dir / "postmaster.pid").read_text().split()[0] == pid
+    finally:
+        stop(data_dir)
+
+
+def running_pid(data_dir: Path) -> int | None:
+    try:
+        pid = int((data_dir / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid
+
+
+@pytest.mark.slow
+def test_make_test_stops_the_embedded_server_it_started_and_only_that(checkout_tmp):
+    """``make test-fast`` with DATABASE_URL unset, its pytest replaced by a stand-in that
+    records the server it finds: a server the target started is stopped afterwards, one
+    that was running already is left running."""
+    tmp_path = checkout_tmp
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "-m" ] && [ "$2" = "pytest" ]; then\n'
+        '  head -1 "$PGSTAGE_DATA_DIR/pg/postmaster.pid" >> "$PGSTAGE_DATA_DIR/suite-saw"\n'
+        "  exit 0\n"
+        "fi\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env["PGSTAGE_DATA_DIR"] = str(tmp_path)
+    data_dir = tmp_path / "pg"
+
+    def make_test() -> str:
+        done = subprocess.run(
+            ["make", "--no-print-directory", "test-fast", f"BIN={bin_dir}"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout + done.stderr
+
+    try:
+        out = make_test()
+        [seen] = (tmp_path / "suite-saw").read_text().split()
+        assert "starting the embedded PostgreSQL" in out, out
+        assert "embedded PostgreSQL stopped (the tests started it)" in out, out
+        deadline = time.monotonic() + 20
+        while running_pid(data_dir) is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert running_pid(data_dir) is None, f"the server {seen} is still running"
+
+        embedded_database_url(data_dir)
+        before = running_pid(data_dir)
+        out = make_test()
+        assert "starting" not in out and "stopped" not in out
+        assert running_pid(data_dir) == before
     finally:
         stop(data_dir)

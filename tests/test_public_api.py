@@ -105,6 +105,41 @@ def test_the_settings_table_names_exactly_the_settings_the_framework_reads():
     assert settings_read() == documented
 
 
+def literal_defaults() -> dict[str, list]:
+    """``getattr(settings, "NAME", <literal>)``: each setting's defaults in the code."""
+    found: dict[str, list] = {}
+    for path in (ROOT / "queueing").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and len(node.args) == 3
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id == "settings"
+                and isinstance(node.args[1], ast.Constant)
+            ):
+                try:
+                    value = ast.literal_eval(node.args[2])
+                except ValueError:
+                    continue  # a named constant: the table's cell is read by people
+                if value is not None:  # None: unset, the table says what that means
+                    found.setdefault(node.args[1].value, []).append(value)
+    return found
+
+
+def test_the_settings_tables_defaults_are_the_codes():
+    table = PAGE.split("## Settings", 1)[1].split("\n## ", 1)[0]
+    documented = dict(re.findall(r"^\| `([A-Z][A-Z0-9_]+)` \| `([^`]*)` \|", table, re.M))
+    checked = 0
+    for name, defaults in literal_defaults().items():
+        assert all(d == defaults[0] for d in defaults), f"{name}: defaults {defaults} in the code"
+        if name in documented:
+            assert ast.literal_eval(documented[name]) == defaults[0], name
+            checked += 1
+    assert checked >= 10
+
+
 #: The framework's own pages: what a project that installs it reads.
 FRAMEWORK_PAGES = ("getting-started.md", "queueing.md", "api.md", "design.md")
 

@@ -10,10 +10,14 @@ SELECT
     now() AS now
 
 -- worker_heartbeats --
--- The heartbeat of the given workers (a worker that unregistered or was pruned is absent).
-SELECT id, last_heartbeat, now() - last_heartbeat AS age
-  FROM procrastinate_workers
- WHERE id = ANY(%(worker_ids)s)
+-- The heartbeat of the given workers (a worker that unregistered or was pruned is absent),
+-- with their slots and how many hung runs hold (as their last beat counted them; slots
+-- NULL for a worker of a release that does not count them).
+SELECT w.id, w.last_heartbeat, now() - w.last_heartbeat AS age, t.slots,
+       coalesce(t.hung_slots, 0)
+  FROM procrastinate_workers w
+  LEFT JOIN pgstage_worker_tasks t ON t.worker_id = w.id
+ WHERE w.id = ANY(%(worker_ids)s)
 
 -- last_heartbeat --
 -- The newest heartbeat of any registered worker, against the database's clock (hosts'

@@ -64,12 +64,15 @@ RETURNING stalls;
 -- requeue_stalled_job --
 -- Put a stalled job back to 'todo', attempts unchanged (its worker died; the task did not
 -- fail), and wake the workers as procrastinate's insert trigger would (it does not fire on
--- an UPDATE). A queueing-lock collision raises a unique violation (issues 1446/1543).
+-- an UPDATE). Its run's deadline goes: the next run gets a whole timeout. A queueing-lock
+-- collision raises a unique violation (issues 1446/1543).
 WITH requeued AS (
     UPDATE procrastinate_jobs
        SET status = 'todo', worker_id = NULL
      WHERE id = %(job_id)s AND status = 'doing' AND NOT abort_requested
     RETURNING id, queue_name, json_build_object('type', 'job_inserted', 'job_id', id)::text AS payload
+), forgotten AS (
+    DELETE FROM pgstage_job_deadlines WHERE job_id IN (SELECT id FROM requeued)
 )
 SELECT id,
        pg_notify('procrastinate_queue_v1#' || queue_name, payload),
@@ -94,6 +97,40 @@ WITH ended AS (
     ON CONFLICT (job_id) DO NOTHING
 )
 SELECT id FROM ended;
+
+-- timed_out_jobs --
+-- Runs past their deadline (queueing.timeouts) by more than %(grace)s s, of tasks this
+-- process knows (%(known)s: their retry strategy decides), oldest deadline first. The
+-- deadline counts from no earlier than when recovery resumed after a gap (as silence
+-- does in stalled_jobs): a run that ended while the database was away is given the grace
+-- to save its own outcome. SKIP LOCKED: two recoveries never take the same job.
+SELECT j.id, j.status, j.task_name, j.priority, j.lock, j.queueing_lock, j.args,
+       j.scheduled_at, j.queue_name, j.attempts, j.abort_requested, j.worker_id
+  FROM procrastinate_jobs j
+  JOIN pgstage_job_deadlines d ON d.job_id = j.id AND d.attempts = j.attempts
+ WHERE j.status = 'doing'
+   AND j.task_name = ANY(%(known)s::varchar[])
+   AND greatest(d.deadline, %(resumed_at)s::timestamptz)
+       < now() - %(grace)s * interval '1 second'
+ ORDER BY d.deadline, j.id
+ LIMIT %(limit)s
+   FOR UPDATE OF j SKIP LOCKED;
+
+-- retry_timed_out_job --
+-- procrastinate's retry of a run that timed out (one more attempt, at %(retry_at)s), and
+-- a wake-up as in requeue_stalled_job. The hung run's own outcome is then refused: its
+-- attempt is over (worker.sql, finish_job_fenced). A queueing-lock collision raises a
+-- unique violation (issues 1446/1543).
+WITH retried AS (
+    SELECT id, queue_name, json_build_object('type', 'job_inserted', 'job_id', id)::text AS payload,
+           procrastinate_retry_job_v2(id, %(retry_at)s, %(priority)s, %(queue)s, %(lock)s)
+      FROM procrastinate_jobs
+     WHERE id = %(job_id)s AND status = 'doing'
+)
+SELECT id,
+       pg_notify('procrastinate_queue_v1#' || queue_name, payload),
+       pg_notify('procrastinate_any_queue_v1', payload)
+  FROM retried;
 
 -- ledger_claim --
 -- Claim a stage in one statement: insert, or take over a row that is not 'success' and

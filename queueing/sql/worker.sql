@@ -4,8 +4,11 @@
 -- by name. A job of a task it lacks (a newer release's task during a rolling deploy,
 -- other PGSTAGE_TASK_MODULES) waits for a worker that has it, instead of being fetched
 -- and failed for good (TaskNotFound). The rest is procrastinate's fetch word for word
--- (tests/queueing/test_fetch.py keeps it so). One row, all NULL when no job is ready, as
--- procrastinate's.
+-- (tests/queueing/test_fetch.py keeps it so). In the same statement, the run's deadline
+-- (queueing.timeouts) for a task with a bound (%(timeout_tasks)s, %(timeout_seconds)s), on
+-- the database's clock: a new attempt gets a fresh one; the same attempt fetched again
+-- after a PollLater keeps its own (waiting on a busy holder is bounded by the timeout too).
+-- One row, all NULL when no job is ready, as procrastinate's.
 WITH candidate AS (
     SELECT jobs.*
         FROM procrastinate_jobs AS jobs
@@ -46,6 +49,16 @@ UPDATE procrastinate_jobs
     FROM candidate
     WHERE procrastinate_jobs.id = candidate.id
     RETURNING procrastinate_jobs.*
+), deadline AS (
+INSERT INTO pgstage_job_deadlines AS d (job_id, attempts, deadline)
+SELECT fetched.id, fetched.attempts, now() + bound.seconds * interval '1 second'
+  FROM fetched
+  JOIN unnest(%(timeout_tasks)s::varchar[], %(timeout_seconds)s::float8[])
+       AS bound (task_name, seconds) ON bound.task_name = fetched.task_name
+ON CONFLICT (job_id) DO UPDATE
+   SET deadline = CASE WHEN d.attempts = EXCLUDED.attempts THEN d.deadline
+                       ELSE EXCLUDED.deadline END,
+       attempts = EXCLUDED.attempts
 )
 SELECT id, status, task_name, priority, lock, queueing_lock, args, scheduled_at, queue_name, attempts, worker_id
   FROM (SELECT) AS one LEFT JOIN fetched ON true;
@@ -64,11 +77,27 @@ SELECT worker_id FROM registered;
 
 -- beat --
 -- Refresh this worker's heartbeat; no row back means its row is gone (pruned while the
--- worker could not reach the database), and it must register again.
-UPDATE procrastinate_workers
-   SET last_heartbeat = now()
- WHERE id = %(worker_id)s
-RETURNING id;
+-- worker could not reach the database), and it must register again. In the same
+-- statement, count this worker's hung runs (%(running)s ids at %(attempts)s): runs whose
+-- deadline is %(grace)s s past, or whose attempt recovery already ended as timed out; and
+-- record them with its slots, for /metrics and worker_health.
+WITH beat AS (
+    UPDATE procrastinate_workers
+       SET last_heartbeat = now()
+     WHERE id = %(worker_id)s
+    RETURNING id
+), hung AS (
+    SELECT count(*)::integer AS slots
+      FROM unnest(%(running)s::bigint[], %(attempts)s::integer[]) AS run (job_id, attempts)
+      JOIN pgstage_job_deadlines d ON d.job_id = run.job_id
+     WHERE d.attempts <> run.attempts
+        OR d.deadline < now() - %(grace)s * interval '1 second'
+), recorded AS (
+    UPDATE pgstage_worker_tasks
+       SET slots = %(slots)s, hung_slots = (SELECT slots FROM hung)
+     WHERE worker_id = (SELECT id FROM beat)
+)
+SELECT beat.id, hung.slots AS hung FROM beat, hung;
 
 -- register_and_adopt --
 -- Register again (this worker's row was pruned while it was cut off) and, in the same
@@ -104,7 +133,9 @@ RETURNING id;
 
 -- finish_job_fenced --
 -- procrastinate's finish, only while the job is still this worker's: a job that stalled
--- recovery took back (because this worker looked dead) is not finished from here. A job
+-- recovery took back (because this worker looked dead) is not finished from here, nor is
+-- one whose run recovery ended as timed out (its attempt, %(attempts)s, is over; NULL: a
+-- job that never ran). A job
 -- failed for good whose task has a give-up hook (%(owed_reason)s not NULL) records, in the
 -- same statement, that it owes the hook (pgstage_owed_give_ups): whatever happens to this
 -- worker after the commit, some worker's maintenance runs the hook.
@@ -114,6 +145,7 @@ WITH mine AS (
      WHERE id = %(job_id)s
        AND status = 'doing'
        AND (worker_id = %(worker_id)s OR worker_id IS NULL)
+       AND (%(attempts)s::integer IS NULL OR attempts = %(attempts)s)
        FOR UPDATE
 ), finished AS (
     SELECT id, task_name, args,
@@ -140,6 +172,7 @@ WITH mine AS (
      WHERE id = %(job_id)s
        AND status = 'doing'
        AND (worker_id = %(worker_id)s OR worker_id IS NULL)
+       AND (%(attempts)s::integer IS NULL OR attempts = %(attempts)s)
        FOR UPDATE
 ), retried AS (
     SELECT id, task_name, args, abort_requested,
@@ -157,14 +190,19 @@ SELECT id, abort_requested FROM retried;
 -- poll_job_fenced --
 -- Put the job back to wait until %(retry_at)s without counting an attempt: its run did
 -- not fail, the work is held by another live holder (queueing.exceptions.PollLater).
--- Only while the job is still this worker's and no abort was requested (no row back:
--- the caller then saves it as procrastinate's retry would, which ends an aborted job).
+-- Only while the job is still this worker's, at this attempt, no abort was requested and
+-- the run's deadline (queueing.timeouts), which its polls share, has not passed (no row
+-- back: the caller then saves it as a failed attempt, which ends an aborted job).
 UPDATE procrastinate_jobs
    SET status = 'todo', scheduled_at = %(retry_at)s
  WHERE id = %(job_id)s
    AND status = 'doing'
    AND NOT abort_requested
    AND (worker_id = %(worker_id)s OR worker_id IS NULL)
+   AND attempts = %(attempts)s
+   AND NOT EXISTS (
+       SELECT 1 FROM pgstage_job_deadlines d
+        WHERE d.job_id = %(job_id)s AND d.attempts = %(attempts)s AND d.deadline <= now())
 RETURNING id;
 
 -- orphans --
@@ -179,9 +217,15 @@ SELECT id, task_name, abort_requested
  ORDER BY id;
 
 -- requeue_orphan --
--- Put one orphan back to 'todo' as it was (no attempt counted). A fresh job holding its
--- SHORT key meanwhile makes this a unique violation: the caller ends it as superseded.
-UPDATE procrastinate_jobs
-   SET status = 'todo', worker_id = NULL
- WHERE id = %(job_id)s AND status = 'doing' AND worker_id = %(worker_id)s
-RETURNING id;
+-- Put one orphan back to 'todo' as it was (no attempt counted; its deadline goes, since
+-- it never ran). A fresh job holding its SHORT key meanwhile makes this a unique
+-- violation: the caller ends it as superseded.
+WITH requeued AS (
+    UPDATE procrastinate_jobs
+       SET status = 'todo', worker_id = NULL
+     WHERE id = %(job_id)s AND status = 'doing' AND worker_id = %(worker_id)s
+    RETURNING id
+), forgotten AS (
+    DELETE FROM pgstage_job_deadlines WHERE job_id IN (SELECT id FROM requeued)
+)
+SELECT id FROM requeued;

@@ -110,7 +110,7 @@ def test_the_job_pages_and_the_sweeps_page_keep_their_look_under_the_policy(
     for url, selector, prop, value in [
         (jobs, "pre.job-args", "marginTop", "0px"),
         (f"{jobs}{job}/change/", "pre.job-args", "marginTop", "0px"),
-        (f"{jobs}sweeps/", "#result_list code.nowrap", "whiteSpace", "nowrap"),
+        (f"{jobs}sweeps/", "#result_list td.nowrap[title]", "whiteSpace", "nowrap"),
     ]:
         page.goto(url)
         page.wait_for_load_state("load")

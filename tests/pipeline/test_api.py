@@ -71,6 +71,7 @@ def test_a_failed_stage_shows_its_error(client, user):
     assert body["stages"][3] | {"started_at": None, "finished_at": None} == {
         "stage": "calculate",
         "status": "failed",
+        "waiting": False,
         "attempts": 3,
         "error": "RuntimeError: boom",
         "started_at": None,

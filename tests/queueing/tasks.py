@@ -8,6 +8,7 @@ from pathlib import Path
 from django.db import connection, transaction
 
 from queueing.app import task
+from queueing.backoff import JitteredBackoff
 from queueing.enqueue import Policy, enqueue, job_params
 from queueing.exceptions import DoNotRetry, PollLater
 from queueing.ledger import Ledger
@@ -143,3 +144,19 @@ def stage_hop(unit: str) -> None:
                 policy=Policy.EXCLUSIVE,
             ),
         )
+
+
+@task(name="tests.hang", timeout=60)
+def hang(label: str, release_file: str) -> None:
+    """A sync run that hangs until ``release_file`` exists (or 120 s): past its timeout it
+    holds its worker's slot, since a thread cannot be stopped."""
+    record(f"{label}:started")
+    _wait_for(release_file, 120)
+    record(f"{label}:finished")
+
+
+@task(name="tests.poll_forever", timeout=60, retry=JitteredBackoff(max_attempts=2))
+def poll_forever(label: str) -> None:
+    """Waits on a holder that never lets go."""
+    record(f"{label}:polled")
+    raise PollLater(f"{label} is held elsewhere", seconds=0.2)

@@ -16,7 +16,15 @@ from django.urls import reverse
 
 from queueing.admin import jobs_url
 from queueing.enqueue import Policy, enqueue
-from queueing.sweeps import SweepContext, SweepResult, declare_sweep, sweep_rows, sweeps
+from queueing.sweeps import (
+    SWEEP_KEY,
+    SweepContext,
+    SweepResult,
+    declare_sweep,
+    request_sweep,
+    sweep_rows,
+    sweeps,
+)
 from tests.conftest import jobs
 from tests.factories import UserFactory
 from tests.queueing import tasks  # noqa: F401  (registers tests.record for enqueue)
@@ -77,8 +85,13 @@ def test_the_page_lists_every_declared_sweep(staff_client):
     assert listed == list(sweeps()) and "admin_swept" in listed
     html = page.content.decode()
     assert "Mark &#x27;new&#x27; test rows &#x27;done&#x27;" in html
-    assert ">*/5 * * * *</code>" in html and "7 s" in html
+    # The cadence in words, the cron in the tooltip.
+    assert '<td class="nowrap" title="cron: */5 * * * *">every 5 minutes</td>' in html
+    assert "7 s" in html
+    assert "every 5 seconds, in every worker" in html  # stalled recovery
     assert "none waiting" in html
+    # The button is a play sign in text presentation (no emoji, no icon of Django's).
+    assert "&#9654;&#xFE0E; Run now</button>" in html and "viewlink" not in html
 
 
 def test_dry_run_counts_here_and_writes_nothing(staff_client):
@@ -196,3 +209,45 @@ def test_the_job_list_shows_jobs_no_live_worker_can_run(staff_client):
     filtered = staff_client.get(f"{JOB_LIST}?runnable=no_worker")
     assert [j.pk for j in filtered.context["cl"].result_list] == [stranded.job_id]
     assert runnable.job_id not in [j.pk for j in filtered.context["cl"].result_list]
+
+
+def listed(client, url: str) -> list[int]:
+    page = client.get(url)
+    assert page.status_code == 200
+    return sorted(j.pk for j in page.context["cl"].result_list)
+
+
+def test_the_job_list_shows_the_work_jobs_by_default_and_sweeps_on_request(staff_client):
+    work = enqueue("tests.record", args={"label": "work"}, key="k:a", policy=Policy.EXCLUSIVE)
+    sweep = request_sweep("admin_swept")
+
+    assert listed(staff_client, JOB_LIST) == [work.job_id]
+    assert listed(staff_client, f"{JOB_LIST}?kind=sweeps") == [sweep.job_id]
+    assert listed(staff_client, f"{JOB_LIST}?kind=all") == sorted([work.job_id, sweep.job_id])
+    page = staff_client.get(JOB_LIST).content.decode()
+    assert "?kind=sweeps" in page and "?kind=all" in page
+    # A list narrowed to a key shows that key's jobs, a sweep's too (the Sweeps page's
+    # history links).
+    assert listed(staff_client, jobs_url(SWEEP_KEY.build(name="admin_swept"))) == [sweep.job_id]
+
+
+def test_the_key_filter_offers_key_prefixes_not_every_key(staff_client):
+    jobs_by_prefix = {
+        "k": [
+            enqueue("tests.record", args={"label": str(i)}, key=f"k:{i}", policy=Policy.EXCLUSIVE)
+            for i in range(5)
+        ],
+        "other": [enqueue("tests.record", args={"label": "o"}, key="other:1", policy=Policy.SHORT)],
+    }
+    enqueue("tests.record", args={"label": "no key"})
+    page = staff_client.get(JOB_LIST)
+    html = page.content.decode()
+
+    assert "?key=k" in html and "?key=other" in html
+    assert "k:3" not in html.split('id="changelist-filter"')[1]
+    assert listed(staff_client, f"{JOB_LIST}?key=k") == sorted(
+        e.job_id for e in jobs_by_prefix["k"]
+    )
+    assert listed(staff_client, f"{JOB_LIST}?key=other") == [jobs_by_prefix["other"][0].job_id]
+    # A key is found by searching for it.
+    assert listed(staff_client, f"{JOB_LIST}?q=k:3") == [jobs_by_prefix["k"][3].job_id]

@@ -92,7 +92,7 @@ def test_procrastinate_on_another_database_alias_is_an_error(settings):
     a worker on procrastinate's own alias would never see those jobs."""
     settings.PROCRASTINATE_DATABASE_ALIAS = "jobs"
     [error] = check_database(None)
-    assert error.id == "queueing.E004"
+    assert error.id == "queueing.E006"
     assert "PROCRASTINATE_DATABASE_ALIAS" in error.hint
 
 

@@ -18,7 +18,8 @@ What is pinned:
   scan of ``queueing/`` that fails on any other name of an internal module or any
   private module-level name of procrastinate it reads;
 * the public-but-structural names: ``JobManager.fetch_job`` / ``register_worker``,
-  ``PeriodicDeferrer.defer_jobs``, ``Job.from_row``, ``get_channel_for_queues``,
+  ``PeriodicDeferrer.defer_jobs``, ``Job.from_row``, ``Task.get_retry_exception``,
+  ``JobContext.task``, ``get_channel_for_queues``,
   ``connector_params``, and psycopg_pool's ``timeout``, ``reconnect_timeout`` and
   ``check()``;
 * the worker's connector (``queueing.connector``): procrastinate's command asks the Django
@@ -39,7 +40,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 from packaging.specifiers import SpecifierSet
-from procrastinate import App, jobs, manager, periodic
+from procrastinate import App, job_context, jobs, manager, periodic, tasks
 from procrastinate import utils as procrastinate_utils
 from procrastinate import worker as procrastinate_worker
 from procrastinate.contrib.django import utils as django_utils
@@ -85,6 +86,7 @@ WORKER_ATTRIBUTES = (
     "run_task",
     "worker_id",
     "update_heartbeat_interval",
+    "concurrency",
     "shutdown_graceful_timeout",
     "listen_notify",
     "delete_jobs",
@@ -239,6 +241,10 @@ def test_the_structural_public_names_keep_their_shape():
     assert parameters(periodic.PeriodicDeferrer.defer_jobs) == ("jobs_to_defer",)
     assert parameters(periodic.PeriodicDeferrer.__init__) == ("registry", "max_delay")
     assert parameters(jobs.Job.from_row) == ("row",)
+    # Stalled recovery asks a timed-out job's task for its retry decision; the worker's
+    # async middleware reads the job's task from its context.
+    assert parameters(tasks.Task.get_retry_exception) == ("exception", "job")
+    assert isinstance(inspect.getattr_static(job_context.JobContext, "task"), property)
     assert parameters(manager.get_channel_for_queues) == ("queues",)
     assert callable(django_utils.connector_params)
     for name in ("timeout", "reconnect_timeout", "check"):

@@ -149,7 +149,7 @@ class Analyses(RuleBasedStateMachine):
             row["args"] = json.loads(row["args"])
         job = Job.from_row(row)
         task = app.tasks[job.task_name]
-        fenced = {"job_id": job.id, "worker_id": self.worker_id}
+        fenced = {"job_id": job.id, "worker_id": self.worker_id, "attempts": job.attempts}
         try:
             task.func(**job.task_kwargs)
         except Exception as exc:

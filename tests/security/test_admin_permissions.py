@@ -17,6 +17,8 @@ a revoke changes rows without adding any).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.apps import apps
 from django.contrib import admin
@@ -32,6 +34,7 @@ from queueing.enqueue import enqueue
 from queueing.sweeps import request_sweep
 from runs import admission, durability, operations, processing
 from runs.models import AnalysisJob, AnalysisRun, RunJudgement, SavedBy
+from tests.conftest import ROOT
 from tests.factories import TenantFactory, UserFactory
 from tests.pipeline.conftest import run_stages, submit
 from tests.runs.factories import DOC_HTML, SOURCES, funded_user
@@ -332,3 +335,22 @@ def test_the_sweeps_page_needs_its_own_permission_to_press_a_button(client, acti
     client.force_login(staff("queueing.run_sweeps"))
     assert b'name="action"' in client.get(url).content
     assert client.post(url, {"sweep": "unsaved_runs", "action": action}).status_code == 302
+
+
+def test_docs_security_lists_the_permissions_each_action_needs():
+    """docs/security.md's table: every action's set of permissions is a row's, and every
+    row's is an action's (Django's delete and the Sweeps page's buttons aside)."""
+    page = (ROOT / "docs" / "security.md").read_text()
+    table = page.split("| page | action | permission |", 1)[1].split("\n\n", 1)[0]
+    rows = [row.strip("|").split(" | ") for row in table.strip().splitlines()[1:]]
+    documented = {
+        frozenset(re.findall(r"`(\w+\.\w+)`", permission))
+        for _, action, permission in rows
+        if "Delete" not in action and "Run now" not in action
+    }
+    needed = {
+        frozenset(needs)
+        for (_, action), needs in EXPECTED.items()
+        if needs is not None and action != "delete_selected"
+    }
+    assert documented == needed

@@ -410,3 +410,26 @@ def test_the_favicon_is_the_sites_own(client):
     response = client.get("/favicon.ico")
     assert response.status_code == 301
     assert re.fullmatch(r"/static/pgstage/favicon(\.[0-9a-f]{12})?\.svg", response["Location"])
+
+
+def test_a_stage_waiting_for_a_replay_shows_as_waiting_and_keeps_the_page_live(
+    client, alice, tenant
+):
+    """A replay leaves its stages ``failed`` in the ledger with the replay as their reason
+    until a worker claims them: the board, the inquiry page and the API say *waiting*,
+    and the pages keep polling for the replay's run."""
+    anfrage = inquiry(tenant, "Replayed")
+    stage_run(anfrage, "intake", "success", seconds=1)
+    stage_run(anfrage, "extract", "failed", error="replay requested by admin:root at now")
+    client.force_login(alice)
+
+    board = client.get("/dashboard/")
+    assert 'data-stage="extract" data-status="waiting"' in board.content.decode()
+    assert board.context["in_flight"] is True
+    page = client.get(f"/dashboard/inquiries/{anfrage.pk}")
+    assert 'data-status="waiting"' in page.content.decode()
+    assert page.context["in_flight"] is True
+    [listed] = client.get("/api/anfragen").json()
+    shown = {s["stage"]: (s["status"], s["waiting"]) for s in listed["stages"]}
+    assert shown["extract"] == ("failed", True)
+    assert shown["intake"] == ("success", False)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
+from queueing.metrics import sources
 from queueing.sweeps import run_sweep
 from runs.models import CreditEntry, CreditKind, SavedBy
+from tests.conftest import ROOT
 from tests.site.conftest import admit, funded_user, inquiry, process, run_row, stage_run
 
 pytestmark = pytest.mark.django_db
@@ -223,3 +227,73 @@ def test_jobs_no_live_worker_can_run_are_a_gauge_per_task(scrape):
     enqueue("runs.process_job", args={"job_id": 2, "tenant": 1})
     # No worker runs in this test: nobody has the task.
     assert value(scrape(), "pgstage_jobs_without_worker", task="runs.process_job") == 2
+
+
+def test_stages_waiting_for_a_replay_are_counted_as_waiting_not_failed(scrape, tenant):
+    """A replay leaves the stages it reset or queued ``failed`` in the ledger (so they are
+    claimable), with the replay as their reason: /metrics counts them under their own
+    status, so the alert on failed stages stays quiet. The ledger's own family keeps the
+    ledger's status."""
+    one, two = inquiry(tenant, "one"), inquiry(tenant, "two")
+    stage_run(one, "extract", "failed", seconds=1, error="boom")
+    stage_run(two, "extract", "failed", seconds=1, error="replay requested by admin:root at …")
+    stage_run(two, "calculate", "failed", error="replay requested by admin:root at …")
+
+    run_sweep("metrics_snapshot")
+    found = scrape()
+
+    assert value(found, "pgstage_pipeline_runs", stage="extract", status="failed") == 1
+    assert value(found, "pgstage_pipeline_runs", stage="extract", status="waiting") == 1
+    assert value(found, "pgstage_pipeline_runs", stage="calculate", status="waiting") == 1
+    assert (
+        "pgstage_pipeline_runs",
+        frozenset({"stage": "calculate", "status": "failed"}.items()),
+    ) not in found
+    # A waiting stage has not run since the replay: it has no duration.
+    duration = "pgstage_pipeline_stage_duration_seconds_count"
+    assert value(found, duration, stage="extract", status="failed") == 1
+    assert (duration, frozenset({"stage": "extract", "status": "waiting"}.items())) not in found
+    assert (
+        value(found, "pgstage_ledger_entries", ledger="pipeline.pipelinerun", status="failed") == 3
+    )
+
+
+def documented_metrics() -> dict[str, tuple[str, frozenset[str]]]:
+    """docs/operations.md's metrics table: name → (type, label names)."""
+    page = (ROOT / "docs" / "operations.md").read_text()
+    table = page.split("| metric | type | labels | meaning |", 1)[1].split("\n\n", 1)[0]
+    documented = {}
+    for row in table.strip().splitlines()[1:]:
+        name, kind, labels = (cell.strip() for cell in row.strip("|").split("|")[:3])
+        labels = re.sub(r"\([^)]*\)", "", labels)
+        documented[name.strip("`")] = (kind.split()[0], frozenset(re.findall(r"`(\w+)`", labels)))
+    return documented
+
+
+def test_the_metrics_table_lists_exactly_what_the_collectors_export(client, scrape, tenant):
+    """Names, types and labels: the database families as their sources declare them, the
+    web processes' own as a scrape shows them once each has a sample."""
+    from tests.factories import UserFactory, auth_header
+
+    client.post(
+        "/api/analysis-jobs",
+        {"title": 1},
+        content_type="application/json",
+        headers=auth_header(UserFactory(tenant=tenant)),
+    )
+    exported = {}
+    for source in sources():
+        for name, family in source.families().items():
+            shown = f"{name}_total" if family.kind == "counter" else name
+            exported[shown] = (family.kind, frozenset(family.labels))
+    scrape()
+    response = client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    for family in text_string_to_metric_families(response.content.decode()):
+        if family.name.endswith("_created"):
+            continue  # a counter's creation time, exported by a single process only
+        shown = f"{family.name}_total" if family.type == "counter" else family.name
+        labels = {key for s in family.samples for key in s.labels} - {"le", "quantile"}
+        exported.setdefault(shown, (family.type, frozenset(labels)))
+    assert "pgstage_admission_rejections_total" in exported
+    assert "pgstage_http_request_duration_seconds" in exported
+    assert documented_metrics() == exported

@@ -121,6 +121,10 @@
     return node;
   }
 
+  /* A stage a replay reset or queued is "failed" in the ledger until a worker claims it:
+     it is shown as waiting, and keeps the page live. */
+  function shown(stage) { return stage.waiting ? "waiting" : stage.status; }
+
   function badge(status, extra) {
     return el("span", { className: "badge " + (extra ? extra + " " : "") + status, text: status });
   }
@@ -318,14 +322,14 @@
     }
 
     function inquirySig(anfrage) {
-      return anfrage.stages.map(function (s) { return s.status + ":" + s.attempts; }).join(",") +
+      return anfrage.stages.map(function (s) { return shown(s) + ":" + s.attempts; }).join(",") +
         "|" + (anfrage.quote_total === null ? "—" : anfrage.quote_total);
     }
 
     function inquiryRow(anfrage) {
       var cells = [el("td", {}, [el("a", { href: "inquiries/" + anfrage.id, text: "#" + anfrage.id + " " + anfrage.title })])];
       anfrage.stages.forEach(function (stage) {
-        var cell = el("td", { className: "stage", "data-stage": stage.stage, "data-status": stage.status }, [badge(stage.status)]);
+        var cell = el("td", { className: "stage", "data-stage": stage.stage, "data-status": shown(stage) }, [badge(shown(stage))]);
         if (stage.attempts) cell.appendChild(el("small", { text: stage.attempts + " attempt" + (stage.attempts === 1 ? "" : "s") }));
         if (stage.error) cell.appendChild(el("div", { className: "error", title: stage.error, text: stage.error }));
         cells.push(cell);
@@ -337,7 +341,7 @@
     }
 
     function inquiryInFlight(anfrage) {
-      var statuses = anfrage.stages.map(function (s) { return s.status; });
+      var statuses = anfrage.stages.map(shown);
       if (statuses.indexOf("running") >= 0) return true;
       return statuses.indexOf("failed") < 0 && !anfrage.complete;
     }
@@ -505,9 +509,9 @@
       if (stage.started_at && stage.finished_at) {
         took = ((Date.parse(stage.finished_at) - Date.parse(stage.started_at)) / 1000).toFixed(2) + " s";
       }
-      return el("tr", { "data-stage": stage.stage, "data-status": stage.status }, [
+      return el("tr", { "data-stage": stage.stage, "data-status": shown(stage) }, [
         el("td", { text: stage.stage }),
-        el("td", {}, [badge(stage.status)]),
+        el("td", {}, [badge(shown(stage))]),
         el("td", { className: "num", text: String(stage.attempts) }),
         whenCell(stage.started_at, "muted"),
         whenCell(stage.finished_at, "muted"),
@@ -543,7 +547,7 @@
       return call("GET", "anfragen/" + id).then(function (reply) {
         var a = reply.data;
         var changed = reconcile(stageRows, a.stages, function (s) { return "stage-" + s.stage; }, function (s) {
-          return s.status + ":" + s.attempts;
+          return shown(s) + ":" + s.attempts;
         }, stageRow);
         changed = reconcile(positionRows, a.positions, function (p) { return "position-" + p.index; }, positionSig, positionRow) || changed;
         reconcile(fileRows, a.files, function (f) { return "file-" + f.id; }, function () { return "f"; }, function (f) {
@@ -552,7 +556,7 @@
         });
         var total = a.quote_total === null ? "—" : a.quote_total + " " + a.currency;
         if (quote.textContent !== total) { quote.textContent = total; changed = true; }
-        var statuses = a.stages.map(function (s) { return s.status; });
+        var statuses = a.stages.map(shown);
         var live = statuses.indexOf("running") >= 0 || (statuses.indexOf("failed") < 0 && !a.complete);
         if (!live) settle("anfrage:" + id);
         return { changed: changed, live: live };

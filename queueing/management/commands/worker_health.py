@@ -1,4 +1,5 @@
-"""Exit 0 when every worker started on this host heart-beats, else 1: the worker's
+"""Exit 0 when every worker started on this host heart-beats and has a slot not held by a
+hung job (``queueing.timeouts``), else 1: the worker's
 health check for a container (``HEALTHCHECK``, compose ``healthcheck``) or a systemd
 watchdog script. Read-only; safe to run every few seconds."""
 
@@ -66,18 +67,28 @@ class Command(BaseCommand):
             )
         self.stdout.write(
             format_table(
-                ["pid", "worker id", "last heartbeat", "healthy"],
+                ["pid", "worker id", "last heartbeat", "hung slots", "healthy"],
                 [
                     [
                         b.pid,
                         b.worker_id,
                         f"{b.age.total_seconds():.0f} s ago" if b.age is not None else "none",
+                        f"{b.hung_slots} of {b.slots}" if b.slots else "-",
                         "yes" if b.healthy(threshold) else "no",
                     ]
                     for b in beats
                 ],
             )
         )
+        hung = [b for b in beats if b.all_slots_hung]
+        if hung:
+            raise CommandError(
+                "; ".join(
+                    f"worker {b.worker_id} (pid {b.pid}): all {b.slots} slot(s) are held by "
+                    "hung jobs past their timeout; it runs nothing until it is restarted"
+                    for b in hung
+                )
+            )
         stale = [b for b in beats if not b.healthy(threshold)]
         if stale:
             raise CommandError(
