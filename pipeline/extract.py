@@ -94,8 +94,6 @@ _SEPARATORS = ".," + GROUP_ONLY
 _NUMBER = rf"\d+(?:[{_SEPARATORS}]\d+)*"
 _NUMBER_TOKEN = re.compile(_NUMBER)
 _GROUP_ONLY = re.compile(f"[{GROUP_ONLY}]")
-#: A whitespace run that stays as it is when blanks are collapsed: one grouping space.
-_LONE_GROUPING = frozenset("\u00a0\u202f")
 _GROUPED_DECIMAL = re.compile(r"(?P<integer>[\d']+)(?:[.,](?P<fraction>\d+))?")
 
 
@@ -145,8 +143,9 @@ _LEADING_LENGTH = re.compile(
     rf"(?P<lunit>{_LENGTH_UNIT})\.?(?= |$) ?",
     re.IGNORECASE,
 )
-#: Whitespace runs, collapsed to one space (one no-break space stays: it groups digits).
-_BLANKS = re.compile(r"\s+")
+#: Whitespace runs, collapsed to one space; a lone no-break or narrow no-break space
+#: between two digits stays (it groups them), elsewhere it is a space ("12\u00a0m").
+_BLANKS = re.compile(r"(?P<grouping>(?<=\d)[\u00a0\u202f](?=\d))|\s+")
 #: A length column's header with its unit: "length_mm", "Länge (m)", "Länge [mm]",
 #: "Länge in m", "Länge/mm", "Länge (Meter)", "length in metres" (matched lower case).
 _LENGTH_HEADER = re.compile(
@@ -535,9 +534,9 @@ def _checked_item(item: str, notes: list[str]) -> str:
 
 
 def _collapse(text: str) -> str:
-    """``text`` stripped, each run of whitespace one space (a lone no-break space stays:
-    it groups digits). Every pattern that reads a line runs on this."""
-    return _BLANKS.sub(lambda m: m.group() if m.group() in _LONE_GROUPING else " ", text).strip()
+    """``text`` stripped, each run of whitespace one space (a lone no-break space between
+    digits stays: it groups them). Every pattern that reads a line runs on this."""
+    return _BLANKS.sub(lambda m: m.group() if m.group("grouping") else " ", text).strip()
 
 
 def _trailing_length(

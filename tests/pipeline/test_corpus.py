@@ -187,6 +187,20 @@ EXPECTED: dict[str, dict] = {
         "warnings": [],
         "quote": "1759.50",
     },
+    # Copied from a word processor: a no-break space (a narrow one too) between a number
+    # and its unit, between a thousand and its hundreds, and inside the item.
+    "word_kopie.txt": {
+        "positions": [
+            # 12 m < 50 m: 6.80/m
+            P(1, "12", "m", "Flachstahl 40x5", None, "S235 (steel)", "81.60"),
+            # 4 x 6 m = 24 m >= 10 m: 39.50/m, 237.00 a piece
+            P(2, "4", "pcs", "Träger HEA 200", 6000, "S235 (assumed)", "948.00"),
+            # 1250 kg >= 1000 kg: 1.18/kg
+            P(3, "1250", "kg", "Betonstahl", None, "S235 (steel)", "1475.00"),
+        ],
+        "warnings": [],
+        "quote": "2504.60",
+    },
     # UTF-16 (little-endian) without a BOM: its NUL bytes tell.
     "utf16_ohne_bom.txt": {
         "positions": [

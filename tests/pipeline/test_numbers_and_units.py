@@ -66,6 +66,31 @@ def test_an_ambiguous_quantity_is_read_as_thousands_and_warned_about(line, quant
     assert "decimal" in warning.message or "without spaces" in warning.message
 
 
+@pytest.mark.parametrize(
+    ("line", "quantity", "unit", "item", "length_mm"),
+    [
+        # Was 12 pieces of "\u00a0m Flachstahl", without a warning.
+        ("12\u00a0m Flachstahl", "12", Unit.METRES, "Flachstahl", None),
+        ("12\u202fm Rohr", "12", Unit.METRES, "Rohr", None),
+        ("1\u00a0234\u00a0kg Betonstahl", "1234", Unit.KILOGRAMS, "Betonstahl", None),
+        ("12 Stk\u00a0Träger HEA\u00a0200", "12", Unit.PIECES, "Träger HEA 200", None),
+        # Was a beam without a length, its "6\u00a0m" left in the item.
+        ("12 Stk Träger HEA 200, 6\u00a0m", "12", Unit.PIECES, "Träger HEA 200", 6000),
+        ("12 Stk Träger,\u00a06,5\u202fm", "12", Unit.PIECES, "Träger", 6500),
+        ("2\u00a0x\u00a06\u00a0m Rohr", "2", Unit.PIECES, "Rohr", 6000),
+    ],
+)
+def test_a_no_break_space_outside_a_number_is_a_space(line, quantity, unit, item, length_mm):
+    fields = parse_item_line(line)
+    assert (fields["quantity"], fields["unit"], fields["item"], fields["length_mm"]) == (
+        Decimal(quantity),
+        unit,
+        item,
+        length_mm,
+    )
+    assert fields["notes"] == []
+
+
 @pytest.mark.parametrize("line", ["2-3 Stk Schraube M12", "1/2 m Rohr", "2 \u2013 3 Stk Rohr"])
 def test_a_range_or_fraction_of_quantities_is_refused(line):
     # "2-3 Stk Schraube" was 2 pieces of an item "3 Stk Schraube M12", without a warning.
