@@ -105,8 +105,11 @@ _QUANTITY = re.compile(
     rf"^(?P<qty>{_NUMBER})(?P<groups>(?: \d{{3}}(?=\s|$))*(?: \d{{3}}[.,]\d+(?=\s|$))?) ?"
     r"(?:(?P<times>[x\u00d7])(?=\s)|(?P<unit>[^\W\d_]\w*)\.?(?=\s|$))? ?(?P<rest>.*)$"
 )
-#: Right after a quantity without unit: a range ("2-3", an en dash too) or a fraction ("1/2").
-_RANGE_OR_FRACTION = re.compile(r"[-/\u2013\u2014] ?\d")
+#: Right after a quantity's number: a range ("2-3", an en dash too, "2 bis 3", "2 to 3"), a
+#: fraction ("1/2") or a vulgar fraction glued to it ("2½"; "12 ½\" Rohr" is an item's).
+_RANGE_OR_FRACTION = re.compile(
+    r"(?: ?[-/\u2013\u2014] ?| (?:bis|to) )\d|[\u00bc-\u00be\u2150-\u215e]", re.IGNORECASE
+)
 #: A cell's quantity grouped by plain spaces: "12 000", "12 345,5".
 _SPACE_GROUPED = re.compile(r"\d{1,3}(?: \d{3})+(?:[.,]\d+)?")
 _LENGTH_UNIT = r"(?:mm|cm|meters?|metres?|lfdm|lfm|m)"
@@ -587,9 +590,9 @@ def parse_item_line(line: str) -> dict:
     rest = match.group("rest")
     unit_word = match.group("unit") or ""
     times = bool(match.group("times")) or unit_word.lower() == "x"
-    ranged = None if unit_word else _RANGE_OR_FRACTION.match(rest)
+    ranged = _RANGE_OR_FRACTION.match(text, match.end("groups"))
     if ranged:
-        shown = text[: match.start("rest")] + ranged.group()
+        shown = text[: ranged.end()]
         raise LineError(f"{shown!r} reads as a range or a fraction of quantities; write one")
     if not unit_word and not times and rest[:1] in (",", ";"):
         # "5, m Rohr": the decimals are missing, or the separator is a typo.

@@ -188,7 +188,8 @@ EXPECTED: dict[str, dict] = {
         "quote": "1759.50",
     },
     # Copied from a word processor: a no-break space (a narrow one too) between a number
-    # and its unit, between a thousand and its hundreds, and inside the item.
+    # and its unit, between a thousand and its hundreds, and inside the item; a vulgar
+    # fraction and a range in words.
     "word_kopie.txt": {
         "positions": [
             # 12 m < 50 m: 6.80/m
@@ -198,7 +199,7 @@ EXPECTED: dict[str, dict] = {
             # 1250 kg >= 1000 kg: 1.18/kg
             P(3, "1250", "kg", "Betonstahl", None, "S235 (steel)", "1475.00"),
         ],
-        "warnings": [],
+        "warnings": [(4, "'2½' reads as a range or a fraction"), (5, "'200 bis 3")],
         "quote": "2504.60",
     },
     # UTF-16 (little-endian) without a BOM: its NUL bytes tell.

@@ -67,6 +67,15 @@ def test_an_ambiguous_quantity_is_read_as_thousands_and_warned_about(line, quant
 
 
 @pytest.mark.parametrize(
+    ("line", "item"),
+    [('12 ½" Rohrschelle', '½" Rohrschelle'), ('2 Stk Rohr 1/2"', 'Rohr 1/2"')],
+)
+def test_a_fraction_apart_from_the_quantity_is_part_of_the_item(line, item):
+    fields = parse_item_line(line)
+    assert (fields["quantity"], fields["item"]) == (Decimal(int(line.split()[0])), item)
+
+
+@pytest.mark.parametrize(
     ("line", "quantity", "unit", "item", "length_mm"),
     [
         # Was 12 pieces of "\u00a0m Flachstahl", without a warning.
@@ -91,7 +100,20 @@ def test_a_no_break_space_outside_a_number_is_a_space(line, quantity, unit, item
     assert fields["notes"] == []
 
 
-@pytest.mark.parametrize("line", ["2-3 Stk Schraube M12", "1/2 m Rohr", "2 \u2013 3 Stk Rohr"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "2-3 Stk Schraube M12",
+        "1/2 m Rohr",
+        "2 \u2013 3 Stk Rohr",
+        # These were 2 pieces of "½ m Rohr", 200 pieces of "bis 300 Stk Schraube M12", ...
+        "2½ m Rohr",
+        "2\u00bc Stk Blech",
+        "200 bis 300 Stk Schraube M12",
+        "200 to 300 pcs bolt M12",
+        "4 BIS 6 m Rohr",
+    ],
+)
 def test_a_range_or_fraction_of_quantities_is_refused(line):
     # "2-3 Stk Schraube" was 2 pieces of an item "3 Stk Schraube M12", without a warning.
     with pytest.raises(LineError, match="a range or a fraction"):
