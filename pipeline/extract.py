@@ -10,7 +10,8 @@ Formats (German and English units: pcs/Stk/Stück, m/lfm, mm, cm, kg, t):
 
 * text: one item per line, ``12 pcs steel beam HEA 200, 6 m``; ``#`` starts a comment;
 * CSV: a header row ``position;qty;unit;item;material;length_mm`` (German names such as
-  ``menge``/``einheit``/``bezeichnung`` too; ``;``, ``,`` or tab separated);
+  ``menge``/``einheit``/``bezeichnung`` too; ``;``, ``,`` or tab separated); a text file
+  whose first line is such a header is read as CSV;
 * Markdown: list items (``-``, ``*``, ``+``, ``1.``) in the text format; other lines are
   prose and ignored;
 * in text and Markdown, a Markdown table (a header row, a delimiter row ``|---|---|``,
@@ -723,7 +724,11 @@ class LineExtractor:
     (or table row)."""
 
     def extract(self, source: SourceFile) -> Extraction:
-        if source.format == FileFormat.CSV:
+        if source.format == FileFormat.CSV or (
+            # A spreadsheet saved as text (Excel's "Text (tab delimited)" and "Unicode
+            # Text"): read as text, each row would be its Pos number of pieces.
+            source.format == FileFormat.TEXT and sniff_format(source.text) == FileFormat.CSV
+        ):
             return self._extract_csv(source)
         positions: list[ParsedPosition] = []
         warnings: list[LineWarning] = []

@@ -202,6 +202,17 @@ EXPECTED: dict[str, dict] = {
         "warnings": [(4, "'2½' reads as a range or a fraction"), (5, "'200 bis 3")],
         "quote": "2504.60",
     },
+    # Excel's "Unicode Text" export: UTF-16, tab separated, a header row, saved as .txt.
+    "excel_unicode.txt": {
+        "positions": [
+            # 12 x 6 m = 72 m >= 50 m: 36.00/m, 216.00 a piece
+            P(2, "12", "pcs", "Träger HEA 200", 6000, "S235 (assumed)", "2592.00"),
+            # 1200 m >= 200 m: 5.40/m
+            P(3, "1200", "m", "Flachstahl 40x5", None, "S235 (steel)", "6480.00"),
+        ],
+        "warnings": [(3, "'1.200' is read as 1200")],
+        "quote": "9072.00",
+    },
     # UTF-16 (little-endian) without a BOM: its NUL bytes tell.
     "utf16_ohne_bom.txt": {
         "positions": [

@@ -304,6 +304,19 @@ def test_fractional_pieces_are_refused(data):
     assert "must be whole" in result.warnings[0].message
 
 
+@pytest.mark.parametrize("delimiter", ["\t", ";"])
+def test_a_text_file_that_starts_with_a_csv_header_is_read_as_csv(delimiter):
+    # Excel's "Text (tab delimited)" export, saved as .txt: each row was its Pos number of
+    # pieces of the rest ("1 pcs of '12 Stk Träger'"), with a warning on the header only.
+    rows = ["Pos", "Menge", "Einheit", "Bezeichnung"], ["1", "12", "Stk", "Träger"]
+    text = "".join(delimiter.join(row) + "\r\n" for row in rows)
+    _, result = extract("liste.txt", text.encode("utf-16"))
+    assert [(p.label, p.quantity, p.unit, p.item) for p in result.positions] == [
+        ("1", Decimal(12), Unit.PIECES, "Träger")
+    ]
+    assert result.warnings == ()
+
+
 def test_one_bad_byte_spoils_only_its_own_line():
     data = "4 Stk Träger HEA 200, 6 m\n".encode() + "2 Stk Rohr f\xfcr Gel\xe4nder, 3 m\n".encode(
         "cp1252"
