@@ -72,6 +72,15 @@ UNITS: dict[str, tuple[Unit, Decimal]] = {
     **dict.fromkeys(["kg", "kilo", "kilogramm", "kilogram"], (Unit.KILOGRAMS, Decimal(1))),
     **dict.fromkeys(["t", "to", "tonne", "tonnen", "tons"], (Unit.KILOGRAMS, Decimal(1000))),
 }
+#: Units of what the catalog does not sell by (area, volume, imperial, grams): after a
+#: quantity they refuse the line rather than become part of the item, which would make
+#: "12 m² Blech" twelve pieces (matched lower case).
+FOREIGN_UNITS = frozenset(
+    {"m²", "m2", "qm", "sqm", "m³", "m3", "cbm", "l", "ltr", "liter", "litre", "g"}
+    | {"ft", "feet", "foot", "inch", "inches", "zoll", "yd", "yard", "yards", "lb", "lbs"}
+)
+#: Right after a quantity's digits: inches ("10\"") and feet ("20'").
+_INCHES_OR_FEET = {'"': "inches", "\u2033": "inches", "'": "feet", "\u2032": "feet"}
 LENGTH_UNITS = {"mm": Decimal(1), "cm": Decimal(10), "m": Decimal(1000)}
 #: Length unit spellings -> the length unit (matched lower case).
 LENGTH_UNIT_NAMES = {
@@ -601,6 +610,17 @@ def parse_item_line(line: str) -> dict:
         raise LineError(
             f"{shown!r} ends in a separator; write the number whole ('5 m') "
             "or with its decimals ('5,5 m')"
+        )
+    imperial = _INCHES_OR_FEET.get(text[match.end("groups") : match.end("groups") + 1])
+    if imperial:
+        raise LineError(
+            f"{text[: match.end('groups') + 1]!r} reads as {imperial}; write the quantity "
+            "in pieces, metres or kilograms (pcs, m, kg)"
+        )
+    if unit_word.lower().rstrip(".") in FOREIGN_UNITS:
+        raise LineError(
+            f"unit {unit_word!r} is not one an inquiry is priced in; write pieces, metres "
+            "or kilograms (pcs, m, kg)"
         )
     if unit_word and unit_word.lower().rstrip(".") not in UNITS:
         # "12 steel beams": the word is part of the item, the unit defaults to pieces.

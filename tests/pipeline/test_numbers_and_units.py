@@ -120,6 +120,27 @@ def test_a_range_or_fraction_of_quantities_is_refused(line):
         parse_item_line(line)
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        # Each was that many pieces of the rest ("12 pcs of 'm² Blech'"): a sheet is
+        # priced by the piece, so 12 m² were quoted as 12 plates, without a warning.
+        ("12 m² Blech 2 mm", "unit 'm²'"),
+        ("12 m2 Blech 2 mm", "unit 'm2'"),
+        ("3 qm Blech", "unit 'qm'"),
+        ("2 m³ Sand", "unit 'm³'"),
+        ("20 ft steel pipe", "unit 'ft'"),
+        ("100 lbs bolts", "unit 'lbs'"),
+        ('10" Rohr', "inches"),
+        ("10\u2033 Rohr", "inches"),
+        ("20' pipe", "feet"),
+    ],
+)
+def test_a_unit_the_catalog_does_not_sell_by_is_refused(line, message):
+    with pytest.raises(LineError, match=message):
+        parse_item_line(line)
+
+
 @pytest.mark.parametrize("line", ["0,0004 m Rohr", "0.1 mm Draht"])
 def test_a_quantity_that_rounds_to_zero_is_refused(line):
     # Quantities are kept to 0.001 of their unit: these were positions of 0.000 m.
