@@ -120,6 +120,13 @@ _QUANTITY = re.compile(
 _RANGE_OR_FRACTION = re.compile(
     r"(?: ?[-/\u2013\u2014] ?| (?:bis|to) )\d|[\u00bc-\u00be\u2150-\u215e]", re.IGNORECASE
 )
+#: A number and a unit of pieces or weight after a line's quantity: a second quantity
+#: ("1 12 Stk Träger"); a length may describe the item ("12 10 mm Blech").
+#: (No match starts inside a number: a search over a run of digits stays linear.)
+_COUNTED = re.compile(rf"(?<![\d{_SEPARATORS}]){_NUMBER} ?(?P<unit>[^\W\d_]\w*)\.?(?=\s|$)")
+_COUNTED_UNITS = frozenset(
+    word for word, (unit, _) in UNITS.items() if unit != Unit.METRES and word != "x"
+)
 #: A cell's quantity grouped by plain spaces: "12 000", "12 345,5".
 _SPACE_GROUPED = re.compile(r"\d{1,3}(?: \d{3})+(?:[.,]\d+)?")
 _LENGTH_UNIT = r"(?:mm|cm|meters?|metres?|lfdm|lfm|m)"
@@ -626,6 +633,13 @@ def parse_item_line(line: str) -> dict:
         # "12 steel beams": the word is part of the item, the unit defaults to pieces.
         rest = text[match.start("unit") :]
         unit_word = ""
+    counted = None if unit_word or times else _COUNTED.match(rest)
+    if counted and counted.group("unit").lower() in _COUNTED_UNITS:
+        shown = text[: match.start("rest")] + counted.group()
+        raise LineError(
+            f"{shown!r} holds two numbers before the item; write one quantity, and a "
+            "position number as 'Pos 1: 12 Stk …'"
+        )
     qty = match.group("qty")
     if match.group("groups"):
         qty = _space_grouped(qty + match.group("groups"), notes)

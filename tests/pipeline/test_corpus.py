@@ -213,13 +213,14 @@ EXPECTED: dict[str, dict] = {
         "warnings": [(3, "'1.200' is read as 1200")],
         "quote": "9072.00",
     },
-    # Units the catalog does not sell by (area, feet, inches): refused, not pieces.
+    # Units the catalog does not sell by (area, feet, inches), and a position number
+    # before the quantity: refused, not pieces.
     "einheiten.txt": {
         "positions": [
             # 6 pcs < 10: 58.00
             P(5, "6", "pcs", "Blech 1000x2000x3", None, "S235 (assumed)", "348.00"),
         ],
-        "warnings": [(1, "'m²'"), (2, "'qm'"), (3, "'ft'"), (4, "inches")],
+        "warnings": [(1, "'m²'"), (2, "'qm'"), (3, "'ft'"), (4, "inches"), (6, "two numbers")],
         "quote": "348.00",
     },
     # UTF-16 (little-endian) without a BOM: its NUL bytes tell.

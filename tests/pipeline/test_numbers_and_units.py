@@ -141,6 +141,34 @@ def test_a_unit_the_catalog_does_not_sell_by_is_refused(line, message):
         parse_item_line(line)
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        # A position number, then the quantity: was 1 piece of "12 Stk Träger HEA 200"
+        # (and 3 plates of "12 Stk Blech" were priced as 3), without a warning.
+        "1 12 Stk Träger HEA 200",
+        "1\t12\tStk\tTräger",
+        "3 12 Stk Blech 1000x2000",
+        "2 25 kg Schrott",
+    ],
+)
+def test_a_count_before_a_quantity_with_its_unit_is_refused(line):
+    with pytest.raises(LineError, match="two numbers before"):
+        parse_item_line(line)
+
+
+@pytest.mark.parametrize(
+    ("line", "item"),
+    [
+        ("12 40 x 5 Flachstahl", "40 x 5 Flachstahl"),
+        ("12 10 mm Blech", "10 mm Blech"),
+        ("12 1.4301 Schraube", "1.4301 Schraube"),
+    ],
+)
+def test_a_number_that_describes_the_item_stays_in_it(line, item):
+    assert parse_item_line(line)["item"] == item
+
+
 @pytest.mark.parametrize("line", ["0,0004 m Rohr", "0.1 mm Draht"])
 def test_a_quantity_that_rounds_to_zero_is_refused(line):
     # Quantities are kept to 0.001 of their unit: these were positions of 0.000 m.
