@@ -407,7 +407,8 @@ def _decode_lines(data: bytes) -> tuple[str, tuple[tuple[int, str], ...]]:
     notes: list[tuple[int, str]] = []
     utf8_seen = False
     line_no = 1
-    for raw in data.split(b"\n"):
+    # Lines end in LF, CRLF or CR alone (old Mac exports), each kept as it was.
+    for raw in data.splitlines(keepends=True):
         try:
             line = raw.decode("utf-8")
             utf8_seen = utf8_seen or not raw.isascii()
@@ -429,7 +430,7 @@ def _decode_lines(data: bytes) -> tuple[str, tuple[tuple[int, str], ...]]:
             (n, "this line is not UTF-8 like the rest of the file; read as Windows-1252")
             for n in fallback
         )
-    return "\n".join(lines), tuple(sorted(notes))
+    return "".join(lines), tuple(sorted(notes))
 
 
 def inspect_upload(filename: str, data: bytes) -> SourceFile:

@@ -366,13 +366,16 @@ def test_a_text_file_that_starts_with_a_csv_header_is_read_as_csv(delimiter):
     assert result.warnings == ()
 
 
-def test_one_bad_byte_spoils_only_its_own_line():
-    data = "4 Stk Träger HEA 200, 6 m\n".encode() + "2 Stk Rohr f\xfcr Gel\xe4nder, 3 m\n".encode(
-        "cp1252"
-    )
+# Old Mac exports end lines in CR alone: such a file was decoded as one line, so its UTF-8
+# line became mojibake ("TrÃ¤ger"), without a warning.
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_one_bad_byte_spoils_only_its_own_line(newline):
+    first, second = "4 Stk Träger HEA 200, 6 m", "2 Stk Rohr f\xfcr Gel\xe4nder, 3 m"
+    data = (first + newline).encode() + (second + newline).encode("cp1252")
     source, result = extract("items.txt", data)
     assert [p.item for p in result.positions] == ["Träger HEA 200", "Rohr für Geländer"]
     assert [(w.line_no, "not UTF-8" in w.message) for w in source.warnings] == [(2, True)]
+    assert source.text.splitlines() == [first, second]
 
 
 def test_a_windows_1252_file_needs_no_warning():
