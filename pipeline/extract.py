@@ -339,8 +339,9 @@ def format_by_name(filename: str) -> FileFormat | None:
 
 def sniff_format(text: str) -> FileFormat:
     """The format of a file without an extension, from its content."""
-    first = next((line for line in text.splitlines() if line.strip()), "")
-    if _csv_layout(first) is not None:
+    lines = text.splitlines()
+    header_no, delimiter = _csv_header(lines)
+    if header_no is not None and _csv_layout(lines[header_no], delimiter) is not None:
         return FileFormat.CSV
     if any(_LIST_MARKER.match(line) for line in text.splitlines()):
         return FileFormat.MARKDOWN
@@ -691,10 +692,25 @@ def _delimiter(header: str) -> str:
     return ";" if ";" in header else "\t" if "\t" in header else ","
 
 
-def _csv_layout(header_line: str) -> CsvLayout | None:
+#: Excel's first line when asked to name the delimiter: ``sep=;``.
+_EXCEL_SEPARATOR = re.compile(r"sep=(?P<delimiter>[;,\t|])", re.IGNORECASE)
+
+
+def _csv_header(lines: Sequence[str]) -> tuple[int | None, str | None]:
+    """The index of a CSV's header row — its first non-empty line, or the one after
+    Excel's ``sep=;`` — and the delimiter that line named (None: the header decides)."""
+    filled = (index for index, line in enumerate(lines) if line.strip())
+    first = next(filled, None)
+    named = None if first is None else _EXCEL_SEPARATOR.fullmatch(lines[first].strip(" \r\n"))
+    if named is None:
+        return first, None
+    return next(filled, None), named.group("delimiter")
+
+
+def _csv_layout(header_line: str, delimiter: str | None = None) -> CsvLayout | None:
     """The layout a header row names, or None unless it names at least qty and item.
     Cells may be quoted (``"Position";"Menge"``)."""
-    delimiter = _delimiter(header_line)
+    delimiter = delimiter or _delimiter(header_line)
     return _layout(next(csv.reader([header_line], delimiter=delimiter), []), delimiter)
 
 
@@ -842,11 +858,11 @@ class LineExtractor:
 
     def _extract_csv(self, source: SourceFile) -> Extraction:
         lines = source.text.splitlines()
-        header_no = next((i for i, line in enumerate(lines) if line.strip()), None)
+        header_no, delimiter = _csv_header(lines)
         if header_no is None:
             return Extraction(positions=(), warnings=())
         header_line = lines[header_no]
-        layout = _csv_layout(header_line)
+        layout = _csv_layout(header_line, delimiter)
         if layout is None:
             message = f"the first row must be a header such as {CSV_HEADER_HINT!r}"
             warning = _warning(source, header_no + 1, header_line, message)

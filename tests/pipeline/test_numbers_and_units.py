@@ -333,6 +333,24 @@ def test_a_csv_with_a_quoted_header_is_read():
     ]
 
 
+@pytest.mark.parametrize(
+    ("name", "delimiter"), [("liste.csv", ";"), ("liste", ","), ("a.txt", "\t")]
+)
+def test_excels_separator_line_names_the_delimiter(name, delimiter):
+    # Excel writes "sep=;" before the header when asked to; the file had no header then.
+    rows = [
+        "sep=" + delimiter,
+        delimiter.join(["Menge", "Einheit", "Bezeichnung"]),
+        "12;Stk;Träger",
+    ]
+    text = "\r\n".join(rows).replace(";", delimiter) + "\r\n"
+    _, result = extract(name, text)
+    assert [(p.line_no, p.quantity, p.item) for p in result.positions] == [
+        (3, Decimal(12), "Träger")
+    ]
+    assert result.warnings == ()
+
+
 def test_a_quoted_header_is_sniffed_as_csv():
     source = inspect_upload("liste", b'"Menge";"Bezeichnung"\n4;Rohr\n')
     assert source.format == "csv"
