@@ -120,10 +120,14 @@ _QUANTITY = re.compile(
 _RANGE_OR_FRACTION = re.compile(
     r"(?: ?[-/\u2013\u2014] ?| (?:bis|to) )\d|[\u00bc-\u00be\u2150-\u215e]", re.IGNORECASE
 )
-#: A number and a unit of pieces or weight after a line's quantity: a second quantity
-#: ("1 12 Stk Träger"); a length may describe the item ("12 10 mm Blech").
-#: (No match starts inside a number: a search over a run of digits stays linear.)
-_COUNTED = re.compile(rf"(?<![\d{_SEPARATORS}]){_NUMBER} ?(?P<unit>[^\W\d_]\w*)\.?(?=\s|$)")
+#: A number and a unit of pieces or weight after a line's quantity, maybe after ``x`` or
+#: ``+``: a second quantity ("1 12 Stk Träger", "3 x 12 Stk", "12+2 Stk"); a length may
+#: describe the item ("12 10 mm Blech"). (No match starts inside a number and a unit is
+#: short: a search stays linear.)
+_COUNTED = re.compile(
+    rf"(?:[x\u00d7+] ?)?(?<![\d{_SEPARATORS}]){_NUMBER} ?(?P<unit>[^\W\d_]\w{{0,15}})\.?(?=\s|$)",
+    re.IGNORECASE,
+)
 _COUNTED_UNITS = frozenset(
     word for word, (unit, _) in UNITS.items() if unit != Unit.METRES and word != "x"
 )
@@ -635,7 +639,7 @@ def parse_item_line(line: str) -> dict:
         # "12 steel beams": the word is part of the item, the unit defaults to pieces.
         rest = text[match.start("unit") :]
         unit_word = ""
-    counted = None if unit_word or times else _COUNTED.match(rest)
+    counted = None if unit_word and not times else _COUNTED.match(rest)
     if counted and counted.group("unit").lower() in _COUNTED_UNITS:
         shown = text[: match.start("rest")] + counted.group()
         raise LineError(

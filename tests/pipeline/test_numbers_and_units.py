@@ -150,6 +150,12 @@ def test_a_unit_the_catalog_does_not_sell_by_is_refused(line, message):
         "1\t12\tStk\tTräger",
         "3 12 Stk Blech 1000x2000",
         "2 25 kg Schrott",
+        # Packs and sums: were 3 plates of "12 Stk Blech", 5 pieces of "x100 Stk …", 12
+        # pieces of "+2 Stk Blech".
+        "3 x 12 Stk Blech 1000x2000",
+        "5x100 Stk Schraube M12",
+        "12+2 Stk Blech 1000x2000",
+        "12 + 2 Stk Blech 1000x2000",
     ],
 )
 def test_a_count_before_a_quantity_with_its_unit_is_refused(line):
