@@ -741,6 +741,19 @@ def _layout(cells: Sequence[str], delimiter: str) -> CsvLayout | None:
     return CsvLayout(delimiter=delimiter, columns=columns, length_unit=length_unit)
 
 
+def _is_spreadsheet_text(text: str) -> bool:
+    """Whether a text file is a spreadsheet saved as text (Excel's "Text (tab delimited)"
+    and "Unicode Text"; a ``;`` list): its first line a CSV header separated by tabs or
+    ``;``. Read as text, each row would be its Pos number of pieces of the rest; a heading
+    "Qty, Item" above text lines stays text."""
+    lines = text.splitlines()
+    header_no, delimiter = _csv_header(lines)
+    if header_no is None:
+        return False
+    layout = _csv_layout(lines[header_no], delimiter)
+    return layout is not None and layout.delimiter in ("\t", ";")
+
+
 # --- Markdown tables: a header row, a delimiter row ("|---|:--:|"), rows; read as CSV
 
 #: A table's delimiter row (matched on the stripped line): cells of dashes, each maybe
@@ -780,9 +793,7 @@ class LineExtractor:
 
     def extract(self, source: SourceFile) -> Extraction:
         if source.format == FileFormat.CSV or (
-            # A spreadsheet saved as text (Excel's "Text (tab delimited)" and "Unicode
-            # Text"): read as text, each row would be its Pos number of pieces.
-            source.format == FileFormat.TEXT and sniff_format(source.text) == FileFormat.CSV
+            source.format == FileFormat.TEXT and _is_spreadsheet_text(source.text)
         ):
             return self._extract_csv(source)
         positions: list[ParsedPosition] = []

@@ -390,6 +390,13 @@ def test_a_text_file_that_starts_with_a_csv_header_is_read_as_csv(delimiter):
     assert result.warnings == ()
 
 
+def test_a_comma_heading_above_text_lines_stays_text():
+    _, result = extract("liste.txt", "Qty, Item\n12 pcs steel beam HEA 200, 6 m\n")
+    assert [(p.quantity, p.item, p.length_mm) for p in result.positions] == [
+        (Decimal(12), "steel beam HEA 200", 6000)
+    ]
+
+
 # Old Mac exports end lines in CR alone: such a file was decoded as one line, so its UTF-8
 # line became mojibake ("TrÃ¤ger"), without a warning.
 @pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
