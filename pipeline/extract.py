@@ -167,6 +167,9 @@ _LEADING_LENGTH = re.compile(
     rf"(?P<lunit>{_LENGTH_UNIT})\.?(?= |$) ?",
     re.IGNORECASE,
 )
+#: Invisible characters pasted from web pages: a zero-width space is a space; a soft
+#: hyphen, zero-width (non-)joiners, a word joiner and a BOM are nothing.
+_INVISIBLE = str.maketrans({"\u200b": " ", **dict.fromkeys("\u00ad\u200c\u200d\u2060\ufeff", None)})
 #: Whitespace runs, collapsed to one space; a lone no-break or narrow no-break space
 #: between two digits stays (it groups them), elsewhere it is a space ("12\u00a0m").
 _BLANKS = re.compile(r"(?P<grouping>(?<=\d)[\u00a0\u202f](?=\d))|\s+")
@@ -560,9 +563,11 @@ def _checked_item(item: str, notes: list[str]) -> str:
 
 
 def _collapse(text: str) -> str:
-    """``text`` stripped, each run of whitespace one space (a lone no-break space between
-    digits stays: it groups them). Every pattern that reads a line runs on this."""
-    return _BLANKS.sub(lambda m: m.group() if m.group("grouping") else " ", text).strip()
+    """``text`` stripped, invisible characters dropped (:data:`_INVISIBLE`), each run of
+    whitespace one space (a lone no-break space between digits stays: it groups them).
+    Every pattern that reads a line runs on this."""
+    visible = text.translate(_INVISIBLE)
+    return _BLANKS.sub(lambda m: m.group() if m.group("grouping") else " ", visible).strip()
 
 
 def _trailing_length(

@@ -87,9 +87,18 @@ def test_a_fraction_apart_from_the_quantity_is_part_of_the_item(line, item):
         ("12 Stk Träger HEA 200, 6\u00a0m", "12", Unit.PIECES, "Träger HEA 200", 6000),
         ("12 Stk Träger,\u00a06,5\u202fm", "12", Unit.PIECES, "Träger", 6500),
         ("2\u00a0x\u00a06\u00a0m Rohr", "2", Unit.PIECES, "Rohr", 6000),
+        # Invisible characters copied from web pages: a zero-width space is a space; a
+        # soft hyphen, a word joiner and a BOM are nothing. These were 12 pieces of
+        # "m\u200b Rohr", 1 piece of "\u00ad200 m Rohr", a line that did not read.
+        ("12 m\u200b Rohr", "12", Unit.METRES, "Rohr", None),
+        ("12\u200bm Rohr", "12", Unit.METRES, "Rohr", None),
+        ("1\u00ad200 m Rohr", "1200", Unit.METRES, "Rohr", None),
+        ("\ufeff13 Stk Rohr, 6\u2060m", "13", Unit.PIECES, "Rohr", 6000),
     ],
 )
-def test_a_no_break_space_outside_a_number_is_a_space(line, quantity, unit, item, length_mm):
+def test_a_no_break_space_outside_a_number_is_a_space_and_invisibles_are_none(
+    line, quantity, unit, item, length_mm
+):
     fields = parse_item_line(line)
     assert (fields["quantity"], fields["unit"], fields["item"], fields["length_mm"]) == (
         Decimal(quantity),
