@@ -671,6 +671,14 @@ def parse_item_line(line: str) -> dict:
             raise LineError(f"the line names two piece lengths (the second: {shown!r}); write one")
         length_mm = _trailing_length(length, shown, quantity, unit, notes)
         rest = rest[: length.start()]
+        # "Träger, 6 m, 8 m": a second length in metres before it. (One in mm or cm may
+        # describe the item: "Rohr, 3 mm, 6 m".)
+        earlier = _LENGTH.search(rest, max(0, len(rest) - LENGTH_WINDOW))
+        if earlier and LENGTH_UNIT_NAMES.get((earlier.group("lunit") or "").lower()) == "m":
+            raise LineError(
+                f"the line names two piece lengths ({earlier.group().lstrip(' ,;')!r} and "
+                f"{shown!r}); write one"
+            )
     item = _checked_item(rest.strip(" ,;-"), notes)
     return {
         "label": label,

@@ -509,6 +509,9 @@ def test_a_length_form_that_leaves_a_choice_open_warns(line, item, message):
         ("70 m Rohr, Gesamtlänge 72 m", "the total length 72 m is not the quantity 70 m"),
         ("2 t Rohr, Gesamtlänge 72 m", "a total length needs a quantity in pieces or metres"),
         ("2 x 6 m Rohr, 6 m", "two piece lengths"),
+        # Was 12 beams of 8 m, "Träger, 6m" the item, without a warning.
+        ("12 Stk Träger, 6m, 8m", "two piece lengths"),
+        ("12 Stk Träger, L=6 m; 8 lfm", "two piece lengths"),
         ("7 Stk Träger, Gesamtlänge 0,001 m", "out of range"),
     ],
 )
@@ -517,6 +520,11 @@ def test_a_length_form_that_contradicts_the_line_is_refused(line, message):
     assert result.positions == ()
     (warning,) = result.warnings
     assert message in warning.message
+
+
+def test_a_length_in_millimetres_before_the_piece_length_describes_the_item():
+    fields = parse_item_line("4 Stk Rohr, 3 mm, 6 m")
+    assert (fields["item"], fields["length_mm"]) == ("Rohr, 3 mm", 6000)
 
 
 def test_an_ambiguous_length_in_millimetres_or_centimetres_still_warns():
