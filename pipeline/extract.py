@@ -703,6 +703,8 @@ class CsvLayout:
     delimiter: str
     columns: dict[str, int]
     length_unit: str | None
+    #: How many cells the header has.
+    width: int
 
 
 def _delimiter(header: str) -> str:
@@ -751,7 +753,9 @@ def _layout(cells: Sequence[str], delimiter: str) -> CsvLayout | None:
                 length_unit = _HEADER_UNIT_PREFIXES[named.group("prefix")]
     if not {"qty", "item"} <= columns.keys():
         return None
-    return CsvLayout(delimiter=delimiter, columns=columns, length_unit=length_unit)
+    return CsvLayout(
+        delimiter=delimiter, columns=columns, length_unit=length_unit, width=len(header)
+    )
 
 
 def _is_spreadsheet_text(text: str) -> bool:
@@ -929,6 +933,14 @@ class LineExtractor:
             return _collapse(cells[columns[field]]) if field in columns else ""
 
         notes: list[str] = []
+        past = [c for c in cells[layout.width :] if c.strip()]
+        if past:
+            # An unquoted delimiter in a cell shifts the rest of the row out of its columns.
+            notes.append(
+                f"the row has {len(cells)} cells, its header {layout.width}: "
+                f"{layout.delimiter.join(past)[:100]!r} is not read; quote a cell that holds "
+                "the delimiter"
+            )
         unit, factor = parse_unit(cell("unit"))
         item = _checked_item(cell("item"), notes)
         length_mm = _csv_length(cell("length"), layout, notes) if cell("length") else None

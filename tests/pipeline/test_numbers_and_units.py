@@ -338,6 +338,24 @@ def test_the_minimum_quantity_of_metre_priced_pieces_counts_metres():
 # --- smaller traps
 
 
+def test_cells_past_the_header_are_warned_about():
+    # An unquoted comma in an English CSV: "S355" fell into a cell no column names, and
+    # the flat bar was quoted in the assumed S235, without a warning. Empty cells past
+    # the header (as spreadsheets write them) need none.
+    _, result = extract("order.csv", "qty,unit,item\n12,m,flat bar 40x5, S355\n4,m,tube,,\n")
+    assert [(p.item, p.material) for p in result.positions] == [
+        ("flat bar 40x5", ""),
+        ("tube", ""),
+    ]
+    assert [(w.line_no, w.message) for w in result.warnings] == [
+        (
+            2,
+            "the row has 4 cells, its header 3: ' S355' is not read; quote a cell that "
+            "holds the delimiter",
+        )
+    ]
+
+
 def test_a_csv_with_a_quoted_header_is_read():
     text = (
         '"Position";"Menge";"Einheit";"Bezeichnung";"Länge"\n"1";"4";"Stk";"Träger HEA 200";"6 m"\n'
