@@ -165,6 +165,14 @@ class InvalidCatalog(PipelineError):
     retryable = False
 
 
+class QuoteTooLarge(PipelineError):
+    """A position's total or the quote passes what a quote holds."""
+
+    status = 422
+    code = "quote_too_large"
+    retryable = False
+
+
 class StageInputChanged(PipelineError):
     """A stage's input no longer matches what the stage before it decided."""
 

@@ -10,7 +10,8 @@ Formats (German and English units: pcs/Stk/Stück, m/lfm, mm, cm, kg, t):
 
 * text: one item per line, ``12 pcs steel beam HEA 200, 6 m``; ``#`` starts a comment;
 * CSV: a header row ``position;qty;unit;item;material;length_mm`` (German names such as
-  ``menge``/``einheit``/``bezeichnung`` too; ``;``, ``,`` or tab separated);
+  ``menge``/``einheit``/``bezeichnung`` too; ``;``, ``,`` or tab separated); a text file
+  whose first line is such a header is read as CSV;
 * Markdown: list items (``-``, ``*``, ``+``, ``1.``) in the text format; other lines are
   prose and ignored;
 * in text and Markdown, a Markdown table (a header row, a delimiter row ``|---|---|``,
@@ -71,6 +72,15 @@ UNITS: dict[str, tuple[Unit, Decimal]] = {
     **dict.fromkeys(["kg", "kilo", "kilogramm", "kilogram"], (Unit.KILOGRAMS, Decimal(1))),
     **dict.fromkeys(["t", "to", "tonne", "tonnen", "tons"], (Unit.KILOGRAMS, Decimal(1000))),
 }
+#: Units of what the catalog does not sell by (area, volume, imperial, grams): after a
+#: quantity they refuse the line rather than become part of the item, which would make
+#: "12 m² Blech" twelve pieces (matched lower case).
+FOREIGN_UNITS = frozenset(
+    {"m²", "m2", "qm", "sqm", "m³", "m3", "cbm", "l", "ltr", "liter", "litre", "g"}
+    | {"ft", "feet", "foot", "inch", "inches", "zoll", "yd", "yard", "yards", "lb", "lbs"}
+)
+#: Right after a quantity's digits: inches ("10\"") and feet ("20'").
+_INCHES_OR_FEET = {'"': "inches", "\u2033": "inches", "'": "feet", "\u2032": "feet"}
 LENGTH_UNITS = {"mm": Decimal(1), "cm": Decimal(10), "m": Decimal(1000)}
 #: Length unit spellings -> the length unit (matched lower case).
 LENGTH_UNIT_NAMES = {
@@ -94,8 +104,6 @@ _SEPARATORS = ".," + GROUP_ONLY
 _NUMBER = rf"\d+(?:[{_SEPARATORS}]\d+)*"
 _NUMBER_TOKEN = re.compile(_NUMBER)
 _GROUP_ONLY = re.compile(f"[{GROUP_ONLY}]")
-#: A whitespace run that stays as it is when blanks are collapsed: one grouping space.
-_LONE_GROUPING = frozenset("\u00a0\u202f")
 _GROUPED_DECIMAL = re.compile(r"(?P<integer>[\d']+)(?:[.,](?P<fraction>\d+))?")
 
 
@@ -107,8 +115,22 @@ _QUANTITY = re.compile(
     rf"^(?P<qty>{_NUMBER})(?P<groups>(?: \d{{3}}(?=\s|$))*(?: \d{{3}}[.,]\d+(?=\s|$))?) ?"
     r"(?:(?P<times>[x\u00d7])(?=\s)|(?P<unit>[^\W\d_]\w*)\.?(?=\s|$))? ?(?P<rest>.*)$"
 )
-#: Right after a quantity without unit: a range ("2-3", an en dash too) or a fraction ("1/2").
-_RANGE_OR_FRACTION = re.compile(r"[-/\u2013\u2014] ?\d")
+#: Right after a quantity's number: a range ("2-3", an en dash too, "2 bis 3", "2 to 3"), a
+#: fraction ("1/2") or a vulgar fraction glued to it ("2½"; "12 ½\" Rohr" is an item's).
+_RANGE_OR_FRACTION = re.compile(
+    r"(?: ?[-/\u2013\u2014] ?| (?:bis|to) )\d|[\u00bc-\u00be\u2150-\u215e]", re.IGNORECASE
+)
+#: A number and a unit of pieces or weight after a line's quantity, maybe after ``x`` or
+#: ``+``: a second quantity ("1 12 Stk Träger", "3 x 12 Stk", "12+2 Stk"); a length may
+#: describe the item ("12 10 mm Blech"). (No match starts inside a number and a unit is
+#: short: a search stays linear.)
+_COUNTED = re.compile(
+    rf"(?:[x\u00d7+] ?)?(?<![\d{_SEPARATORS}]){_NUMBER} ?(?P<unit>[^\W\d_]\w{{0,15}})\.?(?=\s|$)",
+    re.IGNORECASE,
+)
+_COUNTED_UNITS = frozenset(
+    word for word, (unit, _) in UNITS.items() if unit != Unit.METRES and word != "x"
+)
 #: A cell's quantity grouped by plain spaces: "12 000", "12 345,5".
 _SPACE_GROUPED = re.compile(r"\d{1,3}(?: \d{3})+(?:[.,]\d+)?")
 _LENGTH_UNIT = r"(?:mm|cm|meters?|metres?|lfdm|lfm|m)"
@@ -145,8 +167,12 @@ _LEADING_LENGTH = re.compile(
     rf"(?P<lunit>{_LENGTH_UNIT})\.?(?= |$) ?",
     re.IGNORECASE,
 )
-#: Whitespace runs, collapsed to one space (one no-break space stays: it groups digits).
-_BLANKS = re.compile(r"\s+")
+#: Invisible characters pasted from web pages: a zero-width space is a space; a soft
+#: hyphen, zero-width (non-)joiners, a word joiner and a BOM are nothing.
+_INVISIBLE = str.maketrans({"\u200b": " ", **dict.fromkeys("\u00ad\u200c\u200d\u2060\ufeff", None)})
+#: Whitespace runs, collapsed to one space; a lone no-break or narrow no-break space
+#: between two digits stays (it groups them), elsewhere it is a space ("12\u00a0m").
+_BLANKS = re.compile(r"(?P<grouping>(?<=\d)[\u00a0\u202f](?=\d))|\s+")
 #: A length column's header with its unit: "length_mm", "Länge (m)", "Länge [mm]",
 #: "Länge in m", "Länge/mm", "Länge (Meter)", "length in metres" (matched lower case).
 _LENGTH_HEADER = re.compile(
@@ -320,8 +346,9 @@ def format_by_name(filename: str) -> FileFormat | None:
 
 def sniff_format(text: str) -> FileFormat:
     """The format of a file without an extension, from its content."""
-    first = next((line for line in text.splitlines() if line.strip()), "")
-    if _csv_layout(first) is not None:
+    lines = text.splitlines()
+    header_no, delimiter = _csv_header(lines)
+    if header_no is not None and _csv_layout(lines[header_no], delimiter) is not None:
         return FileFormat.CSV
     if any(_LIST_MARKER.match(line) for line in text.splitlines()):
         return FileFormat.MARKDOWN
@@ -388,7 +415,8 @@ def _decode_lines(data: bytes) -> tuple[str, tuple[tuple[int, str], ...]]:
     notes: list[tuple[int, str]] = []
     utf8_seen = False
     line_no = 1
-    for raw in data.split(b"\n"):
+    # Lines end in LF, CRLF or CR alone (old Mac exports), each kept as it was.
+    for raw in data.splitlines(keepends=True):
         try:
             line = raw.decode("utf-8")
             utf8_seen = utf8_seen or not raw.isascii()
@@ -410,7 +438,7 @@ def _decode_lines(data: bytes) -> tuple[str, tuple[tuple[int, str], ...]]:
             (n, "this line is not UTF-8 like the rest of the file; read as Windows-1252")
             for n in fallback
         )
-    return "\n".join(lines), tuple(sorted(notes))
+    return "".join(lines), tuple(sorted(notes))
 
 
 def inspect_upload(filename: str, data: bytes) -> SourceFile:
@@ -535,9 +563,11 @@ def _checked_item(item: str, notes: list[str]) -> str:
 
 
 def _collapse(text: str) -> str:
-    """``text`` stripped, each run of whitespace one space (a lone no-break space stays:
-    it groups digits). Every pattern that reads a line runs on this."""
-    return _BLANKS.sub(lambda m: m.group() if m.group() in _LONE_GROUPING else " ", text).strip()
+    """``text`` stripped, invisible characters dropped (:data:`_INVISIBLE`), each run of
+    whitespace one space (a lone no-break space between digits stays: it groups them).
+    Every pattern that reads a line runs on this."""
+    visible = text.translate(_INVISIBLE)
+    return _BLANKS.sub(lambda m: m.group() if m.group("grouping") else " ", visible).strip()
 
 
 def _trailing_length(
@@ -588,9 +618,9 @@ def parse_item_line(line: str) -> dict:
     rest = match.group("rest")
     unit_word = match.group("unit") or ""
     times = bool(match.group("times")) or unit_word.lower() == "x"
-    ranged = None if unit_word else _RANGE_OR_FRACTION.match(rest)
+    ranged = _RANGE_OR_FRACTION.match(text, match.end("groups"))
     if ranged:
-        shown = text[: match.start("rest")] + ranged.group()
+        shown = text[: ranged.end()]
         raise LineError(f"{shown!r} reads as a range or a fraction of quantities; write one")
     if not unit_word and not times and rest[:1] in (",", ";"):
         # "5, m Rohr": the decimals are missing, or the separator is a typo.
@@ -599,10 +629,28 @@ def parse_item_line(line: str) -> dict:
             f"{shown!r} ends in a separator; write the number whole ('5 m') "
             "or with its decimals ('5,5 m')"
         )
+    imperial = _INCHES_OR_FEET.get(text[match.end("groups") : match.end("groups") + 1])
+    if imperial:
+        raise LineError(
+            f"{text[: match.end('groups') + 1]!r} reads as {imperial}; write the quantity "
+            "in pieces, metres or kilograms (pcs, m, kg)"
+        )
+    if unit_word.lower().rstrip(".") in FOREIGN_UNITS:
+        raise LineError(
+            f"unit {unit_word!r} is not one an inquiry is priced in; write pieces, metres "
+            "or kilograms (pcs, m, kg)"
+        )
     if unit_word and unit_word.lower().rstrip(".") not in UNITS:
         # "12 steel beams": the word is part of the item, the unit defaults to pieces.
         rest = text[match.start("unit") :]
         unit_word = ""
+    counted = None if unit_word and not times else _COUNTED.match(rest)
+    if counted and counted.group("unit").lower() in _COUNTED_UNITS:
+        shown = text[: match.start("rest")] + counted.group()
+        raise LineError(
+            f"{shown!r} holds two numbers before the item; write one quantity, and a "
+            "position number as 'Pos 1: 12 Stk …'"
+        )
     qty = match.group("qty")
     if match.group("groups"):
         qty = _space_grouped(qty + match.group("groups"), notes)
@@ -623,6 +671,14 @@ def parse_item_line(line: str) -> dict:
             raise LineError(f"the line names two piece lengths (the second: {shown!r}); write one")
         length_mm = _trailing_length(length, shown, quantity, unit, notes)
         rest = rest[: length.start()]
+        # "Träger, 6 m, 8 m": a second length in metres before it. (One in mm or cm may
+        # describe the item: "Rohr, 3 mm, 6 m".)
+        earlier = _LENGTH.search(rest, max(0, len(rest) - LENGTH_WINDOW))
+        if earlier and LENGTH_UNIT_NAMES.get((earlier.group("lunit") or "").lower()) == "m":
+            raise LineError(
+                f"the line names two piece lengths ({earlier.group().lstrip(' ,;')!r} and "
+                f"{shown!r}); write one"
+            )
     item = _checked_item(rest.strip(" ,;-"), notes)
     return {
         "label": label,
@@ -647,16 +703,33 @@ class CsvLayout:
     delimiter: str
     columns: dict[str, int]
     length_unit: str | None
+    #: How many cells the header has.
+    width: int
 
 
 def _delimiter(header: str) -> str:
     return ";" if ";" in header else "\t" if "\t" in header else ","
 
 
-def _csv_layout(header_line: str) -> CsvLayout | None:
+#: Excel's first line when asked to name the delimiter: ``sep=;``.
+_EXCEL_SEPARATOR = re.compile(r"sep=(?P<delimiter>[;,\t|])", re.IGNORECASE)
+
+
+def _csv_header(lines: Sequence[str]) -> tuple[int | None, str | None]:
+    """The index of a CSV's header row — its first non-empty line, or the one after
+    Excel's ``sep=;`` — and the delimiter that line named (None: the header decides)."""
+    filled = (index for index, line in enumerate(lines) if line.strip())
+    first = next(filled, None)
+    named = None if first is None else _EXCEL_SEPARATOR.fullmatch(lines[first].strip(" \r\n"))
+    if named is None:
+        return first, None
+    return next(filled, None), named.group("delimiter")
+
+
+def _csv_layout(header_line: str, delimiter: str | None = None) -> CsvLayout | None:
     """The layout a header row names, or None unless it names at least qty and item.
     Cells may be quoted (``"Position";"Menge"``)."""
-    delimiter = _delimiter(header_line)
+    delimiter = delimiter or _delimiter(header_line)
     return _layout(next(csv.reader([header_line], delimiter=delimiter), []), delimiter)
 
 
@@ -680,7 +753,22 @@ def _layout(cells: Sequence[str], delimiter: str) -> CsvLayout | None:
                 length_unit = _HEADER_UNIT_PREFIXES[named.group("prefix")]
     if not {"qty", "item"} <= columns.keys():
         return None
-    return CsvLayout(delimiter=delimiter, columns=columns, length_unit=length_unit)
+    return CsvLayout(
+        delimiter=delimiter, columns=columns, length_unit=length_unit, width=len(header)
+    )
+
+
+def _is_spreadsheet_text(text: str) -> bool:
+    """Whether a text file is a spreadsheet saved as text (Excel's "Text (tab delimited)"
+    and "Unicode Text"; a ``;`` list): its first line a CSV header separated by tabs or
+    ``;``. Read as text, each row would be its Pos number of pieces of the rest; a heading
+    "Qty, Item" above text lines stays text."""
+    lines = text.splitlines()
+    header_no, delimiter = _csv_header(lines)
+    if header_no is None:
+        return False
+    layout = _csv_layout(lines[header_no], delimiter)
+    return layout is not None and layout.delimiter in ("\t", ";")
 
 
 # --- Markdown tables: a header row, a delimiter row ("|---|:--:|"), rows; read as CSV
@@ -721,7 +809,9 @@ class LineExtractor:
     (or table row)."""
 
     def extract(self, source: SourceFile) -> Extraction:
-        if source.format == FileFormat.CSV:
+        if source.format == FileFormat.CSV or (
+            source.format == FileFormat.TEXT and _is_spreadsheet_text(source.text)
+        ):
             return self._extract_csv(source)
         positions: list[ParsedPosition] = []
         warnings: list[LineWarning] = []
@@ -800,11 +890,11 @@ class LineExtractor:
 
     def _extract_csv(self, source: SourceFile) -> Extraction:
         lines = source.text.splitlines()
-        header_no = next((i for i, line in enumerate(lines) if line.strip()), None)
+        header_no, delimiter = _csv_header(lines)
         if header_no is None:
             return Extraction(positions=(), warnings=())
         header_line = lines[header_no]
-        layout = _csv_layout(header_line)
+        layout = _csv_layout(header_line, delimiter)
         if layout is None:
             message = f"the first row must be a header such as {CSV_HEADER_HINT!r}"
             warning = _warning(source, header_no + 1, header_line, message)
@@ -843,6 +933,14 @@ class LineExtractor:
             return _collapse(cells[columns[field]]) if field in columns else ""
 
         notes: list[str] = []
+        past = [c for c in cells[layout.width :] if c.strip()]
+        if past:
+            # An unquoted delimiter in a cell shifts the rest of the row out of its columns.
+            notes.append(
+                f"the row has {len(cells)} cells, its header {layout.width}: "
+                f"{layout.delimiter.join(past)[:100]!r} is not read; quote a cell that holds "
+                "the delimiter"
+            )
         unit, factor = parse_unit(cell("unit"))
         item = _checked_item(cell("item"), notes)
         length_mm = _csv_length(cell("length"), layout, notes) if cell("length") else None

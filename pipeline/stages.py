@@ -33,6 +33,7 @@ from pipeline.audit import audit_entry_create
 from pipeline.catalog import check_position, price_position
 from pipeline.exceptions import (
     PipelineError,
+    QuoteTooLarge,
     StageInputChanged,
     StageInputStale,
     StageSuperseded,
@@ -46,7 +47,7 @@ from pipeline.extract import (
     inspect_upload,
     read_source,
 )
-from pipeline.limits import MAX_POSITIONS, MAX_WARNINGS, UNSTORABLE
+from pipeline.limits import MAX_AMOUNT, MAX_POSITIONS, MAX_WARNINGS, UNSTORABLE
 from pipeline.models import (
     Anfrage,
     AnfrageFile,
@@ -387,6 +388,13 @@ def _calculate_compute(
         position.unit_price = price.unit_price
         position.total = price.total
         total += price.total
+        if total > MAX_AMOUNT:
+            # Refused here, not by the column: an overflow in the closing transaction is
+            # "a database error", and retrying it changes nothing.
+            raise QuoteTooLarge(
+                f"the quote is too large: position {position.position_index} brings it past "
+                f"{MAX_AMOUNT:,} {catalog.currency}; check the quantities"
+            )
     return positions, total, catalog.currency
 
 

@@ -18,10 +18,11 @@ text. Then:
 * a key matches its source's key in any case (``[S1]`` cites source ``s1``; the API
   refuses two source keys that differ only in case);
 * ``[sic]`` (any case) is an editorial note, never a citation;
-* a sentence ends after ``.``, ``!`` or ``?`` (and closing quotes) followed by space
+* a sentence ends after ``.``, ``!``, ``?`` or ``…`` (and closing quotes) followed by space
   or by a marker's ``[`` (``…blue.[s1] Grass``), unless the next word starts in lower
   case, or the word is an abbreviation (``e.g.``, ``i.e.``, ``cf.``, ``et al.``,
-  ``Dr.``, ``Fig.`` …, see ``_ABBREVIATIONS``) or an initial; a block always ends one.
+  ``Dr.``, ``Fig.`` …, see ``_ABBREVIATIONS``) or an initial (``J.``, ``U.S.``); a block
+  always ends one.
 
 Citations are numbered ``c1, c2, …`` in document order (an element at its start, a
 marker where it stands), so re-extracting the same document yields the same citations.
@@ -87,12 +88,13 @@ _BRACKET = re.compile(rf"\[({_KEY}(?:\s*[,;]\s*{_KEY})*)\]")
 _SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,;:!?])")
 #: A sentence's end: its punctuation (and closing quotes) before space or a marker's
 #: bracket ("…blue.[s1] Grass", "…blue.<sup>[1]</sup> Grass").
-_SENTENCE_END = re.compile(r"([.!?])[\"'\u201d\u2019)]*(?=\s|\[)")
+_SENTENCE_END = re.compile(r"([.!?\u2026])[\"'\u201d\u2019)]*(?=\s|\[)")
 _NEXT_WORD = re.compile(r"\s*(\S)")
 _LEADING_MARKERS = re.compile(rf"(?:\s|{_BRACKET.pattern})*")
 _LONGEST_ABBREVIATION = 12
 _CLAIM_WINDOW = 4 * MAX_CLAIM_CHARS
-_INITIAL = re.compile(r"[a-z]\.")
+#: An initial, or an abbreviation of initials ("J.", "U.S.", "e.u.").
+_INITIAL = re.compile(r"(?:[a-z]\.)+")
 _WORD = re.compile(r"[a-z0-9]+")
 _STOPWORDS = frozenset(
     (  # noqa: SIM905
@@ -196,7 +198,7 @@ def _is_editorial(keys: str) -> bool:
 
 
 def _sentence_ends(block: str) -> list[int]:
-    """Where each sentence of ``block`` ends (exclusive): after ``.``, ``!`` or ``?``
+    """Where each sentence of ``block`` ends (exclusive): after ``.``, ``!``, ``?`` or ``…``
     (and closing quotes) followed by space or ``[``, unless the word is an abbreviation or an
     initial, or the next word starts in lower case. Linear in the block's length."""
     ends = []

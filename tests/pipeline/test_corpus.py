@@ -187,6 +187,42 @@ EXPECTED: dict[str, dict] = {
         "warnings": [],
         "quote": "1759.50",
     },
+    # Copied from a word processor: a no-break space (a narrow one too) between a number
+    # and its unit, between a thousand and its hundreds, and inside the item; a vulgar
+    # fraction and a range in words.
+    "word_kopie.txt": {
+        "positions": [
+            # 12 m < 50 m: 6.80/m
+            P(1, "12", "m", "Flachstahl 40x5", None, "S235 (steel)", "81.60"),
+            # 4 x 6 m = 24 m >= 10 m: 39.50/m, 237.00 a piece
+            P(2, "4", "pcs", "Träger HEA 200", 6000, "S235 (assumed)", "948.00"),
+            # 1250 kg >= 1000 kg: 1.18/kg
+            P(3, "1250", "kg", "Betonstahl", None, "S235 (steel)", "1475.00"),
+        ],
+        "warnings": [(4, "'2½' reads as a range or a fraction"), (5, "'200 bis 3")],
+        "quote": "2504.60",
+    },
+    # Excel's "Unicode Text" export: UTF-16, tab separated, a header row, saved as .txt.
+    "excel_unicode.txt": {
+        "positions": [
+            # 12 x 6 m = 72 m >= 50 m: 36.00/m, 216.00 a piece
+            P(2, "12", "pcs", "Träger HEA 200", 6000, "S235 (assumed)", "2592.00"),
+            # 1200 m >= 200 m: 5.40/m
+            P(3, "1200", "m", "Flachstahl 40x5", None, "S235 (steel)", "6480.00"),
+        ],
+        "warnings": [(3, "'1.200' is read as 1200")],
+        "quote": "9072.00",
+    },
+    # Units the catalog does not sell by (area, feet, inches), and a position number
+    # before the quantity: refused, not pieces.
+    "einheiten.txt": {
+        "positions": [
+            # 6 pcs < 10: 58.00
+            P(5, "6", "pcs", "Blech 1000x2000x3", None, "S235 (assumed)", "348.00"),
+        ],
+        "warnings": [(1, "'m²'"), (2, "'qm'"), (3, "'ft'"), (4, "inches"), (6, "two numbers")],
+        "quote": "348.00",
+    },
     # UTF-16 (little-endian) without a BOM: its NUL bytes tell.
     "utf16_ohne_bom.txt": {
         "positions": [

@@ -66,11 +66,122 @@ def test_an_ambiguous_quantity_is_read_as_thousands_and_warned_about(line, quant
     assert "decimal" in warning.message or "without spaces" in warning.message
 
 
-@pytest.mark.parametrize("line", ["2-3 Stk Schraube M12", "1/2 m Rohr", "2 \u2013 3 Stk Rohr"])
+@pytest.mark.parametrize(
+    ("line", "item"),
+    [('12 ½" Rohrschelle', '½" Rohrschelle'), ('2 Stk Rohr 1/2"', 'Rohr 1/2"')],
+)
+def test_a_fraction_apart_from_the_quantity_is_part_of_the_item(line, item):
+    fields = parse_item_line(line)
+    assert (fields["quantity"], fields["item"]) == (Decimal(int(line.split()[0])), item)
+
+
+@pytest.mark.parametrize(
+    ("line", "quantity", "unit", "item", "length_mm"),
+    [
+        # Was 12 pieces of "\u00a0m Flachstahl", without a warning.
+        ("12\u00a0m Flachstahl", "12", Unit.METRES, "Flachstahl", None),
+        ("12\u202fm Rohr", "12", Unit.METRES, "Rohr", None),
+        ("1\u00a0234\u00a0kg Betonstahl", "1234", Unit.KILOGRAMS, "Betonstahl", None),
+        ("12 Stk\u00a0Träger HEA\u00a0200", "12", Unit.PIECES, "Träger HEA 200", None),
+        # Was a beam without a length, its "6\u00a0m" left in the item.
+        ("12 Stk Träger HEA 200, 6\u00a0m", "12", Unit.PIECES, "Träger HEA 200", 6000),
+        ("12 Stk Träger,\u00a06,5\u202fm", "12", Unit.PIECES, "Träger", 6500),
+        ("2\u00a0x\u00a06\u00a0m Rohr", "2", Unit.PIECES, "Rohr", 6000),
+        # Invisible characters copied from web pages: a zero-width space is a space; a
+        # soft hyphen, a word joiner and a BOM are nothing. These were 12 pieces of
+        # "m\u200b Rohr", 1 piece of "\u00ad200 m Rohr", a line that did not read.
+        ("12 m\u200b Rohr", "12", Unit.METRES, "Rohr", None),
+        ("12\u200bm Rohr", "12", Unit.METRES, "Rohr", None),
+        ("1\u00ad200 m Rohr", "1200", Unit.METRES, "Rohr", None),
+        ("\ufeff13 Stk Rohr, 6\u2060m", "13", Unit.PIECES, "Rohr", 6000),
+    ],
+)
+def test_a_no_break_space_outside_a_number_is_a_space_and_invisibles_are_none(
+    line, quantity, unit, item, length_mm
+):
+    fields = parse_item_line(line)
+    assert (fields["quantity"], fields["unit"], fields["item"], fields["length_mm"]) == (
+        Decimal(quantity),
+        unit,
+        item,
+        length_mm,
+    )
+    assert fields["notes"] == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "2-3 Stk Schraube M12",
+        "1/2 m Rohr",
+        "2 \u2013 3 Stk Rohr",
+        # These were 2 pieces of "½ m Rohr", 200 pieces of "bis 300 Stk Schraube M12", ...
+        "2½ m Rohr",
+        "2\u00bc Stk Blech",
+        "200 bis 300 Stk Schraube M12",
+        "200 to 300 pcs bolt M12",
+        "4 BIS 6 m Rohr",
+    ],
+)
 def test_a_range_or_fraction_of_quantities_is_refused(line):
     # "2-3 Stk Schraube" was 2 pieces of an item "3 Stk Schraube M12", without a warning.
     with pytest.raises(LineError, match="a range or a fraction"):
         parse_item_line(line)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        # Each was that many pieces of the rest ("12 pcs of 'm² Blech'"): a sheet is
+        # priced by the piece, so 12 m² were quoted as 12 plates, without a warning.
+        ("12 m² Blech 2 mm", "unit 'm²'"),
+        ("12 m2 Blech 2 mm", "unit 'm2'"),
+        ("3 qm Blech", "unit 'qm'"),
+        ("2 m³ Sand", "unit 'm³'"),
+        ("20 ft steel pipe", "unit 'ft'"),
+        ("100 lbs bolts", "unit 'lbs'"),
+        ('10" Rohr', "inches"),
+        ("10\u2033 Rohr", "inches"),
+        ("20' pipe", "feet"),
+    ],
+)
+def test_a_unit_the_catalog_does_not_sell_by_is_refused(line, message):
+    with pytest.raises(LineError, match=message):
+        parse_item_line(line)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # A position number, then the quantity: was 1 piece of "12 Stk Träger HEA 200"
+        # (and 3 plates of "12 Stk Blech" were priced as 3), without a warning.
+        "1 12 Stk Träger HEA 200",
+        "1\t12\tStk\tTräger",
+        "3 12 Stk Blech 1000x2000",
+        "2 25 kg Schrott",
+        # Packs and sums: were 3 plates of "12 Stk Blech", 5 pieces of "x100 Stk …", 12
+        # pieces of "+2 Stk Blech".
+        "3 x 12 Stk Blech 1000x2000",
+        "5x100 Stk Schraube M12",
+        "12+2 Stk Blech 1000x2000",
+        "12 + 2 Stk Blech 1000x2000",
+    ],
+)
+def test_a_count_before_a_quantity_with_its_unit_is_refused(line):
+    with pytest.raises(LineError, match="two numbers before"):
+        parse_item_line(line)
+
+
+@pytest.mark.parametrize(
+    ("line", "item"),
+    [
+        ("12 40 x 5 Flachstahl", "40 x 5 Flachstahl"),
+        ("12 10 mm Blech", "10 mm Blech"),
+        ("12 1.4301 Schraube", "1.4301 Schraube"),
+    ],
+)
+def test_a_number_that_describes_the_item_stays_in_it(line, item):
+    assert parse_item_line(line)["item"] == item
 
 
 @pytest.mark.parametrize("line", ["0,0004 m Rohr", "0.1 mm Draht"])
@@ -227,6 +338,24 @@ def test_the_minimum_quantity_of_metre_priced_pieces_counts_metres():
 # --- smaller traps
 
 
+def test_cells_past_the_header_are_warned_about():
+    # An unquoted comma in an English CSV: "S355" fell into a cell no column names, and
+    # the flat bar was quoted in the assumed S235, without a warning. Empty cells past
+    # the header (as spreadsheets write them) need none.
+    _, result = extract("order.csv", "qty,unit,item\n12,m,flat bar 40x5, S355\n4,m,tube,,\n")
+    assert [(p.item, p.material) for p in result.positions] == [
+        ("flat bar 40x5", ""),
+        ("tube", ""),
+    ]
+    assert [(w.line_no, w.message) for w in result.warnings] == [
+        (
+            2,
+            "the row has 4 cells, its header 3: ' S355' is not read; quote a cell that "
+            "holds the delimiter",
+        )
+    ]
+
+
 def test_a_csv_with_a_quoted_header_is_read():
     text = (
         '"Position";"Menge";"Einheit";"Bezeichnung";"Länge"\n"1";"4";"Stk";"Träger HEA 200";"6 m"\n'
@@ -235,6 +364,24 @@ def test_a_csv_with_a_quoted_header_is_read():
     assert [(p.label, p.quantity, p.item, p.length_mm) for p in result.positions] == [
         ("1", Decimal(4), "Träger HEA 200", 6000)
     ]
+
+
+@pytest.mark.parametrize(
+    ("name", "delimiter"), [("liste.csv", ";"), ("liste", ","), ("a.txt", "\t")]
+)
+def test_excels_separator_line_names_the_delimiter(name, delimiter):
+    # Excel writes "sep=;" before the header when asked to; the file had no header then.
+    rows = [
+        "sep=" + delimiter,
+        delimiter.join(["Menge", "Einheit", "Bezeichnung"]),
+        "12;Stk;Träger",
+    ]
+    text = "\r\n".join(rows).replace(";", delimiter) + "\r\n"
+    _, result = extract(name, text)
+    assert [(p.line_no, p.quantity, p.item) for p in result.positions] == [
+        (3, Decimal(12), "Träger")
+    ]
+    assert result.warnings == ()
 
 
 def test_a_quoted_header_is_sniffed_as_csv():
@@ -257,13 +404,36 @@ def test_fractional_pieces_are_refused(data):
     assert "must be whole" in result.warnings[0].message
 
 
-def test_one_bad_byte_spoils_only_its_own_line():
-    data = "4 Stk Träger HEA 200, 6 m\n".encode() + "2 Stk Rohr f\xfcr Gel\xe4nder, 3 m\n".encode(
-        "cp1252"
-    )
+@pytest.mark.parametrize("delimiter", ["\t", ";"])
+def test_a_text_file_that_starts_with_a_csv_header_is_read_as_csv(delimiter):
+    # Excel's "Text (tab delimited)" export, saved as .txt: each row was its Pos number of
+    # pieces of the rest ("1 pcs of '12 Stk Träger'"), with a warning on the header only.
+    rows = ["Pos", "Menge", "Einheit", "Bezeichnung"], ["1", "12", "Stk", "Träger"]
+    text = "".join(delimiter.join(row) + "\r\n" for row in rows)
+    _, result = extract("liste.txt", text.encode("utf-16"))
+    assert [(p.label, p.quantity, p.unit, p.item) for p in result.positions] == [
+        ("1", Decimal(12), Unit.PIECES, "Träger")
+    ]
+    assert result.warnings == ()
+
+
+def test_a_comma_heading_above_text_lines_stays_text():
+    _, result = extract("liste.txt", "Qty, Item\n12 pcs steel beam HEA 200, 6 m\n")
+    assert [(p.quantity, p.item, p.length_mm) for p in result.positions] == [
+        (Decimal(12), "steel beam HEA 200", 6000)
+    ]
+
+
+# Old Mac exports end lines in CR alone: such a file was decoded as one line, so its UTF-8
+# line became mojibake ("TrÃ¤ger"), without a warning.
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_one_bad_byte_spoils_only_its_own_line(newline):
+    first, second = "4 Stk Träger HEA 200, 6 m", "2 Stk Rohr f\xfcr Gel\xe4nder, 3 m"
+    data = (first + newline).encode() + (second + newline).encode("cp1252")
     source, result = extract("items.txt", data)
     assert [p.item for p in result.positions] == ["Träger HEA 200", "Rohr für Geländer"]
     assert [(w.line_no, "not UTF-8" in w.message) for w in source.warnings] == [(2, True)]
+    assert source.text.splitlines() == [first, second]
 
 
 def test_a_windows_1252_file_needs_no_warning():
@@ -357,6 +527,9 @@ def test_a_length_form_that_leaves_a_choice_open_warns(line, item, message):
         ("70 m Rohr, Gesamtlänge 72 m", "the total length 72 m is not the quantity 70 m"),
         ("2 t Rohr, Gesamtlänge 72 m", "a total length needs a quantity in pieces or metres"),
         ("2 x 6 m Rohr, 6 m", "two piece lengths"),
+        # Was 12 beams of 8 m, "Träger, 6m" the item, without a warning.
+        ("12 Stk Träger, 6m, 8m", "two piece lengths"),
+        ("12 Stk Träger, L=6 m; 8 lfm", "two piece lengths"),
         ("7 Stk Träger, Gesamtlänge 0,001 m", "out of range"),
     ],
 )
@@ -365,6 +538,11 @@ def test_a_length_form_that_contradicts_the_line_is_refused(line, message):
     assert result.positions == ()
     (warning,) = result.warnings
     assert message in warning.message
+
+
+def test_a_length_in_millimetres_before_the_piece_length_describes_the_item():
+    fields = parse_item_line("4 Stk Rohr, 3 mm, 6 m")
+    assert (fields["item"], fields["length_mm"]) == ("Rohr, 3 mm", 6000)
 
 
 def test_an_ambiguous_length_in_millimetres_or_centimetres_still_warns():

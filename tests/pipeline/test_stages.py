@@ -291,6 +291,19 @@ def test_a_vanished_catalog_item_fails_calculate_without_retries(tenant):
     assert runs(anfrage)["calculate"] == ("failed", 1)
 
 
+def test_a_quote_too_large_to_store_fails_calculate_without_retries(tenant):
+    # 999,999,999 beams of 12 m cost 431,999,999,568.00 each: three pass the 10^12 a
+    # quote holds. It was a numeric overflow in the closing transaction, shown as "a
+    # database error" and retried for nothing.
+    anfrage = submit(tenant, {"a.txt": "999.999.999 Stk Träger HEA 200, 12 m\n" * 3})
+    run_stages(anfrage.id, [Stage.INTAKE, Stage.EXTRACT, Stage.FEASIBILITY])
+    with pytest.raises(DoNotRetry, match="too large"):
+        pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.CALCULATE)
+    run = PipelineRun.objects.get(anfrage=anfrage, stage="calculate")
+    assert run.status == "failed" and run.error.startswith("QuoteTooLarge: ")
+    assert Anfrage.objects.get(pk=anfrage.id).quote_total is None
+
+
 def test_a_broken_catalog_is_recorded_on_the_run_and_not_retried(tenant):
     Catalog.objects.create(tenant=tenant, name="empty", materials={})
     anfrage = submit(tenant)

@@ -158,6 +158,18 @@ CASES = {
         "<p>Pigments, e.g. Chlorophyll, make grass green [s2].</p>",
         [("s2", "Pigments, e.g. Chlorophyll, make grass green.", OK)],
     ),
+    "an abbreviation of initials does not end a sentence": (
+        f"<p>{GRASS}. U.S. Rayleigh scattering makes the sky blue [s1].</p>",
+        [("s1", "U.S. Rayleigh scattering makes the sky blue.", OK)],
+    ),
+    "an ellipsis ends a sentence": (
+        f"<p>{SKY}\u2026[s1] {GRASS} [s2]. {SKY}\u2026 and more [s1].</p>",
+        [
+            ("s1", f"{SKY}\u2026", OK),
+            ("s2", f"{GRASS}.", OK),
+            ("s1", f"{SKY}\u2026 and more.", OK),
+        ],
+    ),
     "a title abbreviation does not end a sentence": (
         "<p>Dr. Rayleigh showed why the sky is blue [s1].</p>",
         [("s1", "Dr. Rayleigh showed why the sky is blue.", OK)],
