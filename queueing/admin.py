@@ -30,6 +30,7 @@ from urllib.parse import urlencode
 from django.contrib import admin, messages
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -129,13 +130,15 @@ class RunnableFilter(admin.SimpleListFilter):
     NO_WORKER = "no_worker"
 
     def lookups(self, request: HttpRequest, model_admin):
-        return [(self.NO_WORKER, "waiting, no live worker has its task")]
+        return [(self.NO_WORKER, "waiting, no live worker takes it")]
 
     def queryset(self, request: HttpRequest, queryset):
         if self.value() != self.NO_WORKER:
             return queryset
-        names = [u.task_name for u in unrunnable_tasks()]
-        return queryset.filter(status="todo", task_name__in=names)
+        stranded = Q(pk__in=[])
+        for unrunnable in unrunnable_tasks():
+            stranded |= Q(task_name=unrunnable.task_name, queue_name__in=unrunnable.queues)
+        return queryset.filter(stranded, status="todo")
 
 
 class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
@@ -163,11 +166,12 @@ class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
             self.message_user(
                 request,
                 format_html(
-                    "{} job(s) of task {} wait: no live worker has this task. They run when "
-                    'a worker that has it starts; cancel them to give them up. <a href="{}">'
-                    "Show them</a>.",
+                    "{} job(s) of task {} wait on queue(s) {}: no live worker that has this "
+                    "task listens to them. They run when one starts; cancel them to give "
+                    'them up. <a href="{}">Show them</a>.',
                     unrunnable.jobs,
                     unrunnable.task_name,
+                    ", ".join(unrunnable.queues),
                     url,
                 ),
                 messages.WARNING,

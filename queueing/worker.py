@@ -218,9 +218,12 @@ class TaskNameJobManager(manager.JobManager):
         )
         return None if row["id"] is None else jobs.Job.from_row(row)
 
-    async def register_worker(self) -> int:
+    async def register_worker(self, queues: Iterable[str] | None = None) -> int:
+        """Register, with this app's task names and the worker's ``queues`` (None: all)."""
         row = await self.connector.execute_query_one_async(
-            query=queries["register_worker"], task_names=self.task_names()
+            query=queries["register_worker"],
+            task_names=self.task_names(),
+            queues=list(queues) if queues is not None else None,
         )
         return row["worker_id"]
 
@@ -362,7 +365,8 @@ class PgstageWorker(procrastinate_worker.Worker):
         if pruned:
             logger.info("pruned dead workers: %s", ", ".join(str(r["id"]) for r in pruned))
         self.worker_id = await self._with_retries(
-            "registering the worker", self.app.job_manager.register_worker
+            "registering the worker",
+            functools.partial(self.app.job_manager.register_worker, self.queues),
         )
         # Fail fast when the pool has no live connection to give (its default is 30 s):
         # each loop then backs off and says so, instead of hanging silently. And never
@@ -406,6 +410,7 @@ class PgstageWorker(procrastinate_worker.Worker):
                 old_worker_id=old,
                 job_ids=running,
                 task_names=self.job_manager.task_names(),
+                queues=list(self.queues) if self.queues is not None else None,
             )
             self.worker_id = row["worker_id"]
         lost = sorted(set(running) - set(row["adopted"]))
@@ -614,12 +619,14 @@ class PgstageWorker(procrastinate_worker.Worker):
             now = {row["task_name"]: row for row in rows}
             for name in sorted(now.keys() - reported):
                 logger.warning(
-                    "%d job(s) of task %s wait (oldest: job %s): no live worker has this "
-                    "task; they run when a worker that has it starts, or an operator "
-                    "cancels them (docs/deploy.md, mixed releases)",
+                    "%d job(s) of task %s wait (oldest: job %s; queue(s) %s): no live "
+                    "worker that has this task listens to their queue; they run when "
+                    "one starts, or an operator cancels them (docs/deploy.md, mixed "
+                    "releases)",
                     now[name]["jobs"],
                     name,
                     now[name]["oldest_job_id"],
+                    ", ".join(now[name]["queues"]),
                 )
             for name in sorted(reported - now.keys()):
                 logger.info("jobs of task %s no longer wait without a worker", name)
