@@ -20,7 +20,9 @@ What it adds to procrastinate's worker (3.10):
   out of reach, and logs one line per attempt with its next delay (``queueing.outage``);
   any successful round trip ends a loop's failure streak. A loop that fails without a
   break for ``QUEUEING_DATABASE_OUTAGE_SECONDS`` stops the worker, which exits non-zero
-  with a clear message for its supervisor — unless the database answered meanwhile.
+  with a clear message for its supervisor — unless the database answered meanwhile (any
+  loop's round trip within the window) or answers a round trip of the worker's own at
+  that moment.
 * **Its liveness does not wait on procrastinate's pool.** The psycopg pool's reconnect
   delay doubles without a cap (1, 2, 4 … 128 s): after a one-minute outage a live worker
   would stay silent long after recovery resumed, and its job would run twice. The
@@ -258,6 +260,8 @@ class PgstageWorker(procrastinate_worker.Worker):
             window=outage_seconds(), on_expired=self._give_up, reachable=self._beat_lately
         )
         self._pool: Any = None
+        #: The round trip that decides whether a streak of unreachable is an outage.
+        self._probe: asyncio.Task[None] | None = None
         self._registering = asyncio.Lock()
         self._errors: dict[int, BaseException] = {}
         # Two threads for the worker's own Django work, each with one Django connection,
@@ -314,10 +318,30 @@ class PgstageWorker(procrastinate_worker.Worker):
         except Exception as exc:  # the pool grows on demand anyway; this only hurries it
             logger.warning("could not reopen the pool's connections now: %s", describe(exc))
 
-    def _give_up(self, reason: str) -> None:
+    def _give_up(self, reason: str, *, unreachable: bool = False) -> None:
+        """A loop's failure streak reached the window. Out of reach: stop only once one
+        round trip of its own, now, fails too — an attempt begun before the database
+        came back may report its failure after (a pool checkout that timed out while
+        the pool had not reopened yet)."""
+        if unreachable:
+            self._probe = asyncio.get_running_loop().create_task(self._stop_unless_answered(reason))
+            return
         logger.error("stopping the worker: %s", reason)
         self._gave_up = reason
         self.stop()
+
+    async def _stop_unless_answered(self, reason: str) -> None:
+        try:
+            async with asyncio.timeout(RECONNECT_SECONDS):
+                async with await psycopg.AsyncConnection.connect(
+                    **connector_params(), autocommit=True
+                ) as connection:
+                    await connection.execute("SELECT 1")
+        except (psycopg.Error, OSError, TimeoutError):
+            self._give_up(reason)
+            return
+        logger.warning("%s; but the database answers again: not giving up", reason)
+        self.failures.reprieve()
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, but wake up at once when the worker is asked to stop."""
@@ -534,6 +558,7 @@ class PgstageWorker(procrastinate_worker.Worker):
                     pause = min(interval, self.failures.failed("beating", exc))
                     continue
                 self._last_beat = time.monotonic()
+                self.failures.answered()
                 if self.failures.failing("beating"):
                     self.failures.recovered("beating")
                     await self._reopen_pool()
