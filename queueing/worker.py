@@ -221,11 +221,13 @@ class TaskNameJobManager(manager.JobManager):
         return None if row["id"] is None else jobs.Job.from_row(row)
 
     async def register_worker(self, queues: Iterable[str] | None = None) -> int:
-        """Register, with this app's task names and the worker's ``queues`` (None: all)."""
+        """Register, with this app's task names, the worker's ``queues`` (None: all) and
+        the tasks it has a give-up hook of."""
         row = await self.connector.execute_query_one_async(
             query=queries["register_worker"],
             task_names=self.task_names(),
             queues=list(queues) if queues is not None else None,
+            hooks=giveup.hooked_tasks(),
         )
         return row["worker_id"]
 
@@ -435,6 +437,7 @@ class PgstageWorker(procrastinate_worker.Worker):
                 job_ids=running,
                 task_names=self.job_manager.task_names(),
                 queues=list(self.queues) if self.queues is not None else None,
+                hooks=giveup.hooked_tasks(),
             )
             self.worker_id = row["worker_id"]
         lost = sorted(set(running) - set(row["adopted"]))

@@ -366,17 +366,27 @@ RETURNING resumed_at,
           extract(epoch FROM now() - (SELECT last_run FROM previous)) AS unwatched_seconds;
 
 -- take_owed_give_up --
--- One give-up still owed (this job's, or the oldest) of a task this process knows
--- (%(known)s: a worker of another release, or with other task modules, leaves the row for
--- one that knows it), taken for the caller's transaction, which runs the hook (if the
--- task has one): committed, the hook ran once; rolled back (the worker died), the row is
--- back for the next run. SKIP LOCKED: two workers never run one hook.
+-- One give-up still owed (this job's, or the oldest) of a task this process has the hook
+-- of (%(hooked)s), or knows without one (%(known)s) while no live worker (beat within
+-- %(seconds)s s) registered that hook: a worker of another release, or with other task
+-- modules, leaves the row for one that has the hook. Taken for the caller's transaction,
+-- which runs the hook (if this process has it): committed, the hook ran once; rolled back
+-- (the worker died), the row is back for the next run. SKIP LOCKED: two workers never
+-- run one hook.
 DELETE FROM pgstage_owed_give_ups
- WHERE job_id = (SELECT job_id
-                   FROM pgstage_owed_give_ups
-                  WHERE (%(job_id)s::bigint IS NULL OR job_id = %(job_id)s::bigint)
-                    AND task_name = ANY(%(known)s::text[])
-                  ORDER BY created_at, job_id
+ WHERE job_id = (SELECT owed.job_id
+                   FROM pgstage_owed_give_ups AS owed
+                  WHERE (%(job_id)s::bigint IS NULL OR owed.job_id = %(job_id)s::bigint)
+                    AND (owed.task_name = ANY(%(hooked)s::text[])
+                         OR (owed.task_name = ANY(%(known)s::text[])
+                             AND NOT EXISTS (
+                                SELECT 1
+                                  FROM pgstage_worker_tasks AS t
+                                  JOIN procrastinate_workers AS w ON w.id = t.worker_id
+                                 WHERE owed.task_name = ANY(t.hooks)
+                                   AND w.last_heartbeat
+                                       >= now() - %(seconds)s * interval '1 second')))
+                  ORDER BY owed.created_at, owed.job_id
                   LIMIT 1
                     FOR UPDATE SKIP LOCKED)
 RETURNING job_id, task_name, args, reason;

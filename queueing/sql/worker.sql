@@ -127,14 +127,16 @@ SELECT id, status, task_name, priority, lock, queueing_lock, args, scheduled_at,
 
 -- register_worker --
 -- procrastinate's registration, and in the same statement the task names this worker
--- has and the queues it listens to (%(queues)s, NULL for all) (pgstage_worker_tasks,
--- deleted with the worker's row): what tells a job that no live worker takes
--- (queueing.jobs.unrunnable_tasks).
+-- has, the queues it listens to (%(queues)s, NULL for all) and the tasks it has a give-up
+-- hook of (%(hooks)s) (pgstage_worker_tasks, deleted with the worker's row): what tells a
+-- job that no live worker takes (queueing.jobs.unrunnable_tasks), and which owed hook a
+-- worker without it must leave (queueing.giveup.settle_owed).
 WITH registered AS (
     SELECT worker_id FROM procrastinate_register_worker_v1()
 ), tasks AS (
-    INSERT INTO pgstage_worker_tasks (worker_id, task_names, queues)
-    SELECT worker_id, %(task_names)s::text[], %(queues)s::text[] FROM registered
+    INSERT INTO pgstage_worker_tasks (worker_id, task_names, queues, hooks)
+    SELECT worker_id, %(task_names)s::text[], %(queues)s::text[], %(hooks)s::text[]
+      FROM registered
 )
 SELECT worker_id FROM registered;
 
@@ -155,8 +157,9 @@ RETURNING id;
 WITH registered AS (
     INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id
 ), tasks AS (
-    INSERT INTO pgstage_worker_tasks (worker_id, task_names, queues)
-    SELECT id, %(task_names)s::text[], %(queues)s::text[] FROM registered
+    INSERT INTO pgstage_worker_tasks (worker_id, task_names, queues, hooks)
+    SELECT id, %(task_names)s::text[], %(queues)s::text[], %(hooks)s::text[]
+      FROM registered
 ), adopted AS (
     UPDATE procrastinate_jobs
        SET worker_id = (SELECT id FROM registered)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection, transaction
 
+import tests.queueing.faults.hook_after
 import tests.queueing.faults.tasks  # noqa: F401  (this process knows the new release's task)
 from queueing.enqueue import enqueue
 from queueing.jobs import job_cancel, unrunnable_tasks
@@ -144,3 +145,36 @@ def test_a_job_on_a_queue_no_worker_with_its_task_listens_to_waits_visibly(effec
         lambda: "jobs of task tests.record no longer wait" in on_default.log(),
         message="the all-clear",
     )
+
+
+def test_a_hook_added_in_the_new_release_runs_once_for_a_job_an_old_worker_fails(
+    effects, task_worker, tmp_path
+):
+    old = task_worker(
+        env={
+            **FAST,
+            "PGSTAGE_TASK_MODULES": "tests.queueing.tasks,tests.queueing.faults.hook_before",
+        },
+        name="old-release",
+    )
+    gate = tmp_path / "gate"
+    job = enqueue("review.gains_a_hook", args={"label": "h", "gate": str(gate)})
+    wait_for(lambda: "ran:h" in effects(), message="the old worker runs the job")
+    # The new release's worker starts beside it; then the old worker's run fails for good.
+    new = task_worker(
+        env={
+            **FAST,
+            "PGSTAGE_TASK_MODULES": "tests.queueing.tasks,tests.queueing.faults.hook_after",
+        },
+        name="new-release",
+    )
+    _wait_for_recovery_passes(1)
+    gate.touch()
+    wait_for(lambda: jobs(id=job.job_id)[0]["status"] == "failed", message="the job fails")
+    wait_for(
+        lambda: "gave-up:h" in effects(),
+        message=f"the new release's hook\n{old.log()[-1500:]}\n{new.log()[-1500:]}",
+    )
+    _wait_for_recovery_passes(3)  # no worker runs it again
+    assert effects().count("gave-up:h") == 1 and effects().count("ran:h") == 1
+    assert _owed() == []

@@ -1,11 +1,13 @@
-"""The waiting jobs by task and queue, and the queues each worker listens to.
+"""The waiting jobs by task and queue, and each worker's queues and give-up hooks.
 
 A worker fetches only jobs of its own tasks and queues; ``unrunnable_tasks`` (every
 ``/metrics`` scrape, every worker once a period) tells which waiting jobs no live worker
 takes. Both read this partial index one (task, queue) at a time, so their cost does not
 grow with the jobs waiting for other tasks or queues. Built without blocking writes (a
 table of many waiting jobs keeps taking new ones meanwhile). A worker's queues are NULL
-when it listens to all, as procrastinate's ``queues`` argument."""
+when it listens to all, as procrastinate's ``queues`` argument. Its hooks (the task names
+it has a give-up hook of) tell a worker that knows a task without its hook to leave an owed
+hook to one that has it (``queueing.giveup``)."""
 
 from __future__ import annotations
 
@@ -28,5 +30,9 @@ class Migration(migrations.Migration):
         migrations.RunSQL(
             sql="ALTER TABLE pgstage_worker_tasks ADD COLUMN IF NOT EXISTS queues text[];",
             reverse_sql="ALTER TABLE pgstage_worker_tasks DROP COLUMN IF EXISTS queues;",
+        ),
+        migrations.RunSQL(
+            sql="ALTER TABLE pgstage_worker_tasks ADD COLUMN IF NOT EXISTS hooks text[];",
+            reverse_sql="ALTER TABLE pgstage_worker_tasks DROP COLUMN IF EXISTS hooks;",
         ),
     ]
