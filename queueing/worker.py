@@ -191,6 +191,31 @@ def _in_django(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         close_old_connections()
 
 
+async def _beat_on(connection: psycopg.AsyncConnection, worker_id: int | None) -> list[Any]:
+    cursor = await connection.execute(queries["beat"], {"worker_id": worker_id})
+    return await cursor.fetchall()
+
+
+async def _within(
+    connection: psycopg.AsyncConnection, query: Awaitable[Any], *, deadline: float
+) -> Any:
+    """Await ``query`` (on ``connection``) until ``deadline`` (the loop's clock); past it,
+    close the connection, then end the query, and raise ``TimeoutError``. Cancelled while
+    the query is in flight, psycopg would first send the server a cancel request, on a new
+    connection, then wait for the query again — up to 5 s each, never answered across a
+    partition — so the heartbeat would notice a half-open link 10 s late."""
+    running = asyncio.ensure_future(query)
+    try:
+        remaining = deadline - asyncio.get_running_loop().time()
+        return await asyncio.wait_for(asyncio.shield(running), max(0.0, remaining))
+    except TimeoutError:
+        await connection.close()  # the query is no longer active: no cancel request
+        running.cancel()
+        with contextlib.suppress(BaseException):
+            await running
+        raise
+
+
 class TaskNameJobManager(manager.JobManager):
     """procrastinate's job manager, except that a worker fetches only jobs of the task
     names its app has, and registers with those names.
@@ -537,9 +562,11 @@ class PgstageWorker(procrastinate_worker.Worker):
         """Beat every interval on a connection of its own, never the pool's: while the
         database is away, try again every ``RECONNECT_SECONDS`` (or every interval, when
         shorter), so a live worker beats again within one heartbeat interval of the
-        database accepting connections. Each beat is bounded by the interval: a
-        half-open connection is dropped and replaced, not waited on."""
+        database accepting connections. Each attempt (connecting, beating) is bounded by
+        the interval (at least ``RECONNECT_SECONDS``): a half-open connection (a dropped
+        link, a partition) is dropped and replaced, not waited on."""
         interval = self.update_heartbeat_interval
+        bound = max(interval, RECONNECT_SECONDS)
         connection: psycopg.AsyncConnection | None = None
         pause = interval
         try:
@@ -547,13 +574,23 @@ class PgstageWorker(procrastinate_worker.Worker):
                 await asyncio.sleep(pause)
                 try:
                     beating = self.worker_id
-                    async with asyncio.timeout(max(interval, RECONNECT_SECONDS)):
+                    deadline = asyncio.get_running_loop().time() + bound
+                    async with asyncio.timeout_at(deadline):
                         if connection is None or connection.closed:
                             connection = await psycopg.AsyncConnection.connect(
                                 **connector_params(), autocommit=True
                             )
-                        cursor = await connection.execute(queries["beat"], {"worker_id": beating})
-                        rows = await cursor.fetchall()
+                    rows = await _within(
+                        connection, _beat_on(connection, beating), deadline=deadline
+                    )
+                except TimeoutError:
+                    # No answer in time: a half-open link, or a server too slow to accept.
+                    exc = psycopg.OperationalError(f"no answer within {bound:g} s")
+                    if connection is not None:
+                        await connection.close()
+                        connection = None
+                    pause = min(interval, self.failures.failed("beating", exc))
+                    continue
                 except (psycopg.Error, OSError) as exc:
                     if connection is not None:
                         await connection.close()
