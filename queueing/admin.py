@@ -150,13 +150,15 @@ class RunnableFilter(admin.SimpleListFilter):
     NO_WORKER = "no_worker"
 
     def lookups(self, request: HttpRequest, model_admin: ModelAdmin) -> list[tuple[str, str]]:
-        return [(self.NO_WORKER, "waiting, no live worker has its task")]
+        return [(self.NO_WORKER, "waiting, no live worker takes it")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() != self.NO_WORKER:
             return queryset
-        names = [u.task_name for u in unrunnable_tasks()]
-        return queryset.filter(status="todo", task_name__in=names)
+        stranded = Q(pk__in=[])
+        for unrunnable in unrunnable_tasks():
+            stranded |= Q(task_name=unrunnable.task_name, queue_name__in=unrunnable.queues)
+        return queryset.filter(stranded, status="todo")
 
 
 class KindFilter(admin.SimpleListFilter):
@@ -290,11 +292,12 @@ class JobAdmin(ActionPermissionsMixin, ProcrastinateJobAdmin):
             self.message_user(
                 request,
                 format_html(
-                    "{} job(s) of task {} wait: no live worker has this task. They run when "
-                    'a worker that has it starts; cancel them to give them up. <a href="{}">'
-                    "Show them</a>.",
+                    "{} job(s) of task {} wait on queue(s) {}: no live worker that has this "
+                    "task listens to them. They run when one starts; cancel them to give "
+                    'them up. <a href="{}">Show them</a>.',
                     unrunnable.jobs,
                     unrunnable.task_name,
+                    ", ".join(unrunnable.queues),
                     url,
                 ),
                 messages.WARNING,

@@ -18,10 +18,14 @@ nothing. Only a process that has the task's hook runs it (:func:`settle_owed`), 
 transaction that deletes the owed row: a worker's hooks thread, every maintenance period,
 and right after its own give-ups; a cancel, in the cancel's own transaction. A process
 that does not know the task at all (another release, other ``PGSTAGE_TASK_MODULES``)
-records the row anyway (:func:`owes`): a process that knows the task settles it — with the
-hook, or, for a task without one, by deleting the row. So a hook is never lost, nor run
-by a worker that cannot run it. A task removed from the code can keep its hook for its
-jobs still waiting (:func:`queueing.app.retired_task`).
+records the row anyway (:func:`owes`), and so does one that knows the task without a hook:
+a worker of the next release may have it. A process that has the hook settles the row; one
+that knows the task without a hook deletes the row only while no live worker registered
+the hook (``pgstage_worker_tasks.hooks``). So a hook is never lost, nor run by a worker
+that cannot run it — a hook added to an existing task in a new release runs for the jobs
+an old worker fails beside the new ones (when the old release is one that records every
+give-up). A task removed from the code can keep its hook for its jobs still waiting
+(:func:`queueing.app.retired_task`).
 
 So a domain row never stays ``running`` behind a job that is over (invariant 13 of
 docs/design.md): the hook marks it failed, refunds, hands the slot on. Hooks must be idempotent (a
@@ -38,6 +42,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 
 from queueing.sql import queries
@@ -77,10 +82,17 @@ def known_tasks() -> set[str]:
     return set(app.tasks) | set(_hooks)
 
 
+def hooked_tasks() -> list[str]:
+    """The task names this process has a give-up hook of (registered with its worker)."""
+    return sorted(_hooks)
+
+
 def owes(task_name: str) -> bool:
-    """Whether giving up on a job of ``task_name`` records an owed hook: when this process
-    has its hook, or does not know the task (a process that knows it settles the row)."""
-    return task_name in _hooks or task_name not in known_tasks()
+    """Whether giving up on a job of ``task_name`` records an owed hook: always, whether
+    or not this process has the hook — a worker of the next release may have it (a hook
+    added to an existing task), or one of another task set. The one place that decides;
+    a superseded job's path records nothing and does not ask."""
+    return True
 
 
 def give_up(*, task_name: str, args: Mapping[str, Any], reason: str) -> bool:
@@ -103,14 +115,21 @@ def settle_owed(*, job_id: int | None = None, limit: int = 100) -> int:
     """Settle give-ups still owed (``job_id``'s, or the oldest ``limit``) of the tasks this
     process knows, each in a transaction of its own (a savepoint inside the caller's) that
     also deletes its owed row: committed, the hook ran once; rolled back (this process
-    died), the row waits for the next run. A known task without a hook owed nothing: its
-    row just goes. Rows of tasks this process does not know stay for one that does.
+    died), the row waits for the next run. A known task without a hook here: its row just
+    goes, unless a live worker registered the hook (a newer release), which runs it. Rows
+    of tasks this process does not know stay for one that does.
     Returns how many rows were settled."""
     settled = 0
     while settled < limit:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
-                queries["take_owed_give_up"], {"job_id": job_id, "known": sorted(known_tasks())}
+                queries["take_owed_give_up"],
+                {
+                    "job_id": job_id,
+                    "known": sorted(known_tasks()),
+                    "hooked": hooked_tasks(),
+                    "seconds": float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30)),
+                },
             )
             row = cursor.fetchone()
             if row is None:

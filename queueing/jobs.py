@@ -140,25 +140,29 @@ def job_retry(*, job_id: int) -> Retried:
 
 @dataclass(frozen=True, kw_only=True)
 class Unrunnable:
-    """Waiting jobs of one task name that no live worker has."""
+    """Waiting jobs of one task name that no live worker takes: none has the task, or
+    none that has it listens to their queues."""
 
     task_name: str
     jobs: int
     oldest_job_id: int
+    #: The queues these jobs wait on.
+    queues: tuple[str, ...]
 
 
 def unrunnable_tasks() -> list[Unrunnable]:
-    """Per task name, the waiting jobs that no live worker has the task of (a worker is
-    live when it beat within ``QUEUEING_STALLED_WORKER_SECONDS``). They wait until a
-    worker that has the task runs, or an operator cancels them (docs/deploy.md). One
-    read, no lock; it scans the waiting jobs, so callers run it once a scrape or a
-    period, not per job."""
+    """Per task name, the waiting jobs that no live worker takes: none has the task, or
+    none that has it listens to the job's queue (a worker is live when it beat within
+    ``QUEUEING_STALLED_WORKER_SECONDS``). They wait until a worker that takes them runs,
+    or an operator cancels them (docs/deploy.md). One read, no lock; its cost does not
+    grow with the waiting jobs that have a worker (one index descent per distinct task
+    and queue of the waiting jobs), only with the jobs it counts."""
     seconds = float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30))
     with connection.cursor() as cursor:
         cursor.execute(queries["unrunnable_tasks"], {"seconds": seconds})
         return [
-            Unrunnable(task_name=name, jobs=count, oldest_job_id=oldest)
-            for name, count, oldest in cursor.fetchall()
+            Unrunnable(task_name=name, jobs=count, oldest_job_id=oldest, queues=tuple(queues))
+            for name, count, oldest, queues in cursor.fetchall()
         ]
 
 

@@ -11,10 +11,13 @@ Any successful round trip of a loop ends its failure streak (:meth:`Failures.rec
 a fetch that finds a job counts as much as one that finds none, so between faults the
 worker runs at full speed, and a storm of terminated connections over a backlog never adds
 up to an outage. A loop that has failed without a break for the whole window gives the
-worker up, unless the database answered the worker meanwhile (``reachable``: its
-heartbeat's own connection beat lately): a worker never exits while its database is
-reachable. One loop's success does not hide another's endless failure of any other kind
-(a heartbeat that works must not keep a worker alive whose fetch always errs).
+worker up — unless the database answered the worker meanwhile: any loop's successful
+round trip (:meth:`Failures.answered`) within the window, its heartbeat's own connection
+beating lately (``reachable``), or, last, one round trip of the worker's own at the moment
+it would give up (``on_expired`` decides): a worker never exits while its database is
+reachable, however two outages and their short gap fall on its loops. One loop's success
+does not hide another's endless failure of any other kind (a heartbeat that works must not
+keep a worker alive whose fetch always errs).
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ class Failures:
         self,
         *,
         window: float,
-        on_expired: Callable[[str], None],
+        on_expired: Callable[..., None],
         reachable: Callable[[], bool] = lambda: False,
     ):
         self.window = window
@@ -84,6 +87,8 @@ class Failures:
         self._attempts: dict[str, int] = {}
         self._rng = random.SystemRandom()
         self.expired = False
+        #: When any loop's round trip last succeeded (monotonic clock).
+        self._answered_at = float("-inf")
         #: Bumped by every failure: job threads reconnect once when it moved.
         self.epoch = 0
 
@@ -97,7 +102,11 @@ class Failures:
         self._attempts[loop] = attempt + 1
         elapsed = now - since
         unreachable = is_connection_error(exc)
-        if bounded and elapsed >= self.window and not self.expired:
+        # Unreachable for the whole window means no round trip of any loop got through in
+        # it: a loop that made no attempt in a short gap between two outages does not
+        # count both as one.
+        unanswered = now - max(since, self._answered_at) if unreachable else elapsed
+        if bounded and unanswered >= self.window and not self.expired:
             if unreachable and self._reachable():
                 # The database answers the worker (its heartbeat beat lately): this loop
                 # waits on a connection that is coming, not on an outage.
@@ -113,7 +122,8 @@ class Failures:
                 self._on_expired(
                     f"{trouble} while {loop} for {elapsed:.0f} s (the window is "
                     f"{self.window:.0f} s, QUEUEING_DATABASE_OUTAGE_SECONDS); last error: "
-                    f"{describe(exc)}"
+                    f"{describe(exc)}",
+                    unreachable=unreachable,
                 )
         pause = pause_after(attempt, unreachable=unreachable, rng=self._rng)
         logger.log(
@@ -132,8 +142,18 @@ class Failures:
         """Whether ``loop``'s last attempt failed."""
         return loop in self._attempts
 
+    def answered(self) -> None:
+        """The database answered a round trip (any loop's, the heartbeat's, a probe's)."""
+        self._answered_at = time.monotonic()
+
+    def reprieve(self) -> None:
+        """The worker was about to give up, but its database answers: carry on."""
+        self.answered()
+        self.expired = False
+
     def recovered(self, loop: str) -> None:
         """A round trip of ``loop`` succeeded: its failure streak, if any, is over."""
+        self.answered()
         since = self._since.pop(loop, None)
         if self._attempts.pop(loop, 0) and since is not None:
             logger.warning("%s works again after %.1f s", loop, time.monotonic() - since)

@@ -20,7 +20,9 @@ What it adds to procrastinate's worker (3.10):
   out of reach, and logs one line per attempt with its next delay (``queueing.outage``);
   any successful round trip ends a loop's failure streak. A loop that fails without a
   break for ``QUEUEING_DATABASE_OUTAGE_SECONDS`` stops the worker, which exits non-zero
-  with a clear message for its supervisor — unless the database answered meanwhile.
+  with a clear message for its supervisor — unless the database answered meanwhile (any
+  loop's round trip within the window) or answers a round trip of the worker's own at
+  that moment.
 * **Its liveness does not wait on procrastinate's pool.** The psycopg pool's reconnect
   delay doubles without a cap (1, 2, 4 … 128 s): after a one-minute outage a live worker
   would stay silent long after recovery resumed, and its job would run twice. The
@@ -196,6 +198,31 @@ def _in_django(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         close_old_connections()
 
 
+async def _beat_on(connection: psycopg.AsyncConnection, params: dict[str, Any]) -> list[Any]:
+    cursor = await connection.execute(queries["beat"], params)
+    return await cursor.fetchall()
+
+
+async def _within(
+    connection: psycopg.AsyncConnection, query: Awaitable[Any], *, deadline: float
+) -> Any:
+    """Await ``query`` (on ``connection``) until ``deadline`` (the loop's clock); past it,
+    close the connection, then end the query, and raise ``TimeoutError``. Cancelled while
+    the query is in flight, psycopg would first send the server a cancel request, on a new
+    connection, then wait for the query again — up to 5 s each, never answered across a
+    partition — so the heartbeat would notice a half-open link 10 s late."""
+    running = asyncio.ensure_future(query)
+    try:
+        remaining = deadline - asyncio.get_running_loop().time()
+        return await asyncio.wait_for(asyncio.shield(running), max(0.0, remaining))
+    except TimeoutError:
+        await connection.close()  # the query is no longer active: no cancel request
+        running.cancel()
+        with contextlib.suppress(BaseException):
+            await running
+        raise
+
+
 class TaskNameJobManager(manager.JobManager):
     """procrastinate's job manager, except that a worker fetches only jobs of the task
     names its app has, and registers with those names.
@@ -228,9 +255,14 @@ class TaskNameJobManager(manager.JobManager):
         )
         return None if row["id"] is None else jobs.Job.from_row(row)
 
-    async def register_worker(self) -> int:
+    async def register_worker(self, queues: Iterable[str] | None = None) -> int:
+        """Register, with this app's task names, the worker's ``queues`` (None: all) and
+        the tasks it has a give-up hook of."""
         row = await self.connector.execute_query_one_async(
-            query=queries["register_worker"], task_names=self.task_names()
+            query=queries["register_worker"],
+            task_names=self.task_names(),
+            queues=list(queues) if queues is not None else None,
+            hooks=giveup.hooked_tasks(),
         )
         return row["worker_id"]
 
@@ -270,6 +302,8 @@ class PgstageWorker(procrastinate_worker.Worker):
             window=outage_seconds(), on_expired=self._give_up, reachable=self._beat_lately
         )
         self._pool: Any = None
+        #: The round trip that decides whether a streak of unreachable is an outage.
+        self._probe: asyncio.Task[None] | None = None
         self._registering = asyncio.Lock()
         self._errors: dict[int, BaseException] = {}
         # Two threads for the worker's own Django work, each with one Django connection,
@@ -353,10 +387,30 @@ class PgstageWorker(procrastinate_worker.Worker):
         except Exception as exc:  # the pool grows on demand anyway; this only hurries it
             logger.warning("could not reopen the pool's connections now: %s", describe(exc))
 
-    def _give_up(self, reason: str) -> None:
+    def _give_up(self, reason: str, *, unreachable: bool = False) -> None:
+        """A loop's failure streak reached the window. Out of reach: stop only once one
+        round trip of its own, now, fails too — an attempt begun before the database
+        came back may report its failure after (a pool checkout that timed out while
+        the pool had not reopened yet)."""
+        if unreachable:
+            self._probe = asyncio.get_running_loop().create_task(self._stop_unless_answered(reason))
+            return
         logger.error("stopping the worker: %s", reason)
         self._gave_up = reason
         self.stop()
+
+    async def _stop_unless_answered(self, reason: str) -> None:
+        try:
+            async with asyncio.timeout(RECONNECT_SECONDS):
+                async with await psycopg.AsyncConnection.connect(
+                    **connector_params(), autocommit=True
+                ) as connection:
+                    await connection.execute("SELECT 1")
+        except (psycopg.Error, OSError, TimeoutError):
+            self._give_up(reason)
+            return
+        logger.warning("%s; but the database answers again: not giving up", reason)
+        self.failures.reprieve()
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, but wake up at once when the worker is asked to stop."""
@@ -404,7 +458,9 @@ class PgstageWorker(procrastinate_worker.Worker):
         if pruned:
             logger.info("pruned dead workers: %s", ", ".join(str(r["id"]) for r in pruned))
         self.worker_id = await self._with_retries(
-            "registering the worker", self.app.job_manager.register_worker
+            "registering the worker",
+            # TaskNameJobManager's registration also records the worker's queues
+            functools.partial(self.app.job_manager.register_worker, self.queues),  # type: ignore[call-arg]
         )
         # Fail fast when the pool has no live connection to give (its default is 30 s):
         # each loop then backs off and says so, instead of hanging silently. And never
@@ -448,6 +504,8 @@ class PgstageWorker(procrastinate_worker.Worker):
                 old_worker_id=old,
                 job_ids=running,
                 task_names=self.job_manager.task_names(),
+                queues=list(self.queues) if self.queues is not None else None,
+                hooks=giveup.hooked_tasks(),
             )
             self.worker_id = row["worker_id"]
         lost = sorted(set(running) - set(row["adopted"]))
@@ -553,9 +611,11 @@ class PgstageWorker(procrastinate_worker.Worker):
         """Beat every interval on a connection of its own, never the pool's: while the
         database is away, try again every ``RECONNECT_SECONDS`` (or every interval, when
         shorter), so a live worker beats again within one heartbeat interval of the
-        database accepting connections. Each beat is bounded by the interval: a
-        half-open connection is dropped and replaced, not waited on."""
+        database accepting connections. Each attempt (connecting, beating) is bounded by
+        the interval (at least ``RECONNECT_SECONDS``): a half-open connection (a dropped
+        link, a partition) is dropped and replaced, not waited on."""
         interval = self.update_heartbeat_interval
+        bound = max(interval, RECONNECT_SECONDS)
         connection: psycopg.AsyncConnection | None = None
         pause = interval
         try:
@@ -563,13 +623,23 @@ class PgstageWorker(procrastinate_worker.Worker):
                 await asyncio.sleep(pause)
                 try:
                     beating = self.worker_id
-                    async with asyncio.timeout(max(interval, RECONNECT_SECONDS)):
+                    deadline = asyncio.get_running_loop().time() + bound
+                    async with asyncio.timeout_at(deadline):
                         if connection is None or connection.closed:
                             connection = await psycopg.AsyncConnection.connect(
                                 **connector_params(), autocommit=True
                             )
-                        cursor = await connection.execute(queries["beat"], self._beat_params())
-                        rows = await cursor.fetchall()
+                    rows = await _within(
+                        connection, _beat_on(connection, self._beat_params()), deadline=deadline
+                    )
+                except TimeoutError:
+                    # No answer in time: a half-open link, or a server too slow to accept.
+                    exc = psycopg.OperationalError(f"no answer within {bound:g} s")
+                    if connection is not None:
+                        await connection.close()
+                        connection = None
+                    pause = min(interval, self.failures.failed("beating", exc))
+                    continue
                 except (psycopg.Error, OSError) as exc:
                     if connection is not None:
                         await connection.close()
@@ -577,6 +647,7 @@ class PgstageWorker(procrastinate_worker.Worker):
                     pause = min(interval, self.failures.failed("beating", exc))
                     continue
                 self._last_beat = time.monotonic()
+                self.failures.answered()
                 if rows:
                     self._note_hung(rows[0][1])
                 if self.failures.failing("beating"):
@@ -694,12 +765,14 @@ class PgstageWorker(procrastinate_worker.Worker):
             now = {row["task_name"]: row for row in rows}
             for name in sorted(now.keys() - reported):
                 logger.warning(
-                    "%d job(s) of task %s wait (oldest: job %s): no live worker has this "
-                    "task; they run when a worker that has it starts, or an operator "
-                    "cancels them (docs/deploy.md, mixed releases)",
+                    "%d job(s) of task %s wait (oldest: job %s; queue(s) %s): no live "
+                    "worker that has this task listens to their queue; they run when "
+                    "one starts, or an operator cancels them (docs/deploy.md, mixed "
+                    "releases)",
                     now[name]["jobs"],
                     name,
                     now[name]["oldest_job_id"],
+                    ", ".join(now[name]["queues"]),
                 )
             for name in sorted(reported - now.keys()):
                 logger.info("jobs of task %s no longer wait without a worker", name)

@@ -403,36 +403,82 @@ RETURNING resumed_at,
           extract(epoch FROM now() - (SELECT last_run FROM previous)) AS unwatched_seconds;
 
 -- take_owed_give_up --
--- One give-up still owed (this job's, or the oldest) of a task this process knows
--- (%(known)s: a worker of another release, or with other task modules, leaves the row for
--- one that knows it), taken for the caller's transaction, which runs the hook (if the
--- task has one): committed, the hook ran once; rolled back (the worker died), the row is
--- back for the next run. SKIP LOCKED: two workers never run one hook.
+-- One give-up still owed (this job's, or the oldest) of a task this process has the hook
+-- of (%(hooked)s), or knows without one (%(known)s) while no live worker (beat within
+-- %(seconds)s s) registered that hook: a worker of another release, or with other task
+-- modules, leaves the row for one that has the hook. Taken for the caller's transaction,
+-- which runs the hook (if this process has it): committed, the hook ran once; rolled back
+-- (the worker died), the row is back for the next run. SKIP LOCKED: two workers never
+-- run one hook.
 DELETE FROM pgstage_owed_give_ups
- WHERE job_id = (SELECT job_id
-                   FROM pgstage_owed_give_ups
-                  WHERE (%(job_id)s::bigint IS NULL OR job_id = %(job_id)s::bigint)
-                    AND task_name = ANY(%(known)s::text[])
-                  ORDER BY created_at, job_id
+ WHERE job_id = (SELECT owed.job_id
+                   FROM pgstage_owed_give_ups AS owed
+                  WHERE (%(job_id)s::bigint IS NULL OR owed.job_id = %(job_id)s::bigint)
+                    AND (owed.task_name = ANY(%(hooked)s::text[])
+                         OR (owed.task_name = ANY(%(known)s::text[])
+                             AND NOT EXISTS (
+                                SELECT 1
+                                  FROM pgstage_worker_tasks AS t
+                                  JOIN procrastinate_workers AS w ON w.id = t.worker_id
+                                 WHERE owed.task_name = ANY(t.hooks)
+                                   AND w.last_heartbeat
+                                       >= now() - %(seconds)s * interval '1 second')))
+                  ORDER BY owed.created_at, owed.job_id
                   LIMIT 1
                     FOR UPDATE SKIP LOCKED)
 RETURNING job_id, task_name, args, reason;
 
 -- unrunnable_tasks --
--- Waiting jobs whose task no live worker has (workers register their task names in
--- pgstage_worker_tasks; a worker is live when it beat within %(seconds)s s), per task
--- name. A worker fetches only its own tasks' jobs, so these wait for a worker that has
--- the task. A worker of a release before pgstage_worker_tasks registers no names and
--- counts for none.
-WITH live AS (
-    SELECT DISTINCT unnest(t.task_names) AS task_name
+-- Waiting jobs that no live worker takes, per task name: no live worker has the task, or
+-- none that has it listens to the job's queue (workers register their task names and
+-- queues, NULL for all, in pgstage_worker_tasks; a worker is live when it beat within
+-- %(seconds)s s). A worker fetches only its own tasks' jobs of its own queues, so these
+-- wait for a worker that takes them. A worker of a release before pgstage_worker_tasks
+-- registers no names and counts for none.
+-- Its cost does not grow with the jobs that have a worker (pgstage_jobs_todo_by_task_idx):
+-- a loose index scan reads each distinct (task, queue) of the waiting jobs once (one
+-- index descent each; PostgreSQL has no skip scan), and only the pairs no live worker
+-- takes are counted, from the index alone.
+WITH RECURSIVE waiting AS (
+    (SELECT task_name, queue_name
+       FROM procrastinate_jobs
+      WHERE status = 'todo'
+      ORDER BY task_name, queue_name
+      LIMIT 1)
+    UNION ALL
+    SELECT next.task_name, next.queue_name
+      FROM waiting
+     CROSS JOIN LATERAL (
+        SELECT task_name, queue_name
+          FROM procrastinate_jobs
+         WHERE status = 'todo'
+           AND (task_name, queue_name) > (waiting.task_name, waiting.queue_name)
+         ORDER BY task_name, queue_name
+         LIMIT 1) AS next
+), live AS (
+    SELECT t.task_names, t.queues
       FROM pgstage_worker_tasks t
       JOIN procrastinate_workers w ON w.id = t.worker_id
      WHERE w.last_heartbeat >= now() - %(seconds)s * interval '1 second'
+), unserved AS (
+    SELECT waiting.task_name, waiting.queue_name
+      FROM waiting
+     WHERE NOT EXISTS (
+        SELECT 1
+          FROM live
+         WHERE waiting.task_name = ANY(live.task_names)
+           AND (live.queues IS NULL OR waiting.queue_name = ANY(live.queues)))
 )
-SELECT j.task_name, count(*) AS jobs, min(j.id) AS oldest_job_id
-  FROM procrastinate_jobs j
- WHERE j.status = 'todo'
-   AND NOT EXISTS (SELECT 1 FROM live WHERE live.task_name = j.task_name)
- GROUP BY j.task_name
- ORDER BY j.task_name;
+SELECT unserved.task_name,
+       sum(pair.jobs)::bigint AS jobs,
+       min(pair.oldest) AS oldest_job_id,
+       array_agg(unserved.queue_name ORDER BY unserved.queue_name) AS queues
+  FROM unserved
+ CROSS JOIN LATERAL (
+    SELECT count(*) AS jobs, min(id) AS oldest
+      FROM procrastinate_jobs
+     WHERE status = 'todo'
+       AND task_name = unserved.task_name
+       AND queue_name = unserved.queue_name) AS pair
+ GROUP BY unserved.task_name
+ ORDER BY unserved.task_name;

@@ -1,53 +1,129 @@
 -- fetch_job --
--- procrastinate_fetch_job_v2 (procrastinate 3.10) with one more condition: only jobs of
--- the task names this worker has (%(task_names)s), as pg-boss and Oban workers subscribe
--- by name. A job of a task it lacks (a newer release's task during a rolling deploy,
--- other PGSTAGE_TASK_MODULES) waits for a worker that has it, instead of being fetched
--- and failed for good (TaskNotFound). The rest is procrastinate's fetch word for word
--- (tests/queueing/test_fetch.py keeps it so). In the same statement, the run's deadline
--- (queueing.timeouts) for a task with a bound (%(timeout_tasks)s, %(timeout_seconds)s), on
--- the database's clock: a new attempt gets a fresh one; the same attempt fetched again
--- after a PollLater keeps its own (waiting on a busy holder is bounded by the timeout too).
--- One row, all NULL when no job is ready, as procrastinate's.
-WITH candidate AS (
-    SELECT jobs.*
-        FROM procrastinate_jobs AS jobs
-        WHERE
-            -- reject the job if its lock has earlier or higher priority jobs
-            NOT EXISTS (
-                SELECT 1
-                    FROM procrastinate_jobs AS other_jobs
-                    WHERE
-                        jobs.lock IS NOT NULL
-                        AND other_jobs.lock = jobs.lock
-                        AND (
-                            -- job with same lock is already running
-                            other_jobs.status = 'doing'
-                            OR
-                            -- job with same lock is waiting and has higher priority (or same priority but was queued first)
-                            (
-                                other_jobs.status = 'todo'
-                                AND (
-                                    other_jobs.priority > jobs.priority
-                                    OR (
-                                    other_jobs.priority = jobs.priority
-                                    AND other_jobs.id < jobs.id
+-- procrastinate_fetch_job_v2 (procrastinate 3.10) for only the task names this worker has
+-- (%(task_names)s), as pg-boss and Oban workers subscribe by name. A job of a task it
+-- lacks (a newer release's task during a rolling deploy, other PGSTAGE_TASK_MODULES)
+-- waits for a worker that has it, instead of being fetched and failed for good
+-- (TaskNotFound). Each job is judged by procrastinate's conditions word for word, and the
+-- job taken is the one procrastinate's fetch would take among this worker's tasks
+-- (tests/queueing/test_fetch.py keeps both so). One row, all NULL when no job is ready.
+--
+-- Its cost does not grow with the waiting jobs, however many wait for other tasks or
+-- queues (pgstage_jobs_todo_by_task_idx: the waiting jobs by task, queue, priority, id):
+-- waiting: the distinct (task, queue) of the waiting jobs, one index descent each (a
+--   loose index scan; PostgreSQL has no skip scan);
+-- mine: those this worker takes (its task names, its queues);
+-- tops: each one's first ready job in procrastinate's order, read without a lock;
+-- candidate: the first of those in that order, locked (SKIP LOCKED);
+-- contended: only when another fetch in flight holds every such top: each pair's first
+--   job that is free, locked, then the first of those.
+-- Jobs of other tasks or queues are never read. Within a pair, jobs scheduled for later
+-- or held behind a lock are walked past, as procrastinate's fetch walks past them.
+-- In the same statement, the run's deadline (queueing.timeouts) for a task with a bound
+-- (%(timeout_tasks)s, %(timeout_seconds)s), on the database's clock: a new attempt gets a
+-- fresh one; the same attempt fetched again after a PollLater keeps its own (waiting on a
+-- busy holder is bounded by the timeout too).
+WITH RECURSIVE waiting AS (
+    (SELECT task_name, queue_name
+       FROM procrastinate_jobs
+      WHERE status = 'todo'
+      ORDER BY task_name, queue_name
+      LIMIT 1)
+    UNION ALL
+    SELECT next.task_name, next.queue_name
+      FROM waiting
+     CROSS JOIN LATERAL (
+        SELECT task_name, queue_name
+          FROM procrastinate_jobs
+         WHERE status = 'todo'
+           AND (task_name, queue_name) > (waiting.task_name, waiting.queue_name)
+         ORDER BY task_name, queue_name
+         LIMIT 1) AS next
+), mine AS (
+    SELECT task_name, queue_name
+      FROM waiting
+     WHERE task_name = ANY( %(task_names)s::varchar[] )
+       AND (%(queues)s::varchar[] IS NULL OR queue_name = ANY( %(queues)s::varchar[] ))
+), tops AS (
+    SELECT top.id
+      FROM mine
+     CROSS JOIN LATERAL (
+        SELECT jobs.id
+            FROM procrastinate_jobs AS jobs
+            WHERE
+                NOT EXISTS (
+                    SELECT 1
+                        FROM procrastinate_jobs AS other_jobs
+                        WHERE
+                            jobs.lock IS NOT NULL
+                            AND other_jobs.lock = jobs.lock
+                            AND (
+                                other_jobs.status = 'doing'
+                                OR
+                                (
+                                    other_jobs.status = 'todo'
+                                    AND (
+                                        other_jobs.priority > jobs.priority
+                                        OR (
+                                        other_jobs.priority = jobs.priority
+                                        AND other_jobs.id < jobs.id
+                                        )
                                     )
                                 )
                             )
-                        )
-            )
-            AND jobs.status = 'todo'
-            AND (%(queues)s::varchar[] IS NULL OR jobs.queue_name = ANY( %(queues)s::varchar[] ))
-            AND (jobs.scheduled_at IS NULL OR jobs.scheduled_at <= now())
-            AND jobs.task_name = ANY( %(task_names)s::varchar[] )
-        ORDER BY jobs.priority DESC, jobs.id ASC LIMIT 1
-        FOR UPDATE OF jobs SKIP LOCKED
+                )
+                AND jobs.status = 'todo'
+                AND (jobs.scheduled_at IS NULL OR jobs.scheduled_at <= now())
+                AND jobs.task_name = mine.task_name
+                AND jobs.queue_name = mine.queue_name
+            ORDER BY jobs.priority DESC, jobs.id ASC LIMIT 1) AS top
+), candidate AS (
+    SELECT jobs.*
+      FROM procrastinate_jobs AS jobs
+     WHERE jobs.id = ANY(ARRAY(SELECT id FROM tops))
+       AND jobs.status = 'todo'
+     ORDER BY jobs.priority DESC, jobs.id ASC LIMIT 1
+       FOR UPDATE OF jobs SKIP LOCKED
+), contended AS (
+    SELECT next.*
+      FROM mine
+     CROSS JOIN LATERAL (
+        SELECT jobs.*
+            FROM procrastinate_jobs AS jobs
+            WHERE
+                NOT EXISTS (
+                    SELECT 1
+                        FROM procrastinate_jobs AS other_jobs
+                        WHERE
+                            jobs.lock IS NOT NULL
+                            AND other_jobs.lock = jobs.lock
+                            AND (
+                                other_jobs.status = 'doing'
+                                OR
+                                (
+                                    other_jobs.status = 'todo'
+                                    AND (
+                                        other_jobs.priority > jobs.priority
+                                        OR (
+                                        other_jobs.priority = jobs.priority
+                                        AND other_jobs.id < jobs.id
+                                        )
+                                    )
+                                )
+                            )
+                )
+                AND jobs.status = 'todo'
+                AND (jobs.scheduled_at IS NULL OR jobs.scheduled_at <= now())
+                AND jobs.task_name = mine.task_name
+                AND jobs.queue_name = mine.queue_name
+            ORDER BY jobs.priority DESC, jobs.id ASC LIMIT 1
+            FOR UPDATE OF jobs SKIP LOCKED) AS next
+     WHERE NOT EXISTS (SELECT 1 FROM candidate) AND EXISTS (SELECT 1 FROM tops)
+     ORDER BY next.priority DESC, next.id ASC LIMIT 1
 ), fetched AS (
 UPDATE procrastinate_jobs
     SET status = 'doing', worker_id = %(worker_id)s
-    FROM candidate
-    WHERE procrastinate_jobs.id = candidate.id
+    FROM (SELECT id FROM candidate UNION ALL SELECT id FROM contended) AS chosen
+    WHERE procrastinate_jobs.id = chosen.id
     RETURNING procrastinate_jobs.*
 ), deadline AS (
 INSERT INTO pgstage_job_deadlines AS d (job_id, attempts, deadline)
@@ -65,13 +141,16 @@ SELECT id, status, task_name, priority, lock, queueing_lock, args, scheduled_at,
 
 -- register_worker --
 -- procrastinate's registration, and in the same statement the task names this worker
--- has (pgstage_worker_tasks, deleted with the worker's row): what tells a job whose task
--- no live worker has (queueing.jobs.unrunnable_tasks).
+-- has, the queues it listens to (%(queues)s, NULL for all) and the tasks it has a give-up
+-- hook of (%(hooks)s) (pgstage_worker_tasks, deleted with the worker's row): what tells a
+-- job that no live worker takes (queueing.jobs.unrunnable_tasks), and which owed hook a
+-- worker without it must leave (queueing.giveup.settle_owed).
 WITH registered AS (
     SELECT worker_id FROM procrastinate_register_worker_v1()
 ), tasks AS (
-    INSERT INTO pgstage_worker_tasks (worker_id, task_names)
-    SELECT worker_id, %(task_names)s::text[] FROM registered
+    INSERT INTO pgstage_worker_tasks (worker_id, task_names, queues, hooks)
+    SELECT worker_id, %(task_names)s::text[], %(queues)s::text[], %(hooks)s::text[]
+      FROM registered
 )
 SELECT worker_id FROM registered;
 
@@ -108,8 +187,9 @@ SELECT beat.id, hung.slots AS hung FROM beat, hung;
 WITH registered AS (
     INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id
 ), tasks AS (
-    INSERT INTO pgstage_worker_tasks (worker_id, task_names)
-    SELECT id, %(task_names)s::text[] FROM registered
+    INSERT INTO pgstage_worker_tasks (worker_id, task_names, queues, hooks)
+    SELECT id, %(task_names)s::text[], %(queues)s::text[], %(hooks)s::text[]
+      FROM registered
 ), adopted AS (
     UPDATE procrastinate_jobs
        SET worker_id = (SELECT id FROM registered)

@@ -20,6 +20,10 @@ Fault model (each cell a test below):
   window shorter than that attempt, the worker exited although the database was back),
   and fetches a job enqueued at the return within LISTEN latency and a second (before,
   at the pool's next attempt).
+- Outages that end right at the window, one after another with a gap of about a second:
+  test_an_outage_ending_at_the_window_never_stops_a_worker_whose_database_is_back (before
+  the fix: a loop that made no attempt in a gap counted both outages as one streak, and
+  the worker stopped while its other loops worked).
 - PostgreSQL kills fetches again and again while a backlog never empties:
   test_killed_fetches_over_a_backlog_never_slow_or_stop_the_worker — each fault costs one
   short pause (before, the failure streak ended only on a fetch that found no job: the
@@ -29,6 +33,7 @@ Fault model (each cell a test below):
 
 from __future__ import annotations
 
+import datetime
 import re
 import threading
 import time
@@ -370,3 +375,51 @@ def test_killed_fetches_over_a_backlog_never_slow_or_stop_the_worker(db, start_w
     assert set(effect_counts(db)) == set(labels)
     assert_settled(db)
     print(f"\n{len(attempts)} fetches killed over a 600-job backlog; every pause the first")
+
+
+def _stopped_at(log: str) -> float | None:
+    """When the worker decided to stop (its log's clock, UTC epoch), if it did."""
+    match = re.search(r"^(\S+ \S+) ERROR queueing.worker: stopping the worker", log, re.M)
+    if match is None:
+        return None
+    stamp = datetime.datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f")
+    return stamp.replace(tzinfo=datetime.UTC).timestamp()
+
+
+def test_an_outage_ending_at_the_window_never_stops_a_worker_whose_database_is_back(
+    db, start_worker
+):
+    # Outages that end around the window: the database accepts connections again just
+    # before a loop's failure streak reaches it. Whatever a loop's attempt in flight then
+    # says, the worker must not stop once its database answers.
+    window = 4.0
+    env = worker_env(db, DATABASE_OUTAGE_SECONDS=str(window), WORKER_POLLING_SECONDS="0.5")
+    worker = start_worker(env=env, concurrency=2)
+    rounds: list[tuple[float, float]] = []
+    for early in (0.9, 0.6, 0.3, 0.6, 0.3):
+        down = time.time()
+        db.stop()
+        time.sleep(max(0.0, down + window - early - time.time()))
+        db.start()
+        rounds.append((down, time.time()))
+        label = f"after-{len(rounds)}"
+        defer(db, [label])
+        wait_for(
+            lambda label=label: effect_counts(db).get(label) or not worker.alive,
+            timeout=30,
+            message=f"the job after outage {len(rounds)}\n{worker.log()[-3000:]}",
+        )
+        if not worker.alive:
+            break
+    lasted = [round(back - down, 2) for down, back in rounds]
+    stopped = _stopped_at(worker.log())
+    if stopped is not None:
+        # Allowed only while an outage had lasted the whole window (the server took longer
+        # to start than planned): after it began, before the server was back.
+        down, back = max((r for r in rounds if r[0] <= stopped), default=rounds[0])
+        assert window <= stopped - down and stopped < back, (
+            f"stopped {stopped - down:.2f} s into an outage of {back - down:.2f} s (outages "
+            f"{lasted} s, window {window} s)\n{worker.log()[-4000:]}"
+        )
+        return
+    print(f"\noutages of {lasted} s (window {window} s): never stopped")

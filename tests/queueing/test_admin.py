@@ -197,18 +197,27 @@ def test_the_job_list_shows_jobs_no_live_worker_can_run(staff_client):
         # A live worker that has tests.record, none that has tests.settled.
         cursor.execute("INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id")
         (live,) = cursor.fetchone()
+        # It listens to the default queue only.
         cursor.execute(
-            "INSERT INTO pgstage_worker_tasks VALUES (%s, ARRAY['tests.record'])", [live]
+            "INSERT INTO pgstage_worker_tasks (worker_id, task_names, queues)"
+            " VALUES (%s, ARRAY['tests.record'], '{default}')",
+            [live],
         )
     runnable = enqueue("tests.record", args={"label": "runs"})
     stranded = enqueue("tests.settled", args={"label": "stranded"})
+    off_queue = enqueue("tests.record", args={"label": "off"}, queue="runs")
 
     page = staff_client.get(JOB_LIST)
-    [warning] = [str(m) for m in page.context["messages"]]
-    assert "1 job(s) of task tests.settled wait: no live worker has this task" in warning
+    warnings = [str(m) for m in page.context["messages"]]
+    assert len(warnings) == 2
+    assert "1 job(s) of task tests.record wait on queue(s) runs: no live worker" in warnings[0]
+    assert (
+        "1 job(s) of task tests.settled wait on queue(s) default: no live worker" in (warnings[1])
+    )
     filtered = staff_client.get(f"{JOB_LIST}?runnable=no_worker")
-    assert [j.pk for j in filtered.context["cl"].result_list] == [stranded.job_id]
-    assert runnable.job_id not in [j.pk for j in filtered.context["cl"].result_list]
+    listed = sorted(j.pk for j in filtered.context["cl"].result_list)
+    assert listed == [stranded.job_id, off_queue.job_id]
+    assert runnable.job_id not in listed
 
 
 def listed(client, url: str) -> list[int]:

@@ -6,15 +6,27 @@ Fault model: a job waits whose task some worker lacks, and
 - no live worker has the task: test_jobs_no_live_worker_can_run_are_listed_per_task,
   and with real worker subprocesses (both directions of a mixed-release deploy):
   faults/test_mixed_releases.py;
+- a job waits on a queue that no live worker having its task listens to:
+  test_a_job_on_a_queue_no_worker_with_its_task_listens_to_is_unrunnable (before the fix:
+  unreported), with real workers on two queues in faults/test_mixed_releases.py;
 - procrastinate's own fetch changes in an upgrade:
-  test_the_fetch_is_procrastinates_plus_the_task_names (one statement, as procrastinate's,
-  and the same statement but for the task names).
+  test_the_fetch_judges_each_job_by_procrastinates_conditions, and
+  test_the_fetch_takes_the_job_procrastinates_would_among_the_workers_tasks (the same
+  job as procrastinate's fetch restricted to the task names, over a random mix of
+  priorities, locks, schedules, tasks and queues);
+- another fetch in flight holds the best job: test_a_contended_fetch_takes_the_next_free_job;
+- many jobs wait for a task no worker has (a deploy's backlog, a removed task):
+  test_the_fetch_and_the_unrunnable_count_never_read_other_tasks_waiting_jobs (before
+  the fix, each fetch and each /metrics scrape read every waiting job: 31-146 ms at
+  100k-200k waiting jobs).
 """
 
 from __future__ import annotations
 
+import random
 import re
 
+import psycopg
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection
@@ -24,8 +36,9 @@ from procrastinate.sql import queries as procrastinate_queries
 import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
 from queueing.enqueue import enqueue
 from queueing.jobs import unrunnable_tasks
+from queueing.sql import queries as queueing_queries
 from queueing.worker import TaskNameJobManager, fetch_by_task_name, queries
-from tests.conftest import jobs
+from tests.conftest import database_url, jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,26 +48,50 @@ def _normalized(sql: str) -> str:
     return " ".join(without_comments.split())
 
 
-def _procrastinate_fetch() -> str:
+def _procrastinate_fetch_function() -> str:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_get_functiondef('procrastinate_fetch_job_v2'::regproc)")
         (definition,) = cursor.fetchone()
-    body = definition[definition.index("WITH candidate AS") : definition.index("RETURNING")]
-    body = body.replace("target_queue_names", "%(queues)s::varchar[]")
-    return _normalized(body.replace("p_worker_id", "%(worker_id)s"))
+    return definition
 
 
-def test_the_fetch_is_procrastinates_plus_the_task_names():
-    ours = queries["fetch_job"]
-    task_filter = "AND jobs.task_name = ANY( %(task_names)s::varchar[] )"
-    assert task_filter in ours
-    fetch = ours[: ours.index("RETURNING")].replace(task_filter, "").replace("), fetched AS (", ")")
-    assert _normalized(fetch) == _procrastinate_fetch()
+QUEUE_CONDITION = "AND (target_queue_names IS NULL OR jobs.queue_name = ANY( target_queue_names ))"
+
+
+def _procrastinate_conditions() -> str:
+    """The WHERE clause procrastinate's fetch judges each job by, but for its queues
+    (ours are the pairs the loose index scan lists)."""
+    body = _normalized(_procrastinate_fetch_function())
+    where = body[body.index("FROM procrastinate_jobs AS jobs WHERE") : body.index("ORDER BY")]
+    assert QUEUE_CONDITION in where
+    return where.replace(QUEUE_CONDITION + " ", "").strip()
+
+
+def _reference_fetch() -> str:
+    """procrastinate's candidate selection restricted to the task names, as a read."""
+    body = _procrastinate_fetch_function()
+    candidate = body[body.index("SELECT jobs.*") : body.index("FOR UPDATE")]
+    candidate = candidate.replace("target_queue_names", "%(queues)s::varchar[]")
+    return candidate.replace(
+        "ORDER BY", "AND jobs.task_name = ANY( %(task_names)s::varchar[] ) ORDER BY"
+    )
+
+
+def test_the_fetch_judges_each_job_by_procrastinates_conditions():
+    ours = _normalized(queries["fetch_job"])
+    pair = "AND jobs.task_name = mine.task_name AND jobs.queue_name = mine.queue_name"
+    order = "ORDER BY jobs.priority DESC, jobs.id ASC LIMIT 1"
+    judged = f"{_procrastinate_conditions()} {pair} {order}"
+    # The unlocked read of each pair's first ready job, and the locked one under contention.
+    assert ours.count(judged) == 2
+    assert "task_name = ANY( %(task_names)s::varchar[] )" in ours
+    assert "(%(queues)s::varchar[] IS NULL OR queue_name = ANY( %(queues)s::varchar[] ))" in ours
     # It hands back the columns procrastinate's fetch query does (Job.from_row reads them).
     theirs = procrastinate_queries["fetch_job"]
     columns = theirs[theirs.index("SELECT") : theirs.index("FROM")]
+    raw = queries["fetch_job"]
     # The statement's last SELECT (after the deadline's CTE, queueing.timeouts).
-    tail = ours[ours.rindex("\nSELECT ") :]
+    tail = raw[raw.rindex("\nSELECT ") :]
     assert _normalized(columns) == _normalized(tail[tail.index("SELECT") : tail.index("FROM")])
 
 
@@ -112,7 +149,9 @@ def test_jobs_no_live_worker_can_run_are_listed_per_task(clean_queue):
         cursor.execute("INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id")
         (live,) = cursor.fetchone()
         cursor.execute(
-            "INSERT INTO pgstage_worker_tasks VALUES (%s, ARRAY['tests.record'])", [live]
+            "INSERT INTO pgstage_worker_tasks (worker_id, task_names)"
+            " VALUES (%s, ARRAY['tests.record'])",
+            [live],
         )
         # A silent worker that has the other task counts for nothing.
         cursor.execute(
@@ -121,7 +160,9 @@ def test_jobs_no_live_worker_can_run_are_listed_per_task(clean_queue):
         )
         (silent,) = cursor.fetchone()
         cursor.execute(
-            "INSERT INTO pgstage_worker_tasks VALUES (%s, ARRAY['tests.settled'])", [silent]
+            "INSERT INTO pgstage_worker_tasks (worker_id, task_names)"
+            " VALUES (%s, ARRAY['tests.settled'])",
+            [silent],
         )
     [unrunnable] = unrunnable_tasks()
     assert (unrunnable.task_name, unrunnable.jobs, unrunnable.oldest_job_id) == (
@@ -129,3 +170,162 @@ def test_jobs_no_live_worker_can_run_are_listed_per_task(clean_queue):
         1,
         settled.job_id,
     )
+
+
+def test_a_job_on_a_queue_no_worker_with_its_task_listens_to_is_unrunnable(clean_queue):
+    on_runs = enqueue("tests.record", args={"label": "r"}, queue="runs")
+    enqueue("tests.record", args={"label": "d"})
+    enqueue("tests.settled", args={"label": "s"}, queue="runs")
+    with connection.cursor() as cursor:
+        # One worker has tests.record but listens to the default queue only; another
+        # listens to every queue but lacks tests.record.
+        for names, queues in ((["tests.record"], ["default"]), (["tests.settled"], None)):
+            cursor.execute("INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id")
+            (worker,) = cursor.fetchone()
+            cursor.execute(
+                "INSERT INTO pgstage_worker_tasks (worker_id, task_names, queues)"
+                " VALUES (%s, %s, %s)",
+                [worker, names, queues],
+            )
+    [unrunnable] = unrunnable_tasks()
+    assert (unrunnable.task_name, unrunnable.jobs, unrunnable.oldest_job_id) == (
+        "tests.record",
+        1,
+        on_runs.job_id,
+    )
+    assert unrunnable.queues == ("runs",)
+
+
+def test_registration_records_the_workers_queues(clean_queue):
+    manager = fetch_by_task_name(app)
+    everywhere = async_to_sync(manager.register_worker)()
+    on_two = async_to_sync(manager.register_worker)(["runs", "default"])
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT worker_id, queues FROM pgstage_worker_tasks ORDER BY worker_id")
+        assert cursor.fetchall() == [(everywhere, None), (on_two, ["runs", "default"])]
+
+
+def _insert_jobs(rows: list[tuple[str, str, int, str | None, int]]) -> None:
+    """(task, queue, priority, lock, scheduled in seconds from now) per waiting job."""
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            "INSERT INTO procrastinate_jobs (task_name, queue_name, priority, lock, args,"
+            " scheduled_at, status) VALUES (%s, %s, %s, %s, '{}',"
+            " now() + %s * interval '1 second', 'todo')",
+            rows,
+        )
+
+
+def _reference(task_names: list[str], queues: list[str] | None) -> int | None:
+    with connection.cursor() as cursor:
+        cursor.execute(_reference_fetch(), {"task_names": task_names, "queues": queues})
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def test_the_fetch_takes_the_job_procrastinates_would_among_the_workers_tasks(clean_queue):
+    rng = random.Random(21)
+    tasks = ["tests.record", "tests.settled", "gone.task"]
+    queue_names = ["default", "runs", "other"]
+    _insert_jobs(
+        [
+            (
+                rng.choice(tasks),
+                rng.choice(queue_names),
+                rng.choice([0, 0, 1, 5]),
+                rng.choice([None, None, None, "L1", "L2"]),
+                rng.choice([-5, -5, -5, 3600]),
+            )
+            for _ in range(120)
+        ]
+    )
+    with connection.cursor() as cursor:
+        # Some locks are held by running jobs.
+        cursor.execute(
+            "INSERT INTO procrastinate_jobs (task_name, queue_name, lock, args, status)"
+            " VALUES ('gone.task', 'other', 'L2', '{}', 'doing')"
+        )
+    worker_id = _register()
+    taken = 0
+    for round_ in range(60):
+        names = rng.sample(tasks, rng.randint(1, 3))
+        queues = rng.choice([None, ["default"], ["runs", "other"]])
+        expected = _reference(names, queues)
+        manager = TaskNameJobManager(
+            connector=app.connector, tasks=lambda names=names: dict.fromkeys(names)
+        )
+        fetched = async_to_sync(manager.fetch_job)(queues=queues, worker_id=worker_id)
+        assert (fetched.id if fetched else None) == expected, (round_, names, queues)
+        if fetched and round_ % 3:
+            # Finish some, so locks come free and other jobs become first.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "UPDATE procrastinate_jobs SET status = 'succeeded' WHERE id = %s",
+                    [fetched.id],
+                )
+        taken += fetched is not None
+    assert taken > 20
+
+
+def test_a_contended_fetch_takes_the_next_free_job(clean_queue):
+    _insert_jobs([("tests.record", "default", 0, None, -1)] * 3)
+    [first, second, third] = [j["id"] for j in jobs()]
+    manager = fetch_by_task_name(app)
+    worker_id = _register()
+    # Another fetch in flight holds the first job (its row lock, not yet its update).
+    with psycopg.connect(database_url(), autocommit=False) as other:
+        other.execute("SELECT id FROM procrastinate_jobs WHERE id = %s FOR UPDATE", [first])
+        fetched = _fetch(manager, worker_id)
+        assert fetched is not None and fetched.id == second
+    assert _fetch(manager, worker_id).id == first
+    assert _fetch(manager, worker_id).id == third
+
+
+def _rows_read(query: str, params: dict) -> int:
+    """The rows every scan node of ``query``'s plan read, summed (EXPLAIN ANALYZE, in a
+    transaction rolled back)."""
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+        try:
+            cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}", params)
+            (plan,) = cursor.fetchone()
+        finally:
+            cursor.execute("ROLLBACK")
+
+    def walk(node: dict) -> int:
+        own = 0
+        if "Scan" in node["Node Type"] and node["Node Type"] not in ("CTE Scan", "WorkTable Scan"):
+            own = node["Actual Rows"] * node["Actual Loops"] + node.get("Rows Removed by Filter", 0)
+        return own + sum(walk(child) for child in node.get("Plans", []))
+
+    return walk(plan[0]["Plan"])
+
+
+def test_the_fetch_and_the_unrunnable_count_never_read_other_tasks_waiting_jobs(clean_queue):
+    with connection.cursor() as cursor:
+        # A release's backlog: 5000 waiting jobs of a task this worker lacks, ahead of
+        # its own (older, higher priority), on two queues; and 5000 of its own task.
+        for task_name, priority in (("gone.task", 9), ("tests.record", 0)):
+            cursor.execute(
+                "INSERT INTO procrastinate_jobs (task_name, queue_name, priority, args, status)"
+                " SELECT %s, CASE WHEN g %% 2 = 0 THEN 'runs' ELSE 'default' END, %s, '{}',"
+                " 'todo' FROM generate_series(1, 5000) AS g",
+                [task_name, priority],
+            )
+        cursor.execute("ANALYZE procrastinate_jobs")
+        cursor.execute("INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id")
+        (worker_id,) = cursor.fetchone()
+        cursor.execute(
+            "INSERT INTO pgstage_worker_tasks (worker_id, task_names)"
+            " VALUES (%s, ARRAY['tests.record', 'gone.task'])",
+            [worker_id],
+        )
+    fetch = {
+        "queues": None,
+        "worker_id": worker_id,
+        "task_names": ["tests.record"],
+        "timeout_tasks": [],
+        "timeout_seconds": [],
+    }
+    assert _rows_read(queries["fetch_job"], fetch) < 50
+    assert _rows_read(queueing_queries["unrunnable_tasks"], {"seconds": 30}) < 50

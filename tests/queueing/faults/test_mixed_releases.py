@@ -6,7 +6,10 @@ releases run side by side:
   test_a_new_task_waits_on_old_workers_and_runs_on_a_new_one (before the fix, an old
   worker fetched its job and failed it for good, TaskNotFound, with no give-up owed);
 - the new release removes a task whose jobs still wait; only new workers run:
-  test_a_removed_tasks_jobs_wait_visibly_and_a_cancel_settles_them.
+  test_a_removed_tasks_jobs_wait_visibly_and_a_cancel_settles_them;
+- workers listen to different queues, and the one that has a job's task does not listen
+  to its queue: test_a_job_on_a_queue_no_worker_with_its_task_listens_to_waits_visibly
+  (before the fix: counted as having a worker, never reported).
 Each such job is visible: one log line per task name (not per job or per check), the job
 admin (``test_admin.py``) and ``/metrics`` (``tests/site``).
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection, transaction
 
+import tests.queueing.faults.hook_after
 import tests.queueing.faults.tasks  # noqa: F401  (this process knows the new release's task)
 from queueing.enqueue import enqueue
 from queueing.jobs import job_cancel, unrunnable_tasks
@@ -105,3 +109,72 @@ def test_a_removed_tasks_jobs_wait_visibly_and_a_cancel_settles_them(effects, ta
     wait_for(lambda: _owed() == [], message="the owed row settled")
     assert effects().count("gave-up:gone") == 1
     assert unrunnable_tasks() == []
+
+
+def test_a_job_on_a_queue_no_worker_with_its_task_listens_to_waits_visibly(effects, task_worker):
+    # One worker has tests.record but listens to the default queue only; the other
+    # listens to the runs queue but lacks tests.record.
+    on_default = task_worker("--queues=default", env=FAST, name="on-default")
+    task_worker(
+        "--queues=runs",
+        env={**FAST, "PGSTAGE_TASK_MODULES": "runs.tasks"},
+        name="on-runs",
+    )
+    stranded = enqueue("tests.record", args={"label": "stranded"}, queue="runs")
+    enqueue("tests.record", args={"label": "served"})
+    wait_for(lambda: "served" in effects(), message="the default queue's job")
+    wait_for(
+        lambda: _waiting_lines(on_default.log(), "tests.record"),
+        message="the line about the job no worker takes",
+    )
+    [line] = _waiting_lines(on_default.log(), "tests.record")
+    assert "queue(s) runs" in line
+    # (The periodic sweeps' ticks wait too: no worker here listens to their queue.)
+    [unrunnable] = [u for u in unrunnable_tasks() if u.task_name == "tests.record"]
+    assert (unrunnable.jobs, unrunnable.oldest_job_id, unrunnable.queues) == (
+        1,
+        stranded.job_id,
+        ("runs",),
+    )
+    assert jobs(id=stranded.job_id)[0]["status"] == "todo" and "stranded" not in effects()
+
+    task_worker("--queues=runs", env=FAST, name="has-it-on-runs")
+    wait_for(lambda: "stranded" in effects(), message="a worker that takes it runs it")
+    assert "tests.record" not in [u.task_name for u in unrunnable_tasks()]
+    wait_for(
+        lambda: "jobs of task tests.record no longer wait" in on_default.log(),
+        message="the all-clear",
+    )
+
+
+def test_a_hook_added_in_the_new_release_runs_once_for_a_job_an_old_worker_fails(
+    effects, task_worker, tmp_path
+):
+    old = task_worker(
+        env={
+            **FAST,
+            "PGSTAGE_TASK_MODULES": "tests.queueing.tasks,tests.queueing.faults.hook_before",
+        },
+        name="old-release",
+    )
+    gate = tmp_path / "gate"
+    job = enqueue("review.gains_a_hook", args={"label": "h", "gate": str(gate)})
+    wait_for(lambda: "ran:h" in effects(), message="the old worker runs the job")
+    # The new release's worker starts beside it; then the old worker's run fails for good.
+    new = task_worker(
+        env={
+            **FAST,
+            "PGSTAGE_TASK_MODULES": "tests.queueing.tasks,tests.queueing.faults.hook_after",
+        },
+        name="new-release",
+    )
+    _wait_for_recovery_passes(1)
+    gate.touch()
+    wait_for(lambda: jobs(id=job.job_id)[0]["status"] == "failed", message="the job fails")
+    wait_for(
+        lambda: "gave-up:h" in effects(),
+        message=f"the new release's hook\n{old.log()[-1500:]}\n{new.log()[-1500:]}",
+    )
+    _wait_for_recovery_passes(3)  # no worker runs it again
+    assert effects().count("gave-up:h") == 1 and effects().count("ran:h") == 1
+    assert _owed() == []
