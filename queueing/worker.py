@@ -89,13 +89,16 @@ from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 from procrastinate import exceptions as procrastinate_exceptions
 from procrastinate import jobs, manager, periodic, retry, utils
 from procrastinate import worker as procrastinate_worker
+from procrastinate.contrib.django.django_connector import DjangoConnector
+from procrastinate.contrib.django.settings import settings as procrastinate_settings
 from procrastinate.contrib.django.utils import connector_params
 from procrastinate.job_context import JobContext, JobResult
 from procrastinate.manager import get_channel_for_queues
+from procrastinate.psycopg_connector import PsycopgConnector
 
 from queueing import current, giveup, sweeps
 from queueing.exceptions import PollLater
-from queueing.outage import RECONNECT_SECONDS, Failures, describe
+from queueing.outage import RECONNECT_SECONDS, Failures, WorkerPool, describe
 from queueing.sql import load
 from queueing.sql import queries as queueing_queries
 
@@ -896,3 +899,16 @@ def install(app: Any) -> None:
 
     fetch_by_task_name(app)
     app._worker = build_worker
+    if isinstance(app.connector, DjangoConnector):
+        # The worker command opens the connector this returns before the worker starts.
+        app.connector.get_worker_connector = worker_connector
+
+
+def worker_connector() -> PsycopgConnector:
+    """procrastinate's worker connector (``DjangoConnector.get_worker_connector``), on a
+    :class:`~queueing.outage.WorkerPool`: a worker started while the database is away
+    waits for it for the outage window."""
+    return PsycopgConnector(
+        pool_factory=functools.partial(WorkerPool, window=outage_seconds()),
+        kwargs=connector_params(procrastinate_settings.DATABASE_ALIAS),
+    )

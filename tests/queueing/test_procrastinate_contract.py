@@ -33,6 +33,8 @@ from packaging.specifiers import SpecifierSet
 from procrastinate import App, jobs, manager, periodic
 from procrastinate import worker as procrastinate_worker
 from procrastinate.contrib.django import utils as django_utils
+from procrastinate.contrib.django.django_connector import DjangoConnector
+from procrastinate.psycopg_connector import PsycopgConnector
 from procrastinate.testing import InMemoryConnector
 from psycopg_pool import AsyncConnectionPool
 
@@ -151,6 +153,9 @@ def test_the_structural_public_names_keep_their_shape():
     assert parameters(jobs.Job.from_row) == ("row",)
     assert parameters(manager.get_channel_for_queues) == ("queues",)
     assert callable(django_utils.connector_params)
+    # The worker command opens what this returns (queueing.worker.install replaces it).
+    assert parameters(DjangoConnector.get_worker_connector) == ()
+    assert "pool_factory" in inspect.signature(PsycopgConnector.__init__).parameters
     for name in ("timeout", "reconnect_timeout", "check"):
         assert (
             hasattr(AsyncConnectionPool, name)
