@@ -20,7 +20,9 @@ What it adds to procrastinate's worker (3.10):
   out of reach, and logs one line per attempt with its next delay (``queueing.outage``);
   any successful round trip ends a loop's failure streak. A loop that fails without a
   break for ``QUEUEING_DATABASE_OUTAGE_SECONDS`` stops the worker, which exits non-zero
-  with a clear message for its supervisor — unless the database answered meanwhile.
+  with a clear message for its supervisor — unless the database answered meanwhile. A
+  worker started while the database is away waits for it as long (procrastinate's pool
+  opening gives up after 30 s: :class:`~queueing.outage.WorkerPool`).
 * **Its liveness does not wait on procrastinate's pool.** The psycopg pool's reconnect
   delay doubles without a cap (1, 2, 4 … 128 s): after a one-minute outage a live worker
   would stay silent long after recovery resumed, and its job would run twice. The
