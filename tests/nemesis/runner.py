@@ -103,6 +103,9 @@ def run(args: argparse.Namespace) -> tuple[Report, Path]:
         cluster = Cluster(
             database_port=port, run_dir=run_dir, history=history, releases=list(RELEASES)
         )
+        # An operator's cancel runs the job's give-up hook here, in the cancel's transaction
+        # (queueing.jobs.job_cancel): its effects are this process's.
+        os.environ["NEMESIS_EFFECTS_DIR"] = str(cluster.effects_dir)
         seeds = random.Random(args.seed)
         workload = Workload(
             history=history,
