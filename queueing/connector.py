@@ -16,6 +16,9 @@ statements cost one:
   worker's loops retry (``queueing.worker``), and the pool replaces it. After an outage
   the worker still checks every pooled connection with a round trip, once
   (``PgstageWorker._reopen_pool``).
+* **A start that waits for the database.** The pool (:class:`queueing.outage.WorkerPool`)
+  opens once the database answers, trying for the outage window
+  (``QUEUEING_DATABASE_OUTAGE_SECONDS``), where procrastinate's gives up after 30 s.
 
 The heartbeat and LISTEN keep connections of their own, outside this pool.
 """
@@ -29,6 +32,8 @@ import psycopg
 import psycopg_pool
 from procrastinate import psycopg_connector
 from procrastinate.contrib.django.utils import connector_params
+
+from queueing.outage import WorkerPool
 
 __all__ = ["worker_connector"]
 
@@ -63,7 +68,10 @@ async def _autocommit(connection: psycopg.AsyncConnection) -> None:
 
 def _pool(**kwargs: Any) -> psycopg_pool.AsyncConnectionPool:
     # procrastinate passes its round-trip check (check_connection); the socket's is ours.
-    return psycopg_pool.AsyncConnectionPool(**{**kwargs, "check": _check})
+    # Its opening waits for the database for the outage window, not the pool's 30 s.
+    from queueing.worker import outage_seconds
+
+    return WorkerPool(**{**kwargs, "check": _check}, window=outage_seconds())
 
 
 def worker_connector(

@@ -22,12 +22,16 @@ keep a worker alive whose fetch always errs).
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
+import psycopg_pool
 
 from queueing import backoff
 
@@ -157,3 +161,69 @@ class Failures:
         since = self._since.pop(loop, None)
         if self._attempts.pop(loop, 0) and since is not None:
             logger.warning("%s works again after %.1f s", loop, time.monotonic() - since)
+
+
+class WorkerPool(psycopg_pool.AsyncConnectionPool):
+    """The worker's pool (procrastinate's ``pool_factory``), whose opening waits for the
+    database as long as the outage window, not the pool's 30 s.
+
+    procrastinate opens its pool with ``wait=True`` before the worker starts: a worker
+    started while the database was away exited after 30 s, and even seconds after the
+    database returned, since the pool's attempts back off, doubling. Here the database is
+    tried first on a plain connection of its own, at most ``RECONNECT_SECONDS`` apart, for
+    ``window`` seconds (``QUEUEING_DATABASE_OUTAGE_SECONDS``; then its error is raised and
+    the worker exits non-zero); once one gets through, the pool opens at once."""
+
+    def __init__(self, *args: Any, window: float, **kwargs: Any):
+        self.window = window
+        super().__init__(*args, **kwargs)
+
+    async def open(self, wait: bool = False, timeout: float = 30.0) -> None:
+        if wait:
+            conninfo, kwargs = await _resolved(self.conninfo), await _resolved(self.kwargs)
+            await wait_for_database(conninfo, kwargs or {}, window=self.window)
+        await super().open(wait=wait, timeout=timeout)
+
+
+async def _resolved(value: Any) -> Any:
+    """A pool's ``conninfo`` or ``kwargs``: the value, or what its callable (sync or
+    async, as psycopg_pool accepts) returns."""
+    if callable(value):
+        value = value()
+        if inspect.isawaitable(value):
+            value = await value
+    return value
+
+
+async def wait_for_database(conninfo: str, kwargs: dict[str, Any], *, window: float) -> None:
+    """Return once the database accepts a connection; raise the last connection error when
+    none did within ``window`` seconds. Attempts are ``RECONNECT_SECONDS`` apart."""
+    deadline = time.monotonic() + window
+    attempts = 0
+    while True:
+        try:
+            connection = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
+        except psycopg.OperationalError as exc:
+            attempts += 1
+            if time.monotonic() + RECONNECT_SECONDS > deadline:
+                logger.error(
+                    "the database stayed out of reach for %.0f s "
+                    "(QUEUEING_DATABASE_OUTAGE_SECONDS): %s",
+                    window,
+                    describe(exc),
+                )
+                raise
+            if attempts == 1:
+                logger.warning(
+                    "the database is out of reach: the worker starts once it answers, "
+                    "trying every %.0f s for %.0f s (%s)",
+                    RECONNECT_SECONDS,
+                    window,
+                    describe(exc),
+                )
+            await asyncio.sleep(RECONNECT_SECONDS)
+        else:
+            await connection.close()
+            if attempts:
+                logger.warning("the database answers after %d attempts: starting", attempts)
+            return

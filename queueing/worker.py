@@ -22,7 +22,9 @@ What it adds to procrastinate's worker (3.10):
   break for ``QUEUEING_DATABASE_OUTAGE_SECONDS`` stops the worker, which exits non-zero
   with a clear message for its supervisor — unless the database answered meanwhile (any
   loop's round trip within the window) or answers a round trip of the worker's own at
-  that moment.
+  that moment. A
+  worker started while the database is away waits for it as long (procrastinate's pool
+  opening gives up after 30 s: :class:`~queueing.outage.WorkerPool`).
 * **Its liveness does not wait on procrastinate's pool.** The psycopg pool's reconnect
   delay doubles without a cap (1, 2, 4 … 128 s): after a one-minute outage a live worker
   would stay silent long after recovery resumed, and its job would run twice. The

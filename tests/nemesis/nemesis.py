@@ -102,6 +102,18 @@ class Nemesis:
         for thread in self._threads:
             thread.join(timeout=600)
 
+    def roll_forward(self) -> None:
+        """A deploy to the new release when no worker runs it (the last deploy rolled back):
+        the jobs of the task only the new release has wait for a worker that has it
+        (docs/deploy.md), and must run once one arrives. Recorded as a deploy fault."""
+        if any(worker.release == "new" for worker in self.cluster.workers):
+            return
+        self.target_release = "new"
+        pauses = [1.0 for _ in self.cluster.workers]
+        self._fault(
+            "deploy", set(), {"to": "new", "after_run": True}, lambda: self._deploy("new", pauses)
+        )
+
     def _duration(self, low: float, high: float) -> float:
         return max(1.0, round(self.rng.uniform(low, high) * self.config.scale, 2))
 
@@ -110,10 +122,10 @@ class Nemesis:
         weights = [self.config.weights.get(kind, 1.0) for kind in kinds]
         while not self.stop.wait(self.rng.uniform(*self.config.pause)):
             self._threads = [t for t in self._threads if t.is_alive()]
-            if len(self._threads) >= self.config.overlap:
-                continue
+            # Drawn even when no fault can start now, so that the seed alone decides the
+            # sequence of draws: a replay meets the same faults wherever the timing allows.
             kind = self.rng.choices(kinds, weights)[0]
-            planned = self._plan(kind)
+            planned = self._plan(kind, start=len(self._threads) < self.config.overlap)
             if planned is None:
                 continue
             resources, fields, action = planned
@@ -147,9 +159,12 @@ class Nemesis:
             with self._busy_lock:
                 self._busy -= resources
 
-    def _plan(self, kind: str) -> tuple[set[str], dict[str, Any], Callable[[], Any]] | None:
+    def _plan(
+        self, kind: str, *, start: bool = True
+    ) -> tuple[set[str], dict[str, Any], Callable[[], Any]] | None:
         """The fault's resources, its recorded parameters and its action (all drawn now,
-        in the nemesis thread, so the seed decides them); None when its targets are busy."""
+        in the nemesis thread, so the seed decides them); None when its targets are busy
+        or ``start`` is false (the draws are made all the same)."""
         workers = self.cluster.workers
         if kind in ("kill", "term", "partition", "reset"):
             worker = self.rng.choice(workers)
@@ -171,8 +186,9 @@ class Nemesis:
             if all(w.release == self.target_release for w in workers):
                 self.target_release = "old" if self.target_release == "new" else "new"
             target = self.target_release
+            pauses = [round(self.rng.uniform(0.5, 3), 2) for _ in workers]
             fields = {"to": target}
-            action = lambda: self._deploy(target)  # noqa: E731
+            action = lambda: self._deploy(target, pauses)  # noqa: E731
         elif kind in DATABASE_KINDS:
             resources = {"database"}
             seconds = 0.0 if kind == "pg_restart" else self._duration(1, 150)
@@ -206,7 +222,7 @@ class Nemesis:
             action = lambda: self._operator(name, pick)  # noqa: E731
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
-        if not self._claim(resources):
+        if not start or not self._claim(resources):
             return None
         return resources, fields, action
 
@@ -219,10 +235,11 @@ class Nemesis:
             self.cluster.start(worker)
         return {"code": code, "stopped": stopped, "started": worker.pid}
 
-    def _deploy(self, release: str) -> dict[str, Any]:
-        """Drain each worker in turn and start it in ``release`` (a rolling deploy)."""
+    def _deploy(self, release: str, pauses: list[float]) -> dict[str, Any]:
+        """Drain each worker in turn and start it in ``release`` (a rolling deploy), pausing
+        after each as ``pauses`` says."""
         rolled = []
-        for worker in self.cluster.workers:
+        for worker, pause in zip(self.cluster.workers, pauses, strict=True):
             if worker.release == release:
                 continue
             with worker.lock:
@@ -233,7 +250,7 @@ class Nemesis:
             rolled.append(
                 {"worker": worker.index, "code": code, "stopped": stopped, "started": worker.pid}
             )
-            time.sleep(self.rng.uniform(0.5, 3))
+            time.sleep(pause)
         return {"rolled": rolled}
 
     def _partition(self, worker: Worker, seconds: float) -> None:

@@ -167,3 +167,37 @@ def test_domain_invariants_from_the_final_read_are_violations():
     assert properties(history) == ["invariant", "a"]
     during = {"type": "check", "mono": 5.0, "violations": {"4. per user": [[7, 2]]}}
     assert properties([*history, during]) == ["invariant", "invariant", "a"]
+
+
+def test_a_late_restart_is_excused_only_by_a_fault_that_stops_every_worker():
+    def late(*faults: dict, jobs: int = 3, seconds: float = 7.5) -> list[dict]:
+        return [
+            *WORKERS,
+            *fault("pg_down", 4.0, 12.0, 3),
+            {"type": "database", "event": "up", "mono": 10.0, "after": 6.0},
+            *faults,
+            *final(
+                restarts=[
+                    {"wall": 0, "seconds": 0.4, "jobs": 1},
+                    {"wall": 0, "seconds": seconds, "jobs": jobs},
+                ],
+                generic_jobs=[],
+            ),
+            {"type": "database", "event": "up", "mono": 2.0, "after": 1.0},
+        ]
+
+    # The outage's own window (its operator's sweep after the return) excuses nothing; a
+    # partition or a kill takes one worker, and the others must start the waiting jobs.
+    assert properties(late()) == ["L2"]
+    assert properties(late(*fault("partition", 9.0, 30.0, 4, worker=0))) == ["L2"]
+    assert properties(late(*fault("kill", 11.0, 12.0, 4, worker=1))) == ["L2"]
+    # A storm of terminated sessions, a lock on procrastinate_jobs or the next outage holds
+    # every worker back; with no job waiting for the return, nothing was late to start.
+    assert properties(late(*fault("terminate", 9.0, 13.0, 4))) == []
+    locked = fault("statement_timeout", 11.0, 14.0, 4, table="procrastinate_jobs")
+    assert properties(late(*locked)) == []
+    assert properties(late(*fault("pg_restart", 15.0, 16.0, 4))) == []
+    assert properties(late(jobs=0)) == []
+    assert properties(late(seconds=4.9)) == []
+    ordered = sorted(late(), key=lambda line: line["mono"])
+    assert check(ordered).measures["restart_seconds_max"] == 7.5

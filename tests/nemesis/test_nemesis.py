@@ -5,7 +5,12 @@ PostgreSQL, workers and proxies), so its output — the seed, the history's path
 verdict and the command that replays it — is the test's. The permanent seeds are in
 ``seeds.toml``: a seed that found a defect still open carries its defect and is expected
 to fail (``xfail``, not strict: a replay repeats the faults, not the interleaving); once
-the defect is fixed its mark goes and the seed stays, a regression test.
+the defect is fixed its mark goes and the seed stays, a regression test. The short run is
+the seed marked ``short_run`` there.
+
+Each run is an xdist group of its own, so that ``--dist loadgroup`` spreads the runs over
+the workers (each run has its own server on a free port), and runs beside the rest of the
+suite.
 """
 
 from __future__ import annotations
@@ -20,15 +25,16 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.nemesis, pytest.mark.xdist_group("nemesis")]
+pytestmark = [pytest.mark.slow, pytest.mark.nemesis]
 
 SEEDS_FILE = Path(__file__).with_name("seeds.toml")
 #: A seed whose run is longer than this is replayed only with NEMESIS_LONG_SEEDS=1 (or by
 #: hand with ``make nemesis``): ``make test`` stays within minutes.
 LONG_SEED_SECONDS = 300
-#: The short run of ``make test``: about 3 minutes on 2 cores (60 s of faults, then the
-#: settling, bounded by the checker's 150 s, and the start and the final read).
-SHORT_RUN = {"seed": 20261201, "seconds": 60, "scale": 0.1}
+SEEDS = tomllib.loads(SEEDS_FILE.read_text())["seed"]
+#: The short run of ``make test``: every fault kind for 60 s at a tenth of the durations,
+#: then the settling (bounded by the checker's 150 s), the start and the final read.
+SHORT_RUN = next(entry for entry in SEEDS if entry.get("short_run"))
 
 
 def run_nemesis(tmp_path: Path, *, seed: int, seconds: float, scale: float, **extra) -> None:
@@ -61,8 +67,13 @@ def run_nemesis(tmp_path: Path, *, seed: int, seconds: float, scale: float, **ex
 
 def permanent_seeds() -> list:
     params = []
-    for index, entry in enumerate(tomllib.loads(SEEDS_FILE.read_text())["seed"]):
-        marks = [pytest.mark.timeout(entry["seconds"] + 900)]
+    for index, entry in enumerate(SEEDS):
+        if entry.get("short_run"):
+            continue
+        marks = [
+            pytest.mark.timeout(entry["seconds"] + 900),
+            pytest.mark.xdist_group(f"nemesis-{index}"),
+        ]
         if entry.get("defect"):
             marks.append(pytest.mark.xfail(reason=f"known defect: {entry['defect']}"))
         if entry["seconds"] > LONG_SEED_SECONDS:
@@ -76,13 +87,7 @@ def permanent_seeds() -> list:
     return params
 
 
-@pytest.mark.timeout(720)
-def test_a_short_seeded_run_finds_no_violation(tmp_path):
-    run_nemesis(tmp_path, **SHORT_RUN)
-
-
-@pytest.mark.parametrize("entry", permanent_seeds())
-def test_a_seed_that_once_found_a_violation(tmp_path, entry):
+def replay(tmp_path: Path, entry: dict) -> None:
     run_nemesis(
         tmp_path,
         seed=entry["seed"],
@@ -91,3 +96,14 @@ def test_a_seed_that_once_found_a_violation(tmp_path, entry):
         kinds=entry.get("kinds", ""),
         new_task=entry.get("new_task", False),
     )
+
+
+@pytest.mark.timeout(720)
+@pytest.mark.xdist_group("nemesis-short")
+def test_a_short_seeded_run_finds_no_violation(tmp_path):
+    replay(tmp_path, SHORT_RUN)
+
+
+@pytest.mark.parametrize("entry", permanent_seeds())
+def test_a_seed_that_once_found_a_violation(tmp_path, entry):
+    replay(tmp_path, entry)

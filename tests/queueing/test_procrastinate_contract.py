@@ -44,6 +44,8 @@ from procrastinate import App, job_context, jobs, manager, periodic, tasks
 from procrastinate import utils as procrastinate_utils
 from procrastinate import worker as procrastinate_worker
 from procrastinate.contrib.django import utils as django_utils
+from procrastinate.contrib.django.django_connector import DjangoConnector
+from procrastinate.psycopg_connector import PsycopgConnector
 from procrastinate.testing import InMemoryConnector
 from psycopg_pool import AsyncConnectionPool
 
@@ -247,6 +249,9 @@ def test_the_structural_public_names_keep_their_shape():
     assert isinstance(inspect.getattr_static(job_context.JobContext, "task"), property)
     assert parameters(manager.get_channel_for_queues) == ("queues",)
     assert callable(django_utils.connector_params)
+    # The worker command opens what this returns (queueing.worker.install replaces it).
+    assert parameters(DjangoConnector.get_worker_connector) == ()
+    assert "pool_factory" in inspect.signature(PsycopgConnector.__init__).parameters
     for name in ("timeout", "reconnect_timeout", "check"):
         assert (
             hasattr(AsyncConnectionPool, name)
