@@ -178,7 +178,7 @@ def _check_stall_threshold() -> list[Warning]:
                 "sync jobs): a deploy would run the draining worker's jobs a second time.",
                 hint="Set PROCRASTINATE_ON_APP_READY = 'queueing.worker.install' so that "
                 "workers keep beating until their last job ends.",
-                id="queueing.W001",
+                id="queueing.W002",
             )
         )
     return warnings

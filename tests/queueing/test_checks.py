@@ -29,7 +29,7 @@ def test_a_worker_that_stops_beating_while_it_drains_is_flagged(settings):
     """Without pgstage's worker, no stall threshold covers a drain of sync jobs."""
     settings.PROCRASTINATE_ON_APP_READY = None
     [warning] = check_database(None)
-    assert warning.id == "queueing.W001" and "cannot cover a drain" in warning.msg
+    assert warning.id == "queueing.W002" and "cannot cover a drain" in warning.msg
 
 
 @pytest.mark.parametrize("period", [0, -1, 8, 45, "15", True])
@@ -72,7 +72,7 @@ def test_each_message_names_only_settings_a_project_has(settings, monkeypatch):
         "queueing.E001",
         "queueing.E003",
         "queueing.W001",
-        "queueing.W001",
+        "queueing.W002",
     ]
     known = documented_settings() | {"DATABASES", "INSTALLED_APPS", "ENGINE"}
     for message in messages:
