@@ -367,3 +367,88 @@ def test_the_retry_of_a_hung_run_runs_beside_it_on_the_same_worker(effects, task
     assert effects().count("j:finished") == 2
     assert jobs(id=job)[0]["status"] == "succeeded"
     assert "are held by hung jobs" not in worker.log()  # one slot of two
+
+
+# -- edges: polls past the deadline, outages at the grace ---------------------------------
+
+
+def _poll(job_id: int, worker_id: int) -> list:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            queries["poll_job_fenced"],
+            {"job_id": job_id, "worker_id": worker_id, "attempts": 0, "retry_at": None},
+        )
+        return cursor.fetchall()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="one deadline column is both the poll bound and the run's bound: a run fetched "
+    "again after its polls' deadline (plus the grace) is ended as hung as soon as it "
+    "starts, and its retry runs beside it; needs a run deadline apart from the poll bound",
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_run_fetched_again_after_its_polls_deadline_is_not_ended_as_it_starts(clean_queue):
+    """A job polled (PollLater) shortly before its deadline, then waited behind a backlog
+    past the deadline and the grace: its next run has just started and is no hung run."""
+    manager = fetch_by_task_name(app)
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id")
+        (worker,) = cursor.fetchone()
+    recovery_ran(last_run_ago=0, resumed_ago=3600)
+    job = enqueue("tests.hang", args={"label": "h", "release_file": "-"}).job_id
+    assert async_to_sync(manager.fetch_job)(queues=None, worker_id=worker).id == job
+    assert _poll(job, worker) != []  # within its deadline: it waits, no attempt spent
+    _deadline(job, attempts=0, ago=31)  # it waited past its deadline and the grace
+    assert async_to_sync(manager.fetch_job)(queues=None, worker_id=worker).id == job
+    assert run_sweep("stalled_jobs").selected == 0
+    assert jobs(id=job)[0]["status"] == "doing"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_that_ended_at_its_deadline_as_the_database_went_away_may_still_save(
+    clean_queue,
+):
+    """The database went away as a sync run ended at its deadline, and came back after an
+    outage as long as recovery's resume gap (14 s with the defaults): recovery did not
+    resume (the gap was not longer), so the run's deadline counts as it is; the grace must
+    still leave its worker the time to save the outcome (its heartbeat lands, its save
+    follows)."""
+    job = enqueue("tests.hang", args={"label": "h", "release_file": "-"}).job_id
+    make_doing(job, heartbeat_age_s=14)
+    _deadline(job, attempts=0, ago=14)
+    recovery_ran(last_run_ago=13.9, resumed_ago=3600)
+    assert run_sweep("stalled_jobs").selected == 0
+    assert jobs(id=job)[0]["status"] == "doing"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_grace_shorter_than_an_unnoticed_outage_takes_a_finished_runs_outcome(
+    clean_queue, settings
+):
+    """What queueing.E004 refuses below: with a grace of 5 s, an outage of 10 s (shorter
+    than the resume gap, so recovery does not resume) ends a run that finished at its
+    deadline before its worker could save it."""
+    settings.QUEUEING_JOB_TIMEOUT_GRACE_SECONDS = 5
+    job = enqueue("tests.hang", args={"label": "h", "release_file": "-"}).job_id
+    make_doing(job, heartbeat_age_s=10)
+    _deadline(job, attempts=0, ago=10)
+    recovery_ran(last_run_ago=10, resumed_ago=3600)
+    assert dict(run_sweep("stalled_jobs").notes) == {"timed_out_retried": 1}
+    assert "queueing.E004" in ids(check_database(None))
+
+
+@pytest.mark.parametrize(
+    ("grace", "heartbeat", "refused"),
+    [(5, 10, True), (15, 10, True), (16, 10, False), (30, 10, False), (29, 1, True), (30, 1, False)],
+)
+def test_a_grace_shorter_than_recoverys_resume_gap_and_the_liveness_bound_is_refused(
+    settings, grace, heartbeat, refused
+):
+    settings.QUEUEING_JOB_TIMEOUT_GRACE_SECONDS = grace
+    settings.QUEUEING_HEARTBEAT_SECONDS = heartbeat
+    settings.QUEUEING_JOB_TIMEOUT_SECONDS = 3600
+    errors = [e for e in check_database(None) if e.id == "queueing.E004"]
+    assert bool(errors) == refused
+    if refused:
+        assert "QUEUEING_JOB_TIMEOUT_GRACE_SECONDS" in errors[0].msg
