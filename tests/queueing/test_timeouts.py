@@ -440,7 +440,14 @@ def test_a_grace_shorter_than_an_unnoticed_outage_takes_a_finished_runs_outcome(
 
 @pytest.mark.parametrize(
     ("grace", "heartbeat", "refused"),
-    [(5, 10, True), (15, 10, True), (16, 10, False), (30, 10, False), (29, 1, True), (30, 1, False)],
+    [
+        (5, 10, True),
+        (15, 10, True),
+        (16, 10, False),
+        (30, 10, False),
+        (29, 1, True),
+        (30, 1, False),
+    ],
 )
 def test_a_grace_shorter_than_recoverys_resume_gap_and_the_liveness_bound_is_refused(
     settings, grace, heartbeat, refused
