@@ -423,39 +423,32 @@ def test_a_run_that_ended_at_its_deadline_as_the_database_went_away_may_still_sa
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_grace_shorter_than_an_unnoticed_outage_takes_a_finished_runs_outcome(
+def test_a_short_grace_still_lets_a_run_that_ended_during_an_unnoticed_outage_save(
     clean_queue, settings
 ):
-    """What queueing.E004 refuses below: with a grace of 5 s, an outage of 10 s (shorter
-    than the resume gap, so recovery does not resume) ends a run that finished at its
-    deadline before its worker could save it."""
+    """With a grace of 5 s, an outage of 10 s (shorter than the resume gap, so recovery's
+    clock does not resume) would end a run that finished at its deadline as the database
+    went away, before its worker could save it: the grace in force is never shorter than
+    the resume gap and twice the liveness bound."""
     settings.QUEUEING_JOB_TIMEOUT_GRACE_SECONDS = 5
     job = enqueue("tests.hang", args={"label": "h", "release_file": "-"}).job_id
     make_doing(job, heartbeat_age_s=10)
     _deadline(job, attempts=0, ago=10)
     recovery_ran(last_run_ago=10, resumed_ago=3600)
+    assert run_sweep("stalled_jobs").selected == 0
+    assert jobs(id=job)[0]["status"] == "doing"
+    _deadline(job, attempts=0, ago=17)  # past the grace in force (16 s)
     assert dict(run_sweep("stalled_jobs").notes) == {"timed_out_retried": 1}
-    assert "queueing.E004" in ids(check_database(None))
 
 
 @pytest.mark.parametrize(
-    ("grace", "heartbeat", "refused"),
-    [
-        (5, 10, True),
-        (15, 10, True),
-        (16, 10, False),
-        (30, 10, False),
-        (29, 1, True),
-        (30, 1, False),
-    ],
+    ("grace", "heartbeat", "stalled", "in_force"),
+    [(5, 10, 30, 16), (30, 10, 30, 30), (29, 1, 30, 29.5), (30, 10, 120, 106), (2, 1, 3, 2.5)],
 )
-def test_a_grace_shorter_than_recoverys_resume_gap_and_the_liveness_bound_is_refused(
-    settings, grace, heartbeat, refused
+def test_the_grace_in_force_covers_recoverys_resume_gap_and_the_liveness_bound(
+    settings, grace, heartbeat, stalled, in_force
 ):
     settings.QUEUEING_JOB_TIMEOUT_GRACE_SECONDS = grace
     settings.QUEUEING_HEARTBEAT_SECONDS = heartbeat
-    settings.QUEUEING_JOB_TIMEOUT_SECONDS = 3600
-    errors = [e for e in check_database(None) if e.id == "queueing.E004"]
-    assert bool(errors) == refused
-    if refused:
-        assert "QUEUEING_JOB_TIMEOUT_GRACE_SECONDS" in errors[0].msg
+    settings.QUEUEING_STALLED_WORKER_SECONDS = stalled
+    assert timeouts.grace_seconds() == in_force
