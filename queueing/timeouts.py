@@ -20,7 +20,10 @@ Past its deadline:
   outcome, whenever it comes, is refused: the worker's fenced statements match the
   attempt they ran, which is over.
 * A job that keeps raising ``PollLater`` polls without spending attempts until its
-  deadline; past it each poll counts as an attempt, so its retry strategy ends it.
+  first run's deadline (``deadline``, kept by its polls); past it each poll counts as an
+  attempt, so its retry strategy ends it. Each run is judged hung by its own deadline
+  (``run_deadline``, set by every fetch) when that is later: a run fetched again after
+  its polls' deadline has its whole timeout.
 
 A hung sync run still holds its worker's slot. Each heartbeat counts them; a worker whose
 slots are all held by hung runs says so in its log (once per change), in ``/metrics``

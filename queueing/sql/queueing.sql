@@ -103,16 +103,19 @@ SELECT id FROM ended;
 -- process knows (%(known)s: their retry strategy decides), oldest deadline first. The
 -- deadline counts from no earlier than when recovery resumed after a gap (as silence
 -- does in stalled_jobs): a run that ended while the database was away is given the grace
--- to save its own outcome. SKIP LOCKED: two recoveries never take the same job.
+-- to save its own outcome. A run is judged by the later of its own deadline and its polls'
+-- (run_deadline, NULL when a worker of an earlier release fetched it: its deadline is the
+-- run's), so a run fetched again after its polls' deadline has its whole timeout.
+-- SKIP LOCKED: two recoveries never take the same job.
 SELECT j.id, j.status, j.task_name, j.priority, j.lock, j.queueing_lock, j.args,
        j.scheduled_at, j.queue_name, j.attempts, j.abort_requested, j.worker_id
   FROM procrastinate_jobs j
   JOIN pgstage_job_deadlines d ON d.job_id = j.id AND d.attempts = j.attempts
  WHERE j.status = 'doing'
    AND j.task_name = ANY(%(known)s::varchar[])
-   AND greatest(d.deadline, %(resumed_at)s::timestamptz)
+   AND greatest(d.deadline, d.run_deadline, %(resumed_at)s::timestamptz)
        < now() - %(grace)s * interval '1 second'
- ORDER BY d.deadline, j.id
+ ORDER BY greatest(d.deadline, d.run_deadline), j.id
  LIMIT %(limit)s
    FOR UPDATE OF j SKIP LOCKED;
 

@@ -57,10 +57,12 @@ def _deadline(job_id: int, *, attempts: int, ago: float) -> None:
     """The run's deadline, ``ago`` seconds in the past (negative: ahead)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO pgstage_job_deadlines (job_id, attempts, deadline) "
-            "VALUES (%s, %s, now() - %s * interval '1 second') ON CONFLICT (job_id) DO "
-            "UPDATE SET attempts = EXCLUDED.attempts, deadline = EXCLUDED.deadline",
-            [job_id, attempts, ago],
+            "INSERT INTO pgstage_job_deadlines (job_id, attempts, deadline, run_deadline) "
+            "VALUES (%s, %s, now() - %s * interval '1 second', "
+            "now() - %s * interval '1 second') ON CONFLICT (job_id) DO UPDATE SET "
+            "attempts = EXCLUDED.attempts, deadline = EXCLUDED.deadline, "
+            "run_deadline = EXCLUDED.run_deadline",
+            [job_id, attempts, ago, ago],
         )
 
 
@@ -381,12 +383,6 @@ def _poll(job_id: int, worker_id: int) -> list:
         return cursor.fetchall()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="one deadline column is both the poll bound and the run's bound: a run fetched "
-    "again after its polls' deadline (plus the grace) is ended as hung as soon as it "
-    "starts, and its retry runs beside it; needs a run deadline apart from the poll bound",
-)
 @pytest.mark.django_db(transaction=True)
 def test_a_run_fetched_again_after_its_polls_deadline_is_not_ended_as_it_starts(clean_queue):
     """A job polled (PollLater) shortly before its deadline, then waited behind a backlog
