@@ -155,6 +155,39 @@ def test_a_give_up_of_a_task_without_a_hook_here_is_recorded_then_settled(clean_
     assert giveup.settle_owed() == 1 and owed() == []
 
 
+def test_an_owed_hook_waits_for_a_worker_that_has_it_across_an_outage(clean_queue, settings):
+    """The database was away longer than the stall threshold: every heartbeat is old, the
+    worker that has the hook alive, and it beats again a moment after the return. A
+    process that knows the task without the hook, settling first, must not take that
+    moment for the hook's worker being gone: the hook would be lost for good."""
+    settings.QUEUEING_STALLED_MAX_RECOVERIES = 0
+    job = enqueue("tests.record", args={"label": "hook-elsewhere"})
+    make_doing(job.job_id)
+    assert run_sweep("stalled_jobs").notes == {"gave_up": 1}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO procrastinate_workers (last_heartbeat) "
+            "VALUES (now() - interval '40 seconds') RETURNING id"
+        )
+        (hooked,) = cursor.fetchone()
+        cursor.execute(
+            "INSERT INTO pgstage_worker_tasks (worker_id, task_names, hooks) "
+            "VALUES (%s, ARRAY['tests.record'], ARRAY['tests.record'])",
+            [hooked],
+        )
+    recovery_ran(last_run_ago=0, resumed_ago=0)  # recovery saw the gap: it just resumed
+    assert giveup.settle_owed() == 0 and owed() == [job.job_id]
+    # That worker never came back: once it is dead for certain (silent for longer than
+    # any live worker can be: its outage window and four thresholds), the row goes.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE procrastinate_workers SET last_heartbeat = now() - interval '421 seconds' "
+            "WHERE id = %s",
+            [hooked],
+        )
+    assert giveup.settle_owed() == 1 and owed() == []
+
+
 def test_an_aborted_stalled_job_is_not_run_again(effects):
     job = enqueue("tests.settled", args={"label": "a"})
     make_doing(job.job_id)
