@@ -407,9 +407,12 @@ RETURNING resumed_at,
 
 -- take_owed_give_up --
 -- One give-up still owed (this job's, or the oldest) of a task this process has the hook
--- of (%(hooked)s), or knows without one (%(known)s) while no live worker (beat within
--- %(seconds)s s) registered that hook: a worker of another release, or with other task
--- modules, leaves the row for one that has the hook. Taken for the caller's transaction,
+-- of (%(hooked)s), or knows without one (%(known)s) while no worker that may be alive
+-- registered that hook: a worker of another release, or with other task modules, leaves
+-- the row for one that has the hook. A worker may be alive until it has been silent for
+-- %(seconds)s s (queueing.worker.prune_after_seconds: longer than any live worker can be,
+-- counting from the server's start): after an outage every heartbeat is old, and the
+-- hook's worker beats again only a moment after the return. Taken for the caller's transaction,
 -- which runs the hook (if this process has it): committed, the hook ran once; rolled back
 -- (the worker died), the row is back for the next run. SKIP LOCKED: two workers never
 -- run one hook.
@@ -424,7 +427,7 @@ DELETE FROM pgstage_owed_give_ups
                                   FROM pgstage_worker_tasks AS t
                                   JOIN procrastinate_workers AS w ON w.id = t.worker_id
                                  WHERE owed.task_name = ANY(t.hooks)
-                                   AND w.last_heartbeat
+                                   AND greatest(w.last_heartbeat, pg_postmaster_start_time())
                                        >= now() - %(seconds)s * interval '1 second')))
                   ORDER BY owed.created_at, owed.job_id
                   LIMIT 1
