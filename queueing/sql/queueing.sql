@@ -364,10 +364,20 @@ SELECT id
 -- still owes (recorded when it failed, not yet settled by a process that has its hook)
 -- is withdrawn: the job is no longer given up, and its hook run behind (or during) the new
 -- run would settle a domain row that is being worked on. Failing again records it anew.
+-- The workers are woken as procrastinate's insert trigger would (it does not fire on an
+-- UPDATE), so the job starts within LISTEN latency, not at the next poll.
 WITH withdrawn AS (
     DELETE FROM pgstage_owed_give_ups WHERE job_id = %(job_id)s
+), retried AS (
+    SELECT procrastinate_retry_job_v2(%(job_id)s, now(), NULL, NULL, NULL)
+), woken AS (
+    SELECT queue_name, json_build_object('type', 'job_inserted', 'job_id', id)::text AS payload
+      FROM procrastinate_jobs
+     WHERE id = %(job_id)s AND EXISTS (SELECT FROM retried)
 )
-SELECT procrastinate_retry_job_v2(%(job_id)s, now(), NULL, NULL, NULL);
+SELECT pg_notify('procrastinate_queue_v1#' || queue_name, payload),
+       pg_notify('procrastinate_any_queue_v1', payload)
+  FROM woken;
 
 -- cancel_waiting_job --
 -- Cancel a job only while it waits and, in the same statement, record that it owes its
