@@ -448,7 +448,9 @@ RETURNING job_id, task_name, args, reason;
 -- Waiting jobs that no live worker takes, per task name: no live worker has the task, or
 -- none that has it listens to the job's queue (workers register their task names and
 -- queues, NULL for all, in pgstage_worker_tasks; a worker is live when it beat within
--- %(seconds)s s). A worker fetches only its own tasks' jobs of its own queues, so these
+-- %(seconds)s s, its silence counted as stalled recovery counts it: from no earlier than
+-- the server's start and when recovery, %(clock)s, resumed after a gap — after an outage
+-- every heartbeat is old, and live workers beat again a moment after the return). A worker fetches only its own tasks' jobs of its own queues, so these
 -- wait for a worker that takes them. A worker of a release before pgstage_worker_tasks
 -- registers no names and counts for none.
 -- Its cost does not grow with the jobs that have a worker (pgstage_jobs_todo_by_task_idx):
@@ -475,7 +477,9 @@ WITH RECURSIVE waiting AS (
     SELECT t.task_names, t.queues
       FROM pgstage_worker_tasks t
       JOIN procrastinate_workers w ON w.id = t.worker_id
-     WHERE w.last_heartbeat >= now() - %(seconds)s * interval '1 second'
+      LEFT JOIN pgstage_inline_sweeps c ON c.name = %(clock)s
+     WHERE greatest(w.last_heartbeat, pg_postmaster_start_time(), c.resumed_at)
+           >= now() - %(seconds)s * interval '1 second'
 ), unserved AS (
     SELECT waiting.task_name, waiting.queue_name
       FROM waiting

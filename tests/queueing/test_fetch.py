@@ -351,4 +351,7 @@ def test_the_fetch_and_the_unrunnable_count_never_read_other_tasks_waiting_jobs(
         "timeout_seconds": [],
     }
     assert _rows_read(queries["fetch_job"], fetch) < 50
-    assert _rows_read(queueing_queries["unrunnable_tasks"], {"seconds": 30}) < 50
+    assert (
+        _rows_read(queueing_queries["unrunnable_tasks"], {"seconds": 30, "clock": "stalled_jobs"})
+        < 50
+    )
