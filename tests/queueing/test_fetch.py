@@ -38,7 +38,7 @@ from queueing.enqueue import enqueue
 from queueing.jobs import unrunnable_tasks
 from queueing.sql import queries as queueing_queries
 from queueing.worker import TaskNameJobManager, fetch_by_task_name, queries
-from tests.conftest import database_url, jobs, recovery_ran
+from tests.conftest import database_url, jobs, recovery_ran, registered_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -178,17 +178,7 @@ def test_a_worker_silent_only_because_of_an_outage_still_takes_its_tasks(clean_q
     are not jobs without a worker (no warning, no /metrics alert, no admin banner), as
     stalled recovery does not take their jobs: silence counts from when it resumed."""
     enqueue("tests.record", args={"label": "a"})
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO procrastinate_workers (last_heartbeat) "
-            "VALUES (now() - interval '40 seconds') RETURNING id"
-        )
-        (worker,) = cursor.fetchone()
-        cursor.execute(
-            "INSERT INTO pgstage_worker_tasks (worker_id, task_names)"
-            " VALUES (%s, ARRAY['tests.record'])",
-            [worker],
-        )
+    registered_worker(task_names=["tests.record"], heartbeat_age_s=40)
     recovery_ran(last_run_ago=0, resumed_ago=0)  # recovery saw the gap: it just resumed
     assert unrunnable_tasks() == []
     recovery_ran(last_run_ago=0, resumed_ago=31)  # silent for a threshold since: gone

@@ -54,7 +54,7 @@ from queueing import giveup
 from queueing.enqueue import Policy, enqueue
 from queueing.jobs import RetryOutcome, job_retry
 from queueing.sweeps import request_sweep, run_sweep
-from tests.conftest import jobs, make_doing, recovery_ran
+from tests.conftest import jobs, make_doing, recovery_ran, registered_worker
 from tests.factories import UserFactory
 from tests.queueing.conftest import sweep_lock_held
 from tests.queueing.tasks import given_up
@@ -164,17 +164,9 @@ def test_an_owed_hook_waits_for_a_worker_that_has_it_across_an_outage(clean_queu
     job = enqueue("tests.record", args={"label": "hook-elsewhere"})
     make_doing(job.job_id)
     assert run_sweep("stalled_jobs").notes == {"gave_up": 1}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO procrastinate_workers (last_heartbeat) "
-            "VALUES (now() - interval '40 seconds') RETURNING id"
-        )
-        (hooked,) = cursor.fetchone()
-        cursor.execute(
-            "INSERT INTO pgstage_worker_tasks (worker_id, task_names, hooks) "
-            "VALUES (%s, ARRAY['tests.record'], ARRAY['tests.record'])",
-            [hooked],
-        )
+    hooked = registered_worker(
+        task_names=["tests.record"], hooks=["tests.record"], heartbeat_age_s=40
+    )
     recovery_ran(last_run_ago=0, resumed_ago=0)  # recovery saw the gap: it just resumed
     assert giveup.settle_owed() == 0 and owed() == [job.job_id]
     # That worker never came back: once it is dead for certain (silent for longer than
