@@ -94,11 +94,14 @@ def measure(url: str, sizes: list[int], repetitions: int) -> list[tuple[int, str
                     ("unrunnable, N/2 unserved", queueing_queries["unrunnable_tasks"], {}),
                 ]
                 for name, query, params in statements:
-                    params = {"seconds": 30, **params}
+                    params = {"seconds": 30, "clock": "stalled_jobs", **params}
                     rows.append((size, name, _timed(conn, query, params, repetitions)))
                 _register(conn, [MINE, OTHER])
                 served = _timed(
-                    conn, queueing_queries["unrunnable_tasks"], {"seconds": 30}, repetitions
+                    conn,
+                    queueing_queries["unrunnable_tasks"],
+                    {"seconds": 30, "clock": "stalled_jobs"},
+                    repetitions,
                 )
                 rows.append((size, "unrunnable, all served", served))
         finally:

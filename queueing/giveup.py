@@ -19,12 +19,13 @@ transaction that deletes the owed row: a worker's hooks thread, every maintenanc
 and right after its own give-ups; a cancel, in the cancel's own transaction. A process
 that does not know the task at all (another release, other ``PGSTAGE_TASK_MODULES``)
 records the row anyway (:func:`owes`), and so does one that knows the task without a hook:
-a worker of the next release may have it. A process that has the hook settles the row; one
-that knows the task without a hook deletes the row only while no live worker registered
-the hook (``pgstage_worker_tasks.hooks``). So a hook is never lost, nor run by a worker
-that cannot run it — a hook added to an existing task in a new release runs for the jobs
-an old worker fails beside the new ones (when the old release is one that records every
-give-up). A task removed from the code can keep its hook for its jobs still waiting
+a worker of the next release may have it. A process that has the hook settles the row;
+one that knows the task without a hook deletes the row only once no worker that
+registered the hook (``pgstage_worker_tasks.hooks``) may be alive (an outage makes every
+heartbeat old). So a hook is never lost, nor run by a worker that cannot run it — a
+hook added to an existing task in a new release runs for the jobs an old worker fails
+beside the new ones (when the old release is one that records every give-up). A task
+removed from the code can keep its hook for its jobs still waiting
 (:func:`queueing.app.retired_task`).
 
 So a domain row never stays ``running`` behind a job that is over (invariant 13 of
@@ -42,7 +43,6 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
 
 from queueing.sql import queries
@@ -116,9 +116,12 @@ def settle_owed(*, job_id: int | None = None, limit: int = 100) -> int:
     process knows, each in a transaction of its own (a savepoint inside the caller's) that
     also deletes its owed row: committed, the hook ran once; rolled back (this process
     died), the row waits for the next run. A known task without a hook here: its row just
-    goes, unless a live worker registered the hook (a newer release), which runs it. Rows
-    of tasks this process does not know stay for one that does.
+    goes, unless a worker that may be alive registered the hook (a newer release), which
+    runs it: one silent for less than ``prune_after_seconds`` (after an outage, every
+    heartbeat is old). Rows of tasks this process does not know stay for one that does.
     Returns how many rows were settled."""
+    from queueing.worker import prune_after_seconds
+
     settled = 0
     while settled < limit:
         with transaction.atomic(), connection.cursor() as cursor:
@@ -128,7 +131,7 @@ def settle_owed(*, job_id: int | None = None, limit: int = 100) -> int:
                     "job_id": job_id,
                     "known": sorted(known_tasks()),
                     "hooked": hooked_tasks(),
-                    "seconds": float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30)),
+                    "seconds": prune_after_seconds(),
                 },
             )
             row = cursor.fetchone()

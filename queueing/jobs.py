@@ -154,12 +154,13 @@ def unrunnable_tasks() -> list[Unrunnable]:
     """Per task name, the waiting jobs that no live worker takes: none has the task, or
     none that has it listens to the job's queue (a worker is live when it beat within
     ``QUEUEING_STALLED_WORKER_SECONDS``). They wait until a worker that takes them runs,
-    or an operator cancels them (docs/deploy.md). One read, no lock; its cost does not
+    or an operator cancels them (docs/deploy.md). Silence counts as stalled recovery
+    counts it (from when it resumed after a gap). One read, no lock; its cost does not
     grow with the waiting jobs that have a worker (one index descent per distinct task
     and queue of the waiting jobs), only with the jobs it counts."""
     seconds = float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30))
     with connection.cursor() as cursor:
-        cursor.execute(queries["unrunnable_tasks"], {"seconds": seconds})
+        cursor.execute(queries["unrunnable_tasks"], {"seconds": seconds, "clock": STALLED_SWEEP})
         return [
             Unrunnable(task_name=name, jobs=count, oldest_job_id=oldest, queues=tuple(queues))
             for name, count, oldest, queues in cursor.fetchall()

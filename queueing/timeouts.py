@@ -12,13 +12,18 @@ Past its deadline:
   as an attempt with :class:`~queueing.exceptions.JobTimedOut`, and its retry strategy
   decides;
 * a **sync** run cannot be stopped (Python cannot kill a thread). Once its deadline is
-  ``QUEUEING_JOB_TIMEOUT_GRACE_SECONDS`` old, stalled recovery ends the run as a failed
-  attempt (:class:`~queueing.exceptions.JobTimedOut`): the task's retry strategy decides
-  retry or failed, and a job failed for good records its owed give-up hook in the same
-  statement (``queueing.stalled``). The hung thread's outcome, whenever it comes, is
-  refused: the worker's fenced statements match the attempt they ran, which is over.
+  ``QUEUEING_JOB_TIMEOUT_GRACE_SECONDS`` old (never less than recovery's resume gap and
+  twice the liveness bound: 16 s with the defaults, :func:`least_grace_seconds`), stalled
+  recovery ends the run as a failed attempt (:class:`~queueing.exceptions.JobTimedOut`):
+  the task's retry strategy decides retry or failed, and a job failed for good records
+  its owed give-up hook in the same statement (``queueing.stalled``). The hung thread's
+  outcome, whenever it comes, is refused: the worker's fenced statements match the
+  attempt they ran, which is over.
 * A job that keeps raising ``PollLater`` polls without spending attempts until its
-  deadline; past it each poll counts as an attempt, so its retry strategy ends it.
+  first run's deadline (``deadline``, kept by its polls); past it each poll counts as an
+  attempt, so its retry strategy ends it. Each run is judged hung by its own deadline
+  (``run_deadline``, set by every fetch) when that is later: a run fetched again after
+  its polls' deadline has its whole timeout.
 
 A hung sync run still holds its worker's slot. Each heartbeat counts them; a worker whose
 slots are all held by hung runs says so in its log (once per change), in ``/metrics``
@@ -59,12 +64,29 @@ def default_seconds() -> float:
 
 
 def grace_seconds() -> float:
-    """``QUEUEING_JOB_TIMEOUT_GRACE_SECONDS``: how long past its deadline a run is left
-    to save its own outcome before stalled recovery ends it."""
+    """How long past its deadline a run is left to save its own outcome before stalled
+    recovery ends it: ``QUEUEING_JOB_TIMEOUT_GRACE_SECONDS``, and never less than
+    :func:`least_grace_seconds`."""
     seconds = check_seconds(
         getattr(settings, "QUEUEING_JOB_TIMEOUT_GRACE_SECONDS", 30), allow_zero=False
     )
-    return 30.0 if seconds is None else seconds
+    return max(30.0 if seconds is None else seconds, least_grace_seconds())
+
+
+def least_grace_seconds() -> float:
+    """The shortest grace that lets a run which ended at its deadline, as the database
+    went away, save its outcome once it is back: an outage no longer than stalled
+    recovery's resume gap does not move recovery's clock (the deadline then counts as it
+    is, ``timed_out_jobs``), and after it the worker's heartbeat lands within the liveness
+    bound, and its save within one more."""
+    from queueing.outage import beat_resume_seconds
+    from queueing.sweeps import resume_gap_seconds
+
+    heartbeat = float(getattr(settings, "QUEUEING_HEARTBEAT_SECONDS", 10))
+    gap = resume_gap_seconds(
+        grace=float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30)), heartbeat=heartbeat
+    )
+    return max(0.0, gap) + 2 * beat_resume_seconds(heartbeat)
 
 
 def declare(task_name: str, timeout: Any) -> None:

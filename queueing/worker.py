@@ -114,6 +114,7 @@ from queueing.exceptions import JobTimedOut, PollLater
 from queueing.outage import RECONNECT_SECONDS, Failures, describe
 from queueing.sql import load
 from queueing.sql import queries as queueing_queries
+from queueing.stalled import STALLED_SWEEP
 
 __all__ = ["install"]
 
@@ -762,7 +763,9 @@ class PgstageWorker(procrastinate_worker.Worker):
 
         async def check() -> None:
             rows = await self.app.connector.execute_query_all_async(
-                queueing_queries["unrunnable_tasks"], seconds=stalled_seconds()
+                queueing_queries["unrunnable_tasks"],
+                seconds=stalled_seconds(),
+                clock=STALLED_SWEEP,
             )
             now = {row["task_name"]: row for row in rows}
             for name in sorted(now.keys() - reported):

@@ -254,6 +254,25 @@ def make_doing(job_id: int, *, attempts: int = 0, heartbeat_age_s: float = 120) 
     return worker_id
 
 
+def registered_worker(
+    *, task_names: list[str], hooks: list[str] | None = None, heartbeat_age_s: float = 0
+) -> int:
+    """A worker registered with its task names (and give-up hooks), last beaten
+    ``heartbeat_age_s`` seconds ago, as ``register_worker`` records it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO procrastinate_workers (last_heartbeat) "
+            "VALUES (now() - %s * interval '1 second') RETURNING id",
+            [heartbeat_age_s],
+        )
+        (worker_id,) = cursor.fetchone()
+        cursor.execute(
+            "INSERT INTO pgstage_worker_tasks (worker_id, task_names, hooks) VALUES (%s, %s, %s)",
+            [worker_id, task_names, hooks],
+        )
+    return worker_id
+
+
 def recovery_ran(*, last_run_ago: float, resumed_ago: float) -> None:
     """Stalled recovery's clock (``pgstage_inline_sweeps``): it last ran ``last_run_ago``
     seconds ago and last resumed after a gap ``resumed_ago`` seconds ago."""

@@ -103,16 +103,19 @@ SELECT id FROM ended;
 -- process knows (%(known)s: their retry strategy decides), oldest deadline first. The
 -- deadline counts from no earlier than when recovery resumed after a gap (as silence
 -- does in stalled_jobs): a run that ended while the database was away is given the grace
--- to save its own outcome. SKIP LOCKED: two recoveries never take the same job.
+-- to save its own outcome. A run is judged by the later of its own deadline and its polls'
+-- (run_deadline, NULL when a worker of an earlier release fetched it: its deadline is the
+-- run's), so a run fetched again after its polls' deadline has its whole timeout.
+-- SKIP LOCKED: two recoveries never take the same job.
 SELECT j.id, j.status, j.task_name, j.priority, j.lock, j.queueing_lock, j.args,
        j.scheduled_at, j.queue_name, j.attempts, j.abort_requested, j.worker_id
   FROM procrastinate_jobs j
   JOIN pgstage_job_deadlines d ON d.job_id = j.id AND d.attempts = j.attempts
  WHERE j.status = 'doing'
    AND j.task_name = ANY(%(known)s::varchar[])
-   AND greatest(d.deadline, %(resumed_at)s::timestamptz)
+   AND greatest(d.deadline, d.run_deadline, %(resumed_at)s::timestamptz)
        < now() - %(grace)s * interval '1 second'
- ORDER BY d.deadline, j.id
+ ORDER BY greatest(d.deadline, d.run_deadline), j.id
  LIMIT %(limit)s
    FOR UPDATE OF j SKIP LOCKED;
 
@@ -361,10 +364,20 @@ SELECT id
 -- still owes (recorded when it failed, not yet settled by a process that has its hook)
 -- is withdrawn: the job is no longer given up, and its hook run behind (or during) the new
 -- run would settle a domain row that is being worked on. Failing again records it anew.
+-- The workers are woken as procrastinate's insert trigger would (it does not fire on an
+-- UPDATE), so the job starts within LISTEN latency, not at the next poll.
 WITH withdrawn AS (
     DELETE FROM pgstage_owed_give_ups WHERE job_id = %(job_id)s
+), retried AS (
+    SELECT procrastinate_retry_job_v2(%(job_id)s, now(), NULL, NULL, NULL)
+), woken AS (
+    SELECT queue_name, json_build_object('type', 'job_inserted', 'job_id', id)::text AS payload
+      FROM procrastinate_jobs
+     WHERE id = %(job_id)s AND EXISTS (SELECT FROM retried)
 )
-SELECT procrastinate_retry_job_v2(%(job_id)s, now(), NULL, NULL, NULL);
+SELECT pg_notify('procrastinate_queue_v1#' || queue_name, payload),
+       pg_notify('procrastinate_any_queue_v1', payload)
+  FROM woken;
 
 -- cancel_waiting_job --
 -- Cancel a job only while it waits and, in the same statement, record that it owes its
@@ -404,9 +417,12 @@ RETURNING resumed_at,
 
 -- take_owed_give_up --
 -- One give-up still owed (this job's, or the oldest) of a task this process has the hook
--- of (%(hooked)s), or knows without one (%(known)s) while no live worker (beat within
--- %(seconds)s s) registered that hook: a worker of another release, or with other task
--- modules, leaves the row for one that has the hook. Taken for the caller's transaction,
+-- of (%(hooked)s), or knows without one (%(known)s) while no worker that may be alive
+-- registered that hook: a worker of another release, or with other task modules, leaves
+-- the row for one that has the hook. A worker may be alive until it has been silent for
+-- %(seconds)s s (queueing.worker.prune_after_seconds: longer than any live worker can be,
+-- counting from the server's start): after an outage every heartbeat is old, and the
+-- hook's worker beats again only a moment after the return. Taken for the caller's transaction,
 -- which runs the hook (if this process has it): committed, the hook ran once; rolled back
 -- (the worker died), the row is back for the next run. SKIP LOCKED: two workers never
 -- run one hook.
@@ -421,7 +437,7 @@ DELETE FROM pgstage_owed_give_ups
                                   FROM pgstage_worker_tasks AS t
                                   JOIN procrastinate_workers AS w ON w.id = t.worker_id
                                  WHERE owed.task_name = ANY(t.hooks)
-                                   AND w.last_heartbeat
+                                   AND greatest(w.last_heartbeat, pg_postmaster_start_time())
                                        >= now() - %(seconds)s * interval '1 second')))
                   ORDER BY owed.created_at, owed.job_id
                   LIMIT 1
@@ -432,7 +448,9 @@ RETURNING job_id, task_name, args, reason;
 -- Waiting jobs that no live worker takes, per task name: no live worker has the task, or
 -- none that has it listens to the job's queue (workers register their task names and
 -- queues, NULL for all, in pgstage_worker_tasks; a worker is live when it beat within
--- %(seconds)s s). A worker fetches only its own tasks' jobs of its own queues, so these
+-- %(seconds)s s, its silence counted as stalled recovery counts it: from no earlier than
+-- the server's start and when recovery, %(clock)s, resumed after a gap — after an outage
+-- every heartbeat is old, and live workers beat again a moment after the return). A worker fetches only its own tasks' jobs of its own queues, so these
 -- wait for a worker that takes them. A worker of a release before pgstage_worker_tasks
 -- registers no names and counts for none.
 -- Its cost does not grow with the jobs that have a worker (pgstage_jobs_todo_by_task_idx):
@@ -459,7 +477,9 @@ WITH RECURSIVE waiting AS (
     SELECT t.task_names, t.queues
       FROM pgstage_worker_tasks t
       JOIN procrastinate_workers w ON w.id = t.worker_id
-     WHERE w.last_heartbeat >= now() - %(seconds)s * interval '1 second'
+      LEFT JOIN pgstage_inline_sweeps c ON c.name = %(clock)s
+     WHERE greatest(w.last_heartbeat, pg_postmaster_start_time(), c.resumed_at)
+           >= now() - %(seconds)s * interval '1 second'
 ), unserved AS (
     SELECT waiting.task_name, waiting.queue_name
       FROM waiting

@@ -19,9 +19,10 @@
 -- Jobs of other tasks or queues are never read. Within a pair, jobs scheduled for later
 -- or held behind a lock are walked past, as procrastinate's fetch walks past them.
 -- In the same statement, the run's deadline (queueing.timeouts) for a task with a bound
--- (%(timeout_tasks)s, %(timeout_seconds)s), on the database's clock: a new attempt gets a
--- fresh one; the same attempt fetched again after a PollLater keeps its own (waiting on a
--- busy holder is bounded by the timeout too).
+-- (%(timeout_tasks)s, %(timeout_seconds)s), on the database's clock: every run gets a
+-- fresh run_deadline, by which recovery judges it hung; deadline bounds the polls, so the
+-- same attempt fetched again after a PollLater keeps its own (waiting on a busy holder is
+-- bounded by the timeout too), and a new attempt gets a fresh one.
 WITH RECURSIVE waiting AS (
     (SELECT task_name, queue_name
        FROM procrastinate_jobs
@@ -126,14 +127,16 @@ UPDATE procrastinate_jobs
     WHERE procrastinate_jobs.id = chosen.id
     RETURNING procrastinate_jobs.*
 ), deadline AS (
-INSERT INTO pgstage_job_deadlines AS d (job_id, attempts, deadline)
-SELECT fetched.id, fetched.attempts, now() + bound.seconds * interval '1 second'
+INSERT INTO pgstage_job_deadlines AS d (job_id, attempts, deadline, run_deadline)
+SELECT fetched.id, fetched.attempts, now() + bound.seconds * interval '1 second',
+       now() + bound.seconds * interval '1 second'
   FROM fetched
   JOIN unnest(%(timeout_tasks)s::varchar[], %(timeout_seconds)s::float8[])
        AS bound (task_name, seconds) ON bound.task_name = fetched.task_name
 ON CONFLICT (job_id) DO UPDATE
    SET deadline = CASE WHEN d.attempts = EXCLUDED.attempts THEN d.deadline
                        ELSE EXCLUDED.deadline END,
+       run_deadline = EXCLUDED.run_deadline,
        attempts = EXCLUDED.attempts
 )
 SELECT id, status, task_name, priority, lock, queueing_lock, args, scheduled_at, queue_name, attempts, worker_id
@@ -158,7 +161,8 @@ SELECT worker_id FROM registered;
 -- Refresh this worker's heartbeat; no row back means its row is gone (pruned while the
 -- worker could not reach the database), and it must register again. In the same
 -- statement, count this worker's hung runs (%(running)s ids at %(attempts)s): runs whose
--- deadline is %(grace)s s past, or whose attempt recovery already ended as timed out; and
+-- deadline is %(grace)s s past (the later of the run's and its polls', as recovery judges
+-- it: timed_out_jobs), or whose attempt recovery already ended as timed out; and
 -- record them with its slots, for /metrics and worker_health.
 WITH beat AS (
     UPDATE procrastinate_workers
@@ -170,7 +174,7 @@ WITH beat AS (
       FROM unnest(%(running)s::bigint[], %(attempts)s::integer[]) AS run (job_id, attempts)
       JOIN pgstage_job_deadlines d ON d.job_id = run.job_id
      WHERE d.attempts <> run.attempts
-        OR d.deadline < now() - %(grace)s * interval '1 second'
+        OR greatest(d.deadline, d.run_deadline) < now() - %(grace)s * interval '1 second'
 ), recorded AS (
     UPDATE pgstage_worker_tasks
        SET slots = %(slots)s, hung_slots = (SELECT slots FROM hung)

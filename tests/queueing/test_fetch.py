@@ -38,7 +38,7 @@ from queueing.enqueue import enqueue
 from queueing.jobs import unrunnable_tasks
 from queueing.sql import queries as queueing_queries
 from queueing.worker import TaskNameJobManager, fetch_by_task_name, queries
-from tests.conftest import database_url, jobs
+from tests.conftest import database_url, jobs, recovery_ran, registered_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -170,6 +170,19 @@ def test_jobs_no_live_worker_can_run_are_listed_per_task(clean_queue):
         1,
         settled.job_id,
     )
+
+
+def test_a_worker_silent_only_because_of_an_outage_still_takes_its_tasks(clean_queue):
+    """The database was away longer than the stall threshold: every heartbeat is old, yet
+    the workers are alive and beat again a moment after the return. Until then their tasks
+    are not jobs without a worker (no warning, no /metrics alert, no admin banner), as
+    stalled recovery does not take their jobs: silence counts from when it resumed."""
+    enqueue("tests.record", args={"label": "a"})
+    registered_worker(task_names=["tests.record"], heartbeat_age_s=40)
+    recovery_ran(last_run_ago=0, resumed_ago=0)  # recovery saw the gap: it just resumed
+    assert unrunnable_tasks() == []
+    recovery_ran(last_run_ago=0, resumed_ago=31)  # silent for a threshold since: gone
+    assert [u.task_name for u in unrunnable_tasks()] == ["tests.record"]
 
 
 def test_a_job_on_a_queue_no_worker_with_its_task_listens_to_is_unrunnable(clean_queue):
@@ -328,4 +341,7 @@ def test_the_fetch_and_the_unrunnable_count_never_read_other_tasks_waiting_jobs(
         "timeout_seconds": [],
     }
     assert _rows_read(queries["fetch_job"], fetch) < 50
-    assert _rows_read(queueing_queries["unrunnable_tasks"], {"seconds": 30}) < 50
+    assert (
+        _rows_read(queueing_queries["unrunnable_tasks"], {"seconds": 30, "clock": "stalled_jobs"})
+        < 50
+    )

@@ -9,6 +9,8 @@ Fault model — an operator's action races or collides with:
   test_a_running_job_is_not_retried_under_its_live_worker
 - the job's dead worker: test_a_stalled_job_is_recovered_at_once
 - the domain row behind a cancelled job: test_cancel_settles_the_domain_and_only_waiting_jobs
+- the workers waiting on LISTEN for a retried job:
+  test_a_retried_failed_job_wakes_the_workers_listening_on_its_queue
 - the admin's actions: test_the_job_admins_retry_and_cancel_use_the_framework
 - procrastinate's defer growing a column or setting that enqueue lacks:
   test_enqueue_inserts_what_procrastinates_defer_inserts
@@ -17,8 +19,10 @@ Fault model — an operator's action races or collides with:
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import re
 
+import psycopg
 import pytest
 from django.db import IntegrityError, connection, transaction
 
@@ -27,7 +31,7 @@ from queueing import giveup
 from queueing.enqueue import Policy, enqueue
 from queueing.jobs import CancelRefused, RetryOutcome, job_cancel, job_retry
 from queueing.sql import queries
-from tests.conftest import jobs
+from tests.conftest import database_url, jobs
 from tests.queueing.tasks import given_up
 from tests.queueing.test_stalled import make_doing
 
@@ -186,3 +190,16 @@ def test_retrying_a_failed_job_withdraws_the_give_up_it_still_owes(clean_queue):
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pgstage_owed_give_ups WHERE job_id = %s", [job.job_id])
         assert cursor.fetchone()[0] == 0
+
+
+def test_a_retried_failed_job_wakes_the_workers_listening_on_its_queue(clean_queue):
+    """procrastinate notifies workers only when a job is inserted; a failed job put back
+    to 'todo' by an operator's retry would wait for the next poll (WORKER_POLLING_SECONDS)
+    instead of starting within LISTEN latency, as a requeued stalled job does."""
+    job = enqueue("tests.record", args={"label": "woken"})
+    fail(job.job_id)
+    with psycopg.connect(database_url(), autocommit=True) as listener:
+        listener.execute('LISTEN "procrastinate_any_queue_v1"')
+        assert job_retry(job_id=job.job_id).outcome is RetryOutcome.RETRIED
+        payloads = [json.loads(n.payload) for n in listener.notifies(timeout=1, stop_after=1)]
+    assert payloads == [{"type": "job_inserted", "job_id": job.job_id}]

@@ -12,7 +12,9 @@ window (``QUEUEING_DATABASE_OUTAGE_SECONDS``):
 - a loop's attempt begun in the outage reports its failure after the database is back,
   before any round trip got through: test_the_worker_stops_only_if_its_own_round_trip_fails;
 - a loop that fails with errors other than unreachable while others work still stops the
-  worker: test_other_errors_are_not_excused_by_other_loops_round_trips.
+  worker: test_other_errors_are_not_excused_by_other_loops_round_trips;
+- an outage ending just short of the window, or lasting exactly as long:
+  test_an_outage_exactly_as_long_as_the_window_stops_the_worker;
 - a worker started while the database is away (queueing.outage.WorkerPool): procrastinate
   opens the worker's pool before the worker runs, waiting 30 s at most, so a worker started
   (by a deploy, by its supervisor after a crash) while the database was away exited, even
@@ -107,6 +109,17 @@ def test_the_worker_stops_only_if_its_own_round_trip_fails(monkeypatch):
     closed = {**params, "host": "127.0.0.1", "port": 9, "connect_timeout": 1}
     away = asyncio.run(give_up(closed))
     assert away._gave_up == "the database stayed unreachable while fetching"
+
+
+@pytest.mark.parametrize(("unanswered", "stops"), [(3.99, False), (4.0, True)])
+def test_an_outage_exactly_as_long_as_the_window_stops_the_worker(clock, unanswered, stops):
+    """The window is inclusive, to the instant: just short of it the loop goes on."""
+    expired: list[str] = []
+    failures = _failures(expired)
+    failures.failed("fetching jobs", REFUSED)
+    clock.now += unanswered
+    failures.failed("fetching jobs", REFUSED)
+    assert bool(expired) == stops
 
 
 def free_port() -> int:

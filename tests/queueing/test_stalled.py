@@ -54,7 +54,7 @@ from queueing import giveup
 from queueing.enqueue import Policy, enqueue
 from queueing.jobs import RetryOutcome, job_retry
 from queueing.sweeps import request_sweep, run_sweep
-from tests.conftest import jobs, make_doing, recovery_ran
+from tests.conftest import jobs, make_doing, recovery_ran, registered_worker
 from tests.factories import UserFactory
 from tests.queueing.conftest import sweep_lock_held
 from tests.queueing.tasks import given_up
@@ -152,6 +152,31 @@ def test_a_give_up_of_a_task_without_a_hook_here_is_recorded_then_settled(clean_
     make_doing(job.job_id)
     assert run_sweep("stalled_jobs").notes == {"gave_up": 1}
     assert owed() == [job.job_id]
+    assert giveup.settle_owed() == 1 and owed() == []
+
+
+def test_an_owed_hook_waits_for_a_worker_that_has_it_across_an_outage(clean_queue, settings):
+    """The database was away longer than the stall threshold: every heartbeat is old, the
+    worker that has the hook alive, and it beats again a moment after the return. A
+    process that knows the task without the hook, settling first, must not take that
+    moment for the hook's worker being gone: the hook would be lost for good."""
+    settings.QUEUEING_STALLED_MAX_RECOVERIES = 0
+    job = enqueue("tests.record", args={"label": "hook-elsewhere"})
+    make_doing(job.job_id)
+    assert run_sweep("stalled_jobs").notes == {"gave_up": 1}
+    hooked = registered_worker(
+        task_names=["tests.record"], hooks=["tests.record"], heartbeat_age_s=40
+    )
+    recovery_ran(last_run_ago=0, resumed_ago=0)  # recovery saw the gap: it just resumed
+    assert giveup.settle_owed() == 0 and owed() == [job.job_id]
+    # That worker never came back: once it is dead for certain (silent for longer than
+    # any live worker can be: its outage window and four thresholds), the row goes.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE procrastinate_workers SET last_heartbeat = now() - interval '421 seconds' "
+            "WHERE id = %s",
+            [hooked],
+        )
     assert giveup.settle_owed() == 1 and owed() == []
 
 

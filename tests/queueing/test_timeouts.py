@@ -57,10 +57,12 @@ def _deadline(job_id: int, *, attempts: int, ago: float) -> None:
     """The run's deadline, ``ago`` seconds in the past (negative: ahead)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO pgstage_job_deadlines (job_id, attempts, deadline) "
-            "VALUES (%s, %s, now() - %s * interval '1 second') ON CONFLICT (job_id) DO "
-            "UPDATE SET attempts = EXCLUDED.attempts, deadline = EXCLUDED.deadline",
-            [job_id, attempts, ago],
+            "INSERT INTO pgstage_job_deadlines (job_id, attempts, deadline, run_deadline) "
+            "VALUES (%s, %s, now() - %s * interval '1 second', "
+            "now() - %s * interval '1 second') ON CONFLICT (job_id) DO UPDATE SET "
+            "attempts = EXCLUDED.attempts, deadline = EXCLUDED.deadline, "
+            "run_deadline = EXCLUDED.run_deadline",
+            [job_id, attempts, ago, ago],
         )
 
 
@@ -367,3 +369,82 @@ def test_the_retry_of_a_hung_run_runs_beside_it_on_the_same_worker(effects, task
     assert effects().count("j:finished") == 2
     assert jobs(id=job)[0]["status"] == "succeeded"
     assert "are held by hung jobs" not in worker.log()  # one slot of two
+
+
+# -- edges: polls past the deadline, outages at the grace ---------------------------------
+
+
+def _poll(job_id: int, worker_id: int) -> list:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            queries["poll_job_fenced"],
+            {"job_id": job_id, "worker_id": worker_id, "attempts": 0, "retry_at": None},
+        )
+        return cursor.fetchall()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_fetched_again_after_its_polls_deadline_is_not_ended_as_it_starts(clean_queue):
+    """A job polled (PollLater) shortly before its deadline, then waited behind a backlog
+    past the deadline and the grace: its next run has just started and is no hung run."""
+    manager = fetch_by_task_name(app)
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id")
+        (worker,) = cursor.fetchone()
+    recovery_ran(last_run_ago=0, resumed_ago=3600)
+    job = enqueue("tests.hang", args={"label": "h", "release_file": "-"}).job_id
+    assert async_to_sync(manager.fetch_job)(queues=None, worker_id=worker).id == job
+    assert _poll(job, worker) != []  # within its deadline: it waits, no attempt spent
+    _deadline(job, attempts=0, ago=31)  # it waited past its deadline and the grace
+    assert async_to_sync(manager.fetch_job)(queues=None, worker_id=worker).id == job
+    assert run_sweep("stalled_jobs").selected == 0
+    assert jobs(id=job)[0]["status"] == "doing"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_that_ended_at_its_deadline_as_the_database_went_away_may_still_save(
+    clean_queue,
+):
+    """The database went away as a sync run ended at its deadline, and came back after an
+    outage as long as recovery's resume gap (14 s with the defaults): recovery did not
+    resume (the gap was not longer), so the run's deadline counts as it is; the grace must
+    still leave its worker the time to save the outcome (its heartbeat lands, its save
+    follows)."""
+    job = enqueue("tests.hang", args={"label": "h", "release_file": "-"}).job_id
+    make_doing(job, heartbeat_age_s=14)
+    _deadline(job, attempts=0, ago=14)
+    recovery_ran(last_run_ago=13.9, resumed_ago=3600)
+    assert run_sweep("stalled_jobs").selected == 0
+    assert jobs(id=job)[0]["status"] == "doing"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_short_grace_still_lets_a_run_that_ended_during_an_unnoticed_outage_save(
+    clean_queue, settings
+):
+    """With a grace of 5 s, an outage of 10 s (shorter than the resume gap, so recovery's
+    clock does not resume) would end a run that finished at its deadline as the database
+    went away, before its worker could save it: the grace in force is never shorter than
+    the resume gap and twice the liveness bound."""
+    settings.QUEUEING_JOB_TIMEOUT_GRACE_SECONDS = 5
+    job = enqueue("tests.hang", args={"label": "h", "release_file": "-"}).job_id
+    make_doing(job, heartbeat_age_s=10)
+    _deadline(job, attempts=0, ago=10)
+    recovery_ran(last_run_ago=10, resumed_ago=3600)
+    assert run_sweep("stalled_jobs").selected == 0
+    assert jobs(id=job)[0]["status"] == "doing"
+    _deadline(job, attempts=0, ago=17)  # past the grace in force (16 s)
+    assert dict(run_sweep("stalled_jobs").notes) == {"timed_out_retried": 1}
+
+
+@pytest.mark.parametrize(
+    ("grace", "heartbeat", "stalled", "in_force"),
+    [(5, 10, 30, 16), (30, 10, 30, 30), (29, 1, 30, 29.5), (30, 10, 120, 106), (2, 1, 3, 2.5)],
+)
+def test_the_grace_in_force_covers_recoverys_resume_gap_and_the_liveness_bound(
+    settings, grace, heartbeat, stalled, in_force
+):
+    settings.QUEUEING_JOB_TIMEOUT_GRACE_SECONDS = grace
+    settings.QUEUEING_HEARTBEAT_SECONDS = heartbeat
+    settings.QUEUEING_STALLED_WORKER_SECONDS = stalled
+    assert timeouts.grace_seconds() == in_force
