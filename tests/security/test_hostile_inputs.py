@@ -652,6 +652,14 @@ COMMAND_CASES = [
     CommandCase("sweep-huge-batch", ("sweep", "--all", "--batch-size", "9" * 20), "at most"),
     CommandCase("demo-workers", ("demo", "--workers", "0"), "from 1 to"),
     CommandCase("run-all-concurrency", ("run_all", "--concurrency", "0"), "at least 1"),
+    CommandCase("run-all-huge-concurrency", ("run_all", "--concurrency", "9" * 30), "at most 100"),
+    CommandCase("run-all-text-concurrency", ("run_all", "--concurrency", "two"), "whole number"),
+    CommandCase("run-all-port-zero", ("run_all", "--port", "0"), "1-65535"),
+    CommandCase("run-all-huge-port", ("run_all", "--port", "9" * 30), "1-65535"),
+    CommandCase("run-all-text-port", ("run_all", "--port", "http"), "1-65535"),
+    CommandCase("run-all-nul-host", ("run_all", "--host", "a\x00"), "NUL"),
+    CommandCase("run-all-blank-host", ("run_all", "--host", " "), "name an address"),
+    CommandCase("run-all-long-host", ("run_all", "--host", "h" * 300), "at most 253"),
 ]
 
 
@@ -676,6 +684,20 @@ def test_hostile_command_line_is_a_command_error_and_writes_nothing(
 
     with pytest.raises(CommandError, match=case.message):
         call_command(*args, stdout=io.StringIO(), stderr=io.StringIO())
+
+    assert footprint() == before
+
+
+@pytest.mark.parametrize("port", ["abc", "80.5", "-1", "99999"])
+def test_run_all_with_a_bad_port_in_the_environment_is_a_command_error(
+    port, monkeypatch, footprint
+):
+    """``PORT`` is the default of ``--port`` (``make run PORT=…``): checked like the flag."""
+    monkeypatch.setenv("PORT", port)
+    before = footprint()
+
+    with pytest.raises(CommandError, match="1-65535"):
+        call_command("run_all", stdout=io.StringIO(), stderr=io.StringIO())
 
     assert footprint() == before
 
