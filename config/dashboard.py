@@ -26,7 +26,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils.http import content_disposition_header
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_safe, require_POST
 
 from accounts.models import User
 from config.metrics import record_admission_rejection
@@ -194,7 +194,7 @@ def _render(
     return render(request, "dashboard/index.html", context, status=status)
 
 
-@require_GET
+@require_safe
 @login_required(login_url=LOGIN_URL)
 def dashboard_view(request: HttpRequest) -> HttpResponse:
     return _render(request)
@@ -284,7 +284,7 @@ class StageRow:
         return (finished - started).total_seconds()
 
 
-@require_GET
+@require_safe
 @login_required(login_url=LOGIN_URL)
 def inquiry_detail_view(request: HttpRequest, anfrage_id: int) -> HttpResponse:
     """One inquiry of the user's tenant: stages with times, attempts and errors; files;
@@ -312,7 +312,7 @@ def inquiry_detail_view(request: HttpRequest, anfrage_id: int) -> HttpResponse:
     )
 
 
-@require_GET
+@require_safe
 @login_required(login_url=LOGIN_URL)
 def inquiry_file_view(request: HttpRequest, anfrage_id: int, file_id: int) -> HttpResponse:
     """A stored file of an inquiry of the user's tenant, as an attachment under the name it
@@ -340,7 +340,7 @@ def inquiry_file_view(request: HttpRequest, anfrage_id: int, file_id: int) -> Ht
     return response
 
 
-@require_GET
+@require_safe
 @login_required(login_url=LOGIN_URL)
 def workers_view(request: HttpRequest) -> JsonResponse:
     """Whether any worker is alive, for the pages' notice: ``alive``, the newest heartbeat
@@ -355,7 +355,7 @@ def workers_view(request: HttpRequest) -> JsonResponse:
     )
 
 
-@require_GET
+@require_safe
 @login_required(login_url=LOGIN_URL)
 def analysis_detail_view(request: HttpRequest, job_id: int) -> HttpResponse:
     """One of the user's analyses: status, queue position, times, verdicts, and whether

@@ -815,3 +815,64 @@ def test_hostile_admin_query_is_refused_and_writes_nothing(path, status, world, 
         if status == 400:
             assert response.json()["error"] == "invalid_query"
         assert footprint() == before
+
+
+# -- the dashboard's pages -------------------------------------------------------------
+
+#: (id, who, method, path, status): forged, huge, foreign and non-ASCII ids answer 404,
+#: never another tenant's row; anonymous callers go to the login page.
+DASHBOARD_CASES = [
+    ("dash-huge-analysis", "user", "GET", "/dashboard/analyses/" + "9" * 20, 404),
+    ("dash-zero-analysis", "user", "GET", "/dashboard/analyses/0", 404),
+    ("dash-negative-analysis", "user", "GET", "/dashboard/analyses/-1", 404),
+    ("dash-foreign-analysis", "user", "GET", "/dashboard/analyses/{foreign_job}", 404),
+    ("dash-foreign-inquiry", "user", "GET", "/dashboard/inquiries/{foreign_anfrage}", 404),
+    (
+        "dash-foreign-file",
+        "user",
+        "GET",
+        "/dashboard/inquiries/{foreign_anfrage}/files/{foreign_file}",
+        404,
+    ),
+    (
+        "dash-foreign-file-own-inquiry",
+        "user",
+        "GET",
+        "/dashboard/inquiries/{own_anfrage}/files/{foreign_file}",
+        404,
+    ),
+    ("dash-huge-file", "user", "GET", "/dashboard/inquiries/{own_anfrage}/files/" + "9" * 30, 404),
+    ("dash-non-ascii-id", "user", "GET", "/dashboard/inquiries/%C3%A9", 404),
+    ("dash-nul-id", "user", "GET", "/dashboard/inquiries/1%00", 404),
+    ("dash-workers-query", "user", "GET", "/dashboard/workers?x=%00", 200),
+    ("dash-workers-head", "user", "HEAD", "/dashboard/workers", 200),
+    ("dash-page-head", "user", "HEAD", "/dashboard/", 200),
+    ("dash-analysis-head", "user", "HEAD", "/dashboard/analyses/{foreign_job}", 404),
+    ("dash-workers-post", "user", "POST", "/dashboard/workers", 405),
+    ("dash-anonymous-workers", "none", "GET", "/dashboard/workers", 302),
+    ("dash-anonymous-file", "none", "GET", "/dashboard/inquiries/{own_anfrage}/files/1", 302),
+]
+
+
+@pytest.mark.parametrize(
+    ("who", "method", "path", "status"),
+    [c[1:] for c in DASHBOARD_CASES],
+    ids=[c[0] for c in DASHBOARD_CASES],
+)
+def test_hostile_dashboard_request_is_refused_and_writes_nothing(
+    who, method, path, status, user, world, footprint
+):
+    from pipeline.models import AnfrageFile
+    from tests.pipeline.conftest import run_stages
+
+    run_stages(world["foreign_anfrage"], stages=["intake"])
+    ids = {**world, "foreign_file": AnfrageFile.objects.get(anfrage=world["foreign_anfrage"]).pk}
+    client = Client(raise_request_exception=False)
+    if who == "user":
+        client.force_login(user)
+    before = footprint()
+
+    response = client.generic(method, _fill(path, ids))
+
+    assert response.status_code == status, response.content[:300]
+    assert footprint() == before
