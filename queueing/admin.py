@@ -164,13 +164,14 @@ class RunnableFilter(admin.SimpleListFilter):
 class KindFilter(admin.SimpleListFilter):
     """The list shows the work jobs by default: the sweeps' jobs and ticks (queue
     ``sweeps``) come every few seconds and would bury them after a quiet quarter of an
-    hour. A list narrowed to a queue, a task or a key shows what it is narrowed to."""
+    hour. A list narrowed to a queue, a task or a key, or by a search, shows what it is
+    narrowed to."""
 
     title = "kind"
     parameter_name = "kind"
     SWEEPS, ALL = "sweeps", "all"
     #: Parameters that already say which jobs to show.
-    NARROWING = ("queue_name", "task_name", "queueing_lock", "lock", "key", "runnable")
+    NARROWING = ("queue_name", "task_name", "queueing_lock", "lock", "key", "runnable", "q")
 
     def lookups(self, request: HttpRequest, model_admin: ModelAdmin) -> list[tuple[str, str]]:
         return [(self.SWEEPS, "sweep and tick jobs"), (self.ALL, "all jobs")]
@@ -195,7 +196,9 @@ class KindFilter(admin.SimpleListFilter):
         if (
             self.value() == self.ALL
             or request.method != "GET"
-            or any(name.split("__")[0] in self.NARROWING for name in request.GET)
+            or any(
+                name.split("__")[0] in self.NARROWING and request.GET[name] for name in request.GET
+            )
         ):
             return queryset
         return queryset.exclude(queue_name=SWEEP_QUEUE)
