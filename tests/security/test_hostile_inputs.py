@@ -35,6 +35,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from uuid import uuid4
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -873,6 +874,39 @@ def test_hostile_dashboard_request_is_refused_and_writes_nothing(
     before = footprint()
 
     response = client.generic(method, _fill(path, ids))
+
+    assert response.status_code == status, response.content[:300]
+    assert footprint() == before
+
+
+#: (id, changelist, action, selected id, status): a selected id that is not one of the
+#: table's ids is a 400 before the action runs; an id of no row selects nothing.
+ADMIN_ACTION_CASES = [
+    ("action-text-id", "/admin/runs/analysisjob/", "retry_failed", "abc", 400),
+    ("action-nul-id", "/admin/accounts/apitoken/", "revoke", "\x00", 400),
+    ("action-non-ascii-id", JOBS_ADMIN, "retry", "é", 400),
+    ("action-uuid-for-int", "/admin/pipeline/pipelinerun/", "replay_stage", str(uuid4()), 400),
+    ("action-text-id-delete", "/admin/accounts/tenant/", "delete_selected", "abc", 400),
+    ("action-text-id-group", "/admin/auth/group/", "delete_selected", "abc", 400),
+    ("action-text-id-reset", "/admin/accounts/authfailure/", "reset", "x", 400),
+    ("action-huge-id", "/admin/runs/analysisjob/", "refund", "9" * 30, 302),
+    ("action-negative-id", JOBS_ADMIN, "cancel", "-1", 302),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "action", "selected", "status"),
+    [c[1:] for c in ADMIN_ACTION_CASES],
+    ids=[c[0] for c in ADMIN_ACTION_CASES],
+)
+def test_an_admin_action_on_a_forged_id_is_refused_and_writes_nothing(
+    path, action, selected, status, world, footprint
+):
+    client = Client(raise_request_exception=False)
+    client.force_login(UserFactory(username="root", is_staff=True, is_superuser=True))
+    before = footprint()
+
+    response = client.post(path, {"action": action, "_selected_action": [selected]})
 
     assert response.status_code == status, response.content[:300]
     assert footprint() == before
