@@ -10,9 +10,10 @@ counts are listed with their lockouts, and resetting one needs the delete permis
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.admin import helpers
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied, ValidationError
 from django.db.models import Count
 
 from accounts.models import ApiToken, AuthFailure, Tenant, User
@@ -22,13 +23,21 @@ from accounts.throttle import auth_failures_reset, locked_until
 
 class RefusedActions:
     """An action the user may not run, posted anyway, is a 403 (Django would ignore it
-    silently and answer the list)."""
+    silently and answer the list); one posted for ids that are not the table's, a 400."""
 
     def changelist_view(self, request, extra_context=None):
         action = request.POST.get("action") if request.method == "POST" else None
         declared = {name for _, name, _ in self._get_base_actions()}
         if action in declared and action not in self.get_actions(request):
             raise PermissionDenied
+        if action in declared:
+            # Selected ids that are no ids of the table: a 400, not Django's 500 from the
+            # database (the same check as queueing.admin's).
+            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+                try:
+                    self.opts.pk.to_python(value)
+                except ValidationError:
+                    raise BadRequest(f"{value!r} is not an id of this table") from None
         return super().changelist_view(request, extra_context)
 
 

@@ -16,6 +16,7 @@ fast path the backstop sweep only covers for.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,12 +26,12 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils.http import content_disposition_header
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from accounts.models import User
 from config.metrics import record_admission_rejection
 from pipeline import selectors as pipeline_selectors
-from pipeline.exceptions import AnfrageNotFound, FileTooLarge, PipelineError
+from pipeline.exceptions import AnfrageNotFound, FileTooLarge, PipelineError, StorageCorrupt
 from pipeline.limits import MAX_FILE_BYTES
 from pipeline.models import Anfrage, FileFormat
 from pipeline.selectors import StageStatus
@@ -49,6 +50,8 @@ from runs.models import (
     AnalysisRun,
     JobStatus,
 )
+
+logger = logging.getLogger(__name__)
 
 LOGIN_URL = "login"
 LIVE_STATUSES = (JobStatus.RUNNING, JobStatus.PENDING, JobStatus.QUEUED)
@@ -191,7 +194,7 @@ def _render(
     return render(request, "dashboard/index.html", context, status=status)
 
 
-@require_GET
+@require_safe
 @login_required(login_url=LOGIN_URL)
 def dashboard_view(request: HttpRequest) -> HttpResponse:
     return _render(request)
@@ -281,7 +284,7 @@ class StageRow:
         return (finished - started).total_seconds()
 
 
-@require_GET
+@require_safe
 @login_required(login_url=LOGIN_URL)
 def inquiry_detail_view(request: HttpRequest, anfrage_id: int) -> HttpResponse:
     """One inquiry of the user's tenant: stages with times, attempts and errors; files;
@@ -309,11 +312,14 @@ def inquiry_detail_view(request: HttpRequest, anfrage_id: int) -> HttpResponse:
     )
 
 
-@require_GET
+@require_safe
 @login_required(login_url=LOGIN_URL)
 def inquiry_file_view(request: HttpRequest, anfrage_id: int, file_id: int) -> HttpResponse:
     """A stored file of an inquiry of the user's tenant, as an attachment under the name it
-    was uploaded with; another tenant's inquiry or file is a 404."""
+    was uploaded with; another tenant's inquiry or file is a 404. A stored copy that is
+    missing on disk or no longer matches its SHA-256 is a 404 page saying so (never its
+    bytes), logged as an error for the operators: the upload is lost, not the request
+    wrong."""
     if request.user.tenant_id is None:
         raise Http404("no such file")
     try:
@@ -322,15 +328,19 @@ def inquiry_file_view(request: HttpRequest, anfrage_id: int, file_id: int) -> Ht
         )
     except AnfrageNotFound:
         raise Http404("no such file") from None
+    try:
+        data = read_stored(key=stored.storage_key, sha256=stored.sha256)
+    except StorageCorrupt as exc:
+        logger.error("inquiry %s file %s cannot be served: %s", anfrage_id, file_id, exc)
+        return render(request, "dashboard/file_missing.html", {"stored": stored}, status=404)
     response = HttpResponse(
-        read_stored(key=stored.storage_key, sha256=stored.sha256),
-        content_type=FILE_TYPES.get(stored.format, "application/octet-stream"),
+        data, content_type=FILE_TYPES.get(stored.format, "application/octet-stream")
     )
     response["Content-Disposition"] = content_disposition_header(True, stored.filename)
     return response
 
 
-@require_GET
+@require_safe
 @login_required(login_url=LOGIN_URL)
 def workers_view(request: HttpRequest) -> JsonResponse:
     """Whether any worker is alive, for the pages' notice: ``alive``, the newest heartbeat
@@ -345,7 +355,7 @@ def workers_view(request: HttpRequest) -> JsonResponse:
     )
 
 
-@require_GET
+@require_safe
 @login_required(login_url=LOGIN_URL)
 def analysis_detail_view(request: HttpRequest, job_id: int) -> HttpResponse:
     """One of the user's analyses: status, queue position, times, verdicts, and whether

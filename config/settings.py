@@ -101,6 +101,8 @@ MIDDLEWARE = [
     "config.middleware.content_security_policy",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "queueing.middleware.DatabaseUnavailableMiddleware",
+    # A GET whose filter the database refuses (a NUL, a label outside an enum): 400.
+    "queueing.middleware.RefusedQueryMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
-from django.contrib.admin import ModelAdmin
+from django.contrib.admin import ModelAdmin, helpers
 from django.contrib.auth import get_permission_codename
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied, ValidationError
 from django.db.models import F, Func, Model, Q, QuerySet, TextField, Value
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -77,7 +77,8 @@ class ActionPermissionsMixin(admin.ModelAdmin):
     """Admin actions guarded by permissions, refused with 403 when posted without one.
 
     Django leaves an action a user may not run out of the menu but silently ignores it
-    when posted anyway; here that is a 403 and nothing runs. ``operate`` is the model's
+    when posted anyway; here that is a 403 and nothing runs. Selected ids that are not
+    ids of the table are a 400. ``operate`` is the model's
     change permission, for actions declared ``@admin.action(permissions=["operate"])``
     on admins whose change form is read-only."""
 
@@ -94,7 +95,19 @@ class ActionPermissionsMixin(admin.ModelAdmin):
         declared = {name for _, name, _ in self._get_base_actions()}  # type: ignore[attr-defined]
         if action in declared and action not in self.get_actions(request):
             raise PermissionDenied
+        if action in declared:
+            _check_selected_ids(self.opts.pk, request)
         return super().changelist_view(request, extra_context)
+
+
+def _check_selected_ids(pk: Any, request: HttpRequest) -> None:
+    """A posted action's selected ids must be ids of the table: Django would filter by
+    them as they come and fail in the database (a 500) on ``abc`` or a NUL."""
+    for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+        try:
+            pk.to_python(value)
+        except ValidationError:
+            raise BadRequest(f"{value!r} is not an id of this table") from None
 
 
 class ReadOnlyModelAdmin(ActionPermissionsMixin, admin.ModelAdmin):
@@ -164,13 +177,14 @@ class RunnableFilter(admin.SimpleListFilter):
 class KindFilter(admin.SimpleListFilter):
     """The list shows the work jobs by default: the sweeps' jobs and ticks (queue
     ``sweeps``) come every few seconds and would bury them after a quiet quarter of an
-    hour. A list narrowed to a queue, a task or a key shows what it is narrowed to."""
+    hour. A list narrowed to a queue, a task or a key, or by a search, shows what it is
+    narrowed to."""
 
     title = "kind"
     parameter_name = "kind"
     SWEEPS, ALL = "sweeps", "all"
     #: Parameters that already say which jobs to show.
-    NARROWING = ("queue_name", "task_name", "queueing_lock", "lock", "key", "runnable")
+    NARROWING = ("queue_name", "task_name", "queueing_lock", "lock", "key", "runnable", "q")
 
     def lookups(self, request: HttpRequest, model_admin: ModelAdmin) -> list[tuple[str, str]]:
         return [(self.SWEEPS, "sweep and tick jobs"), (self.ALL, "all jobs")]
@@ -195,7 +209,9 @@ class KindFilter(admin.SimpleListFilter):
         if (
             self.value() == self.ALL
             or request.method != "GET"
-            or any(name.split("__")[0] in self.NARROWING for name in request.GET)
+            or any(
+                name.split("__")[0] in self.NARROWING and request.GET[name] for name in request.GET
+            )
         ):
             return queryset
         return queryset.exclude(queue_name=SWEEP_QUEUE)

@@ -1,4 +1,5 @@
-"""Web middleware of the framework: request metrics, and the database-outage answer.
+"""Web middleware of the framework: request metrics, the database-outage answer, and the
+answer to a query the database refuses.
 
 :class:`RequestMetricsMiddleware` (put it first in ``MIDDLEWARE``) observes every
 request's latency and status for ``/metrics`` (``pgstage_http_request_duration_seconds``).
@@ -11,6 +12,14 @@ it) when PostgreSQL restarts, fails over or refuses connections. Nothing is wron
 request, so the answer says to try again. The web process needs no restart afterwards:
 Django's connection health checks (``CONN_HEALTH_CHECKS``) drop a broken connection at
 the next request, which opens a fresh one once the server is back.
+
+
+:class:`RefusedQueryMiddleware`: a ``GET`` or ``HEAD`` whose query-string values the
+database refuses (``DataError``: a NUL character in a text lookup, a label outside an enum
+column's, such as procrastinate's job status, typed into an admin list's address) gets
+``400 {"error": "invalid_query"}`` instead of a 500; one warning line is logged. Such a
+request reads only, so nothing was written. Other methods keep their 500: their input is
+validated by forms and services before it reaches the database.
 
 A view's error is answered in :meth:`process_exception` (no traceback logged: one warning
 line). An error inside another middleware (a session saved after the view) never reaches
@@ -26,10 +35,10 @@ import time
 from typing import Any
 
 from django.core.signals import got_request_exception
-from django.db import InterfaceError, OperationalError
+from django.db import DataError, InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-__all__ = ["DatabaseUnavailableMiddleware", "RequestMetricsMiddleware"]
+__all__ = ["DatabaseUnavailableMiddleware", "RefusedQueryMiddleware", "RequestMetricsMiddleware"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +106,32 @@ class DatabaseUnavailableMiddleware:
             str(exception).strip().splitlines()[0] if str(exception).strip() else "",
         )
         return unavailable_response(exception)
+
+
+class RefusedQueryMiddleware:
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not isinstance(exception, DataError) or request.method not in ("GET", "HEAD"):
+            return None
+        logger.warning(
+            "%s %s answered 400: the database refused a value of its query: %s",
+            request.method,
+            request.path,
+            str(exception).strip().splitlines()[0] if str(exception).strip() else "",
+        )
+        return JsonResponse(
+            {
+                "error": "invalid_query",
+                "detail": "a value in this address's query does not fit the column it filters "
+                "(a NUL character, or a value outside the column's choices); nothing was written",
+            },
+            status=400,
+        )
 
 
 class RequestMetricsMiddleware:

@@ -12,9 +12,10 @@ from django.core.management import CommandError, call_command
 from tests.conftest import database_url
 from tests.invariants import assert_invariants
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
+@pytest.mark.slow
 def test_demo_runs_every_feature_end_to_end(clean_queue, monkeypatch, settings, tmp_path):
     monkeypatch.setenv("DATABASE_URL", database_url())
     monkeypatch.setenv("STORAGE_ROOT", str(tmp_path / "storage"))
@@ -49,3 +50,14 @@ def test_demo_refuses_bad_options():
         call_command("demo", workers=0)
     with pytest.raises(CommandError, match="--grace must be 0 or more"):
         call_command("demo", grace=-1)
+
+
+def test_the_commands_it_points_to_name_the_python_that_has_the_project(monkeypatch, tmp_path):
+    """A fresh clone's ``python`` has no Django: the summary names the one that ran it."""
+    from config.management.commands import demo
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(demo.sys, "executable", str(tmp_path / ".venv" / "bin" / "python"))
+    assert demo.manage_py("queue_status") == ".venv/bin/python manage.py queue_status"
+    monkeypatch.setattr(demo.sys, "executable", "/usr/local/bin/python3")
+    assert demo.manage_py("queue_status") == "/usr/local/bin/python3 manage.py queue_status"

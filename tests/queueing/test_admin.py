@@ -238,6 +238,8 @@ def test_the_job_list_shows_the_work_jobs_by_default_and_sweeps_on_request(staff
     # A list narrowed to a key shows that key's jobs, a sweep's too (the Sweeps page's
     # history links).
     assert listed(staff_client, jobs_url(SWEEP_KEY.build(name="admin_swept"))) == [sweep.job_id]
+    # So does a search (the docs send operators to the search box for a key or a task).
+    assert listed(staff_client, f"{JOB_LIST}?q=admin_swept") == [sweep.job_id]
 
 
 def test_the_key_filter_offers_key_prefixes_not_every_key(staff_client):

@@ -433,3 +433,38 @@ def test_a_stage_waiting_for_a_replay_shows_as_waiting_and_keeps_the_page_live(
     shown = {s["stage"]: (s["status"], s["waiting"]) for s in listed["stages"]}
     assert shown["extract"] == ("failed", True)
     assert shown["intake"] == ("success", False)
+
+
+@pytest.mark.parametrize("damage", ["missing", "changed"])
+def test_a_stored_file_lost_on_disk_is_a_404_page_that_says_so(
+    client, alice, storage, settings, damage, caplog
+):
+    from pipeline.storage import stored_path
+    from tests.pipeline.conftest import run_stages
+
+    client.force_login(alice)
+    client.post(
+        "/dashboard/inquiries",
+        {"files": [SimpleUploadedFile("beams.txt", b"12 pcs steel beam HEA 200, 6 m\n")]},
+    )
+    anfrage = Anfrage.objects.get(tenant=alice.tenant)
+    run_stages(anfrage.pk, stages=[Stage.INTAKE])
+    stored = AnfrageFile.objects.get(anfrage=anfrage)
+    path = stored_path(stored.storage_key)
+    if damage == "missing":
+        path.unlink()
+    else:
+        path.write_bytes(b"not what was uploaded\n")
+
+    response = Client(raise_request_exception=False)
+    response.force_login(alice)
+    response = response.get(f"/dashboard/inquiries/{anfrage.pk}/files/{stored.pk}")
+
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("text/html")
+    page = response.content.decode()
+    assert "beams.txt" in page and "stored copy" in page
+    assert "not what was uploaded" not in page
+    assert any(
+        r.levelname == "ERROR" and stored.storage_key in r.getMessage() for r in caplog.records
+    )

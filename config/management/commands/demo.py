@@ -34,6 +34,18 @@ TIMEOUT_SECONDS = 50
 WORKER_GRACE_SECONDS = 120
 
 
+def manage_py(args: str) -> str:
+    """``args`` as a ``manage.py`` call with the Python that runs this demo (the
+    checkout's ``.venv/bin/python``, relative when it is under the current directory): a
+    fresh machine's ``python`` has no Django."""
+    python = Path(sys.executable)
+    try:
+        shown = str(python.relative_to(Path.cwd()))
+    except ValueError:
+        shown = str(python)
+    return f"{shown} manage.py {args}"
+
+
 def sample_analysis(n: int) -> dict:
     return {
         "title": f"Thesis chapter {n}",
@@ -341,8 +353,8 @@ class Command(BaseCommand):
                     ["admin", "http://127.0.0.1:8000/admin/  (user admin, password admin)"],
                     ["dashboard", "http://127.0.0.1:8000/dashboard/  (alice/alice, carol/carol)"],
                     ["API docs", "http://127.0.0.1:8000/api/docs"],
-                    ["stage table", "python manage.py pipeline_status"],
-                    ["analysis queue", "python manage.py queue_status"],
+                    ["stage table", manage_py("pipeline_status")],
+                    ["analysis queue", manage_py("queue_status")],
                 ],
             )
         )

@@ -6,6 +6,7 @@ for cron."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import signal
@@ -21,6 +22,48 @@ from queueing.supervisor import Child, Supervisor
 
 #: Beyond the worker's drain budget: sync jobs finish regardless, give them a little more.
 STOP_MARGIN_SECONDS = 30.0
+#: The most job slots one worker is given here: each is a thread and up to two
+#: connections (docs/deploy.md); more work wants more workers, not more slots.
+MAX_CONCURRENCY = 100
+#: A host name's length limit (RFC 1035).
+MAX_HOST_CHARS = 253
+
+
+def port_number(value: str) -> int:
+    """``--port`` (and ``PORT``, its default): a TCP port, 1-65535."""
+    try:
+        port = int(value)
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a TCP port (1-65535)")
+    return port
+
+
+def job_slots(value: str) -> int:
+    """``--concurrency``: a whole number of job slots, 1 to :data:`MAX_CONCURRENCY`."""
+    try:
+        slots = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if slots < 1:
+        raise argparse.ArgumentTypeError(f"{value}: give at least 1")
+    if slots > MAX_CONCURRENCY:
+        raise argparse.ArgumentTypeError(
+            f"{value}: at most {MAX_CONCURRENCY} per worker; start more workers instead"
+        )
+    return slots
+
+
+def host_address(value: str) -> str:
+    """``--host`` (and ``HOST``): an address or host name to bind."""
+    if "\x00" in value:
+        raise argparse.ArgumentTypeError("an address cannot contain NUL")
+    if not value.strip():
+        raise argparse.ArgumentTypeError("name an address, e.g. 127.0.0.1 or 0.0.0.0")
+    if len(value) > MAX_HOST_CHARS:
+        raise argparse.ArgumentTypeError(f"{len(value)} characters; at most {MAX_HOST_CHARS}")
+    return value
 
 
 def _wsgi() -> str:
@@ -63,21 +106,38 @@ class Command(BaseCommand):
     help = "Start gunicorn and a supervised `procrastinate worker` side by side until stopped."
 
     def add_arguments(self, parser):
+        # The environment's HOST and PORT are string defaults, which argparse checks with
+        # the same type as the flags.
         parser.add_argument(
-            "--host", default=os.environ.get("HOST") or "127.0.0.1", help="address to bind"
+            "--host",
+            type=host_address,
+            default=os.environ.get("HOST") or "127.0.0.1",
+            help="address to bind",
         )
         parser.add_argument(
-            "--port", type=int, default=int(os.environ.get("PORT") or 8000), help="port to bind"
+            "--port",
+            type=port_number,
+            default=os.environ.get("PORT") or "8000",
+            help="port to bind",
         )
-        parser.add_argument("--concurrency", type=int, default=2, help="the worker's job slots")
+        parser.add_argument(
+            "--concurrency",
+            type=job_slots,
+            default="2",
+            help=f"the worker's job slots (1-{MAX_CONCURRENCY})",
+        )
 
     def handle(self, *args: Any, host: str, port: int, concurrency: int, **options: Any) -> None:
-        if concurrency < 1:
-            raise CommandError("--concurrency must be at least 1.")
-        if not 0 < port < 65536:
-            raise CommandError(f"--port {port} is not a TCP port (1-65535).")
-        if not host.strip():
-            raise CommandError("--host must name an address, e.g. 127.0.0.1 or 0.0.0.0.")
+        # call_command() may pass the values without the parser: check them here too.
+        for flag, check, value in (
+            ("--concurrency", job_slots, concurrency),
+            ("--port", port_number, port),
+            ("--host", host_address, host),
+        ):
+            try:
+                check(str(value))
+            except argparse.ArgumentTypeError as exc:
+                raise CommandError(f"{flag} {exc}.") from None
         if "django.contrib.staticfiles" in settings.INSTALLED_APPS and getattr(
             settings, "STATIC_ROOT", None
         ):
