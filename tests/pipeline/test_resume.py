@@ -417,7 +417,9 @@ def test_a_sweep_beside_a_replay_enqueues_one_job(clean_queue, tenant, scripted_
     assert not [r for r in results if isinstance(r, BaseException)], results
     assert len(stage_jobs(anfrage, "todo")) == 1
     assert results[0].changed + results[1].enqueued == 1, results
-    assert run_of(anfrage, "extract").resumes == results[0].changed
+    # A resume is counted only when the sweep made it; a replay that lands after the sweep
+    # resets the count (as every replay does), its enqueue finding the sweep's job.
+    assert run_of(anfrage, "extract").resumes <= results[0].changed
 
 
 # --- the set of open inquiries
