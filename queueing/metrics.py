@@ -42,7 +42,7 @@ from django.db import connection
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.module_loading import import_string
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_safe
 from procrastinate.contrib.django.models import ProcrastinateJob
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import (
@@ -379,7 +379,7 @@ def _denial(request: HttpRequest) -> JsonResponse | None:
     return _refuse(401, "unauthenticated", hint)
 
 
-@require_GET
+@require_safe
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """Prometheus scrape endpoint (read-only; every value is computed at scrape time)."""
     denial = _denial(request)

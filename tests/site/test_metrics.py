@@ -52,6 +52,16 @@ def test_anonymous_gets_401_json(client, settings):
     assert response["WWW-Authenticate"].startswith("Bearer")
 
 
+def test_head_answers_as_get_does_without_a_body(client, settings):
+    """A probe that checks the endpoint with HEAD gets GET's status and no body."""
+    settings.METRICS_TOKEN = TOKEN
+    assert client.head("/metrics").status_code == 401
+    response = client.head("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    assert response.content == b""
+
+
 def test_wrong_token_gets_403(client, settings):
     settings.METRICS_TOKEN = TOKEN
     response = client.get("/metrics", headers={"Authorization": "Bearer nope"})
