@@ -234,18 +234,24 @@ def jobs(**filters) -> list[dict]:
     return rows
 
 
-def make_doing(job_id: int, *, attempts: int = 0, heartbeat_age_s: float = 120) -> int:
-    """A job claimed by a worker whose heartbeat is ``heartbeat_age_s`` old, while stalled
-    recovery was running all along (its clock: a run just now, no gap for an hour); a test
-    of a gap moves the clock after this (:func:`recovery_ran`)."""
-    recovery_ran(last_run_ago=0, resumed_ago=3600)
+def beaten_worker(heartbeat_age_s: float) -> int:
+    """A procrastinate worker row whose last beat is ``heartbeat_age_s`` seconds old."""
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO procrastinate_workers (last_heartbeat) "
             "VALUES (now() - %s * interval '1 second') RETURNING id",
             [heartbeat_age_s],
         )
-        (worker_id,) = cursor.fetchone()
+        return cursor.fetchone()[0]
+
+
+def make_doing(job_id: int, *, attempts: int = 0, heartbeat_age_s: float = 120) -> int:
+    """A job claimed by a worker whose heartbeat is ``heartbeat_age_s`` old, while stalled
+    recovery was running all along (its clock: a run just now, no gap for an hour); a test
+    of a gap moves the clock after this (:func:`recovery_ran`)."""
+    recovery_ran(last_run_ago=0, resumed_ago=3600)
+    worker_id = beaten_worker(heartbeat_age_s)
+    with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE procrastinate_jobs SET status = 'doing', worker_id = %s, attempts = %s "
             "WHERE id = %s",
@@ -259,13 +265,8 @@ def registered_worker(
 ) -> int:
     """A worker registered with its task names (and give-up hooks), last beaten
     ``heartbeat_age_s`` seconds ago, as ``register_worker`` records it."""
+    worker_id = beaten_worker(heartbeat_age_s)
     with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO procrastinate_workers (last_heartbeat) "
-            "VALUES (now() - %s * interval '1 second') RETURNING id",
-            [heartbeat_age_s],
-        )
-        (worker_id,) = cursor.fetchone()
         cursor.execute(
             "INSERT INTO pgstage_worker_tasks (worker_id, task_names, hooks) VALUES (%s, %s, %s)",
             [worker_id, task_names, hooks],
