@@ -178,3 +178,7 @@ SELECT min(e.at) FILTER (WHERE e.type = 'deferred') AS deferred_at,
 INSERT INTO procrastinate_jobs (queue_name, task_name, queueing_lock, args)
 SELECT %(queue)s, %(task)s, l.lock, jsonb_build_object('unit', l.unit)
   FROM unnest(%(units)s::text[], %(locks)s::text[]) AS l(unit, lock);
+
+-- doing_after --
+-- Jobs after the mark that a worker is running.
+SELECT count(*) FROM procrastinate_jobs WHERE id > %(after)s AND status = 'doing';
