@@ -60,8 +60,10 @@ def check_database(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> li
 def _check_job_timeouts() -> list[Error]:
     """A run's bound (``queueing.timeouts``): the default and each task's a finite number
     of seconds, 0 (or None, for the default) for no bound; the grace a positive one; and
-    a bound no shorter than the grace — recovery steps in a grace after the deadline, so
-    a shorter bound would be no bound the task could plan around."""
+    a bound no shorter than the grace *in force* (``timeouts.grace_seconds``: the grace
+    configured, raised to ``timeouts.least_grace_seconds`` when that is longer) —
+    recovery steps in that grace after the deadline, so a shorter bound would be no
+    bound the task could plan around."""
     errors = []
     raw_grace = getattr(settings, "QUEUEING_JOB_TIMEOUT_GRACE_SECONDS", 30)
     grace = timeouts.check_seconds(raw_grace, allow_zero=False)
@@ -74,6 +76,8 @@ def _check_job_timeouts() -> list[Error]:
                 id="queueing.E004",
             )
         )
+    least = timeouts.least_grace_seconds()
+    in_force = timeouts.grace_seconds()
     raw_default = getattr(settings, "QUEUEING_JOB_TIMEOUT_SECONDS", 3600)
     bounds = {"QUEUEING_JOB_TIMEOUT_SECONDS": raw_default}
     bounds.update({f"@task(name={name!r}) timeout": v for name, v in timeouts.declared().items()})
@@ -87,13 +91,25 @@ def _check_job_timeouts() -> list[Error]:
                     id="queueing.E004",
                 )
             )
-        elif grace is not None and 0 < seconds < grace:
+        elif grace is not None and 0 < seconds < in_force:
+            if grace >= least:
+                why = f"QUEUEING_JOB_TIMEOUT_GRACE_SECONDS={grace:g}"
+                hint = f"Use {in_force:g} s or more, or lower the grace."
+            else:
+                why = (
+                    f"QUEUEING_JOB_TIMEOUT_GRACE_SECONDS={grace:g}, raised to stalled "
+                    "recovery's resume gap plus twice the liveness bound"
+                )
+                hint = (
+                    f"Use {in_force:g} s or more, or lower QUEUEING_STALLED_WORKER_SECONDS "
+                    "(the grace in force follows it)."
+                )
             errors.append(
                 Error(
-                    f"{source}={raw!r} is shorter than QUEUEING_JOB_TIMEOUT_GRACE_SECONDS="
-                    f"{grace:g}: a run is ended a grace after its timeout, so a timeout "
+                    f"{source}={raw!r} is shorter than the grace in force, {in_force:g} s "
+                    f"({why}): a run is ended a grace after its timeout, so a timeout "
                     "shorter than the grace bounds nothing the task can rely on.",
-                    hint=f"Use {grace:g} s or more, or lower the grace.",
+                    hint=hint,
                     id="queueing.E004",
                 )
             )

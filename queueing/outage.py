@@ -18,6 +18,10 @@ it would give up (``on_expired`` decides): a worker never exits while its databa
 reachable, however two outages and their short gap fall on its loops. One loop's success
 does not hide another's endless failure of any other kind (a heartbeat that works must not
 keep a worker alive whose fetch always errs).
+
+A database that refuses the worker for good — an authentication failure (SQLSTATE 28P01,
+28000) or a database that does not exist (3D000) — is no outage: the worker stops at
+once, at its start or at a loop's first refusal, saying what to fix (:func:`refusal`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import asyncio
 import inspect
 import logging
 import random
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -52,6 +57,73 @@ def beat_resume_seconds(heartbeat: float) -> float:
     shorter), on a connection of its own (``queueing.worker``). Stalled recovery's resume
     gap is derived from it (``queueing.sweeps.Sweep.resume_gap_seconds``)."""
     return min(heartbeat, RECONNECT_SECONDS)
+
+
+class DatabaseRefused(psycopg.OperationalError):
+    """The database refuses this worker for good: its connection settings are wrong (a
+    role, password or database that the server does not know), which no outage window
+    mends. The message says what to fix."""
+
+
+#: What the server says when it refuses a client for good (SQLSTATE 28P01, 28000, 3D000,
+#: and libpq's own word for a password the server asks for and the settings lack), and
+#: what to fix. Read from the connection's error message: libpq gives no SQLSTATE for a
+#: failed connection. PostgreSQL's English messages: a server whose ``lc_messages``
+#: translates them is taken for out of reach, and the worker waits out its window.
+_REFUSALS: tuple[tuple[re.Pattern[str], str, str], ...] = (
+    (
+        re.compile(r"password authentication failed for user"),
+        "28P01",
+        "the password of the connection settings is wrong",
+    ),
+    (
+        re.compile(r'role "[^"]*" does not exist'),
+        "28000",
+        "the role (user) of the connection settings does not exist on the server",
+    ),
+    (
+        re.compile(r"no pg_hba\.conf entry|pg_hba\.conf rejects connection"),
+        "28000",
+        "the server's pg_hba.conf admits no such connection (host, role, database)",
+    ),
+    (
+        re.compile(r"authentication failed for user|is not permitted to log in"),
+        "28000",
+        "the server does not let this role log in",
+    ),
+    (
+        re.compile(r'database "[^"]*" does not exist'),
+        "3D000",
+        "the database of the connection settings does not exist on the server",
+    ),
+    (
+        re.compile(r"no password supplied"),
+        "28P01",
+        "the server asks for a password and the connection settings have none",
+    ),
+)
+
+
+def refusal(exc: BaseException) -> str | None:
+    """What to fix when ``exc`` (or an error it wraps) is the database refusing this
+    client for good — an authentication failure (SQLSTATE 28P01, 28000) or a database
+    that does not exist (3D000) — and not an outage; None otherwise."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, psycopg.Error):
+            text = str(error)
+            for pattern, sqlstate, fix in _REFUSALS:
+                if (error.sqlstate or sqlstate) == sqlstate and pattern.search(text):
+                    detail = text.strip().splitlines()[0].rpartition("FATAL:")[2].strip()
+                    return (
+                        f"the database refuses this worker (SQLSTATE {sqlstate}: {detail}): "
+                        f"{fix}. Fix DATABASE_URL (DATABASES['default']); this is no outage, "
+                        "and waiting would not mend it"
+                    )
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -105,7 +177,12 @@ class Failures:
         attempt = self._attempts.get(loop, 0)
         self._attempts[loop] = attempt + 1
         elapsed = now - since
-        unreachable = is_connection_error(exc)
+        refused = refusal(exc)
+        if refused is not None and not self.expired:
+            # Not an outage: its settings are wrong, and no window would mend them.
+            self.expired = True
+            self._on_expired(f"{refused} (while {loop})", unreachable=False)
+        unreachable = is_connection_error(exc) and refused is None
         # Unreachable for the whole window means no round trip of any loop got through in
         # it: a loop that made no attempt in a short gap between two outages does not
         # count both as one.
@@ -204,6 +281,10 @@ async def wait_for_database(conninfo: str, kwargs: dict[str, Any], *, window: fl
         try:
             connection = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
         except psycopg.OperationalError as exc:
+            refused = refusal(exc)
+            if refused is not None:
+                logger.error("the worker cannot start: %s", refused)
+                raise DatabaseRefused(refused) from exc
             attempts += 1
             if time.monotonic() + RECONNECT_SECONDS > deadline:
                 logger.error(

@@ -3,8 +3,11 @@
 A task declares ``@task(timeout=S)`` (seconds; ``0`` for no bound), or gets
 ``QUEUEING_JOB_TIMEOUT_SECONDS`` (3600 s by default; ``0`` or ``None``: no bound). The
 worker's fetch records each run's deadline on the database's clock, in the same
-statement (``pgstage_job_deadlines``, per job and attempt), so that every process that
-runs stalled recovery judges it alike, whichever release or worker fetched the job.
+statement (``pgstage_job_deadlines``, per job and attempt, with the fetching worker's
+id), so that every process that runs stalled recovery judges it alike, whichever release
+or worker fetched the job. A row judges only its own worker's run: one left by a dead run
+that a worker of the release before job timeouts put back (and fetched again at the same
+attempt, recording none) ends nothing (migration 0012).
 
 Past its deadline:
 

@@ -24,7 +24,10 @@ What it adds to procrastinate's worker (3.10):
   loop's round trip within the window) or answers a round trip of the worker's own at
   that moment. A
   worker started while the database is away waits for it as long (procrastinate's pool
-  opening gives up after 30 s: :class:`~queueing.outage.WorkerPool`).
+  opening gives up after 30 s: :class:`~queueing.outage.WorkerPool`). A database that
+  refuses the worker (authentication failed, SQLSTATE 28P01/28000; no such database,
+  3D000) is no outage: the worker exits at once, saying what to fix
+  (:func:`~queueing.outage.refusal`).
 * **Its liveness does not wait on procrastinate's pool.** The psycopg pool's reconnect
   delay doubles without a cap (1, 2, 4 … 128 s): after a one-minute outage a live worker
   would stay silent long after recovery resumed, and its job would run twice. The

@@ -22,7 +22,10 @@
 -- (%(timeout_tasks)s, %(timeout_seconds)s), on the database's clock: every run gets a
 -- fresh run_deadline, by which recovery judges it hung; deadline bounds the polls, so the
 -- same attempt fetched again after a PollLater keeps its own (waiting on a busy holder is
--- bounded by the timeout too), and a new attempt gets a fresh one.
+-- bounded by the timeout too), and a new attempt gets a fresh one. Only a row a poll
+-- released (polled) keeps it: a row of the same attempt left by a run that died, which a
+-- worker of the release before job timeouts put back without deleting it, is that run's
+-- (migration 0012). worker_id: whose run the row is.
 WITH RECURSIVE waiting AS (
     (SELECT task_name, queue_name
        FROM procrastinate_jobs
@@ -127,17 +130,20 @@ UPDATE procrastinate_jobs
     WHERE procrastinate_jobs.id = chosen.id
     RETURNING procrastinate_jobs.*
 ), deadline AS (
-INSERT INTO pgstage_job_deadlines AS d (job_id, attempts, deadline, run_deadline)
+INSERT INTO pgstage_job_deadlines AS d (job_id, attempts, deadline, run_deadline, worker_id)
 SELECT fetched.id, fetched.attempts, now() + bound.seconds * interval '1 second',
-       now() + bound.seconds * interval '1 second'
+       now() + bound.seconds * interval '1 second', %(worker_id)s
   FROM fetched
   JOIN unnest(%(timeout_tasks)s::varchar[], %(timeout_seconds)s::float8[])
        AS bound (task_name, seconds) ON bound.task_name = fetched.task_name
 ON CONFLICT (job_id) DO UPDATE
-   SET deadline = CASE WHEN d.attempts = EXCLUDED.attempts THEN d.deadline
+   SET deadline = CASE WHEN d.attempts = EXCLUDED.attempts
+                            AND (d.polled OR d.worker_id IS NULL) THEN d.deadline
                        ELSE EXCLUDED.deadline END,
        run_deadline = EXCLUDED.run_deadline,
-       attempts = EXCLUDED.attempts
+       attempts = EXCLUDED.attempts,
+       worker_id = EXCLUDED.worker_id,
+       polled = false
 )
 SELECT id, status, task_name, priority, lock, queueing_lock, args, scheduled_at, queue_name, attempts, worker_id
   FROM (SELECT) AS one LEFT JOIN fetched ON true;
@@ -162,7 +168,8 @@ SELECT worker_id FROM registered;
 -- worker could not reach the database), and it must register again. In the same
 -- statement, count this worker's hung runs (%(running)s ids at %(attempts)s): runs whose
 -- deadline is %(grace)s s past (the later of the run's and its polls', as recovery judges
--- it: timed_out_jobs), or whose attempt recovery already ended as timed out; and
+-- it: timed_out_jobs), or whose attempt recovery already ended as timed out (a row of
+-- this worker's fetch: another's is a dead run's, migration 0012); and
 -- record them with its slots, for /metrics and worker_health.
 WITH beat AS (
     UPDATE procrastinate_workers
@@ -173,8 +180,9 @@ WITH beat AS (
     SELECT count(*)::integer AS slots
       FROM unnest(%(running)s::bigint[], %(attempts)s::integer[]) AS run (job_id, attempts)
       JOIN pgstage_job_deadlines d ON d.job_id = run.job_id
-     WHERE d.attempts <> run.attempts
-        OR greatest(d.deadline, d.run_deadline) < now() - %(grace)s * interval '1 second'
+     WHERE (d.worker_id IS NULL OR d.worker_id = %(worker_id)s) AND NOT d.polled
+       AND (d.attempts <> run.attempts
+            OR greatest(d.deadline, d.run_deadline) < now() - %(grace)s * interval '1 second')
 ), recorded AS (
     UPDATE pgstage_worker_tasks
        SET slots = %(slots)s, hung_slots = (SELECT slots FROM hung)
@@ -185,7 +193,7 @@ SELECT beat.id, hung.slots AS hung FROM beat, hung;
 -- register_and_adopt --
 -- Register again (this worker's row was pruned while it was cut off) and, in the same
 -- statement, take back the running jobs that are still ours: left 'doing' with our old
--- id, or with none after the old row was pruned. A job that recovery already put back to
+-- id, or with none after the old row was pruned, and their runs' deadlines. A job that recovery already put back to
 -- 'todo' (or another worker took) is not ours any more. One statement: never a new id
 -- without its jobs.
 WITH registered AS (
@@ -201,6 +209,10 @@ WITH registered AS (
        AND status = 'doing'
        AND (worker_id IS NULL OR worker_id = %(old_worker_id)s)
     RETURNING id
+), deadlines AS (
+    UPDATE pgstage_job_deadlines
+       SET worker_id = (SELECT id FROM registered)
+     WHERE job_id IN (SELECT id FROM adopted) AND worker_id = %(old_worker_id)s
 )
 SELECT (SELECT id FROM registered) AS worker_id,
        coalesce((SELECT array_agg(id) FROM adopted), '{}') AS adopted;
@@ -276,7 +288,9 @@ SELECT id, abort_requested FROM retried;
 -- not fail, the work is held by another live holder (queueing.exceptions.PollLater).
 -- Only while the job is still this worker's, at this attempt, no abort was requested and
 -- the run's deadline (queueing.timeouts), which its polls share, has not passed (no row
--- back: the caller then saves it as a failed attempt, which ends an aborted job).
+-- back: the caller then saves it as a failed attempt, which ends an aborted job). Its
+-- deadline row is marked polled: the next fetch of this attempt keeps its deadline.
+WITH polled AS (
 UPDATE procrastinate_jobs
    SET status = 'todo', scheduled_at = %(retry_at)s
  WHERE id = %(job_id)s
@@ -287,7 +301,13 @@ UPDATE procrastinate_jobs
    AND NOT EXISTS (
        SELECT 1 FROM pgstage_job_deadlines d
         WHERE d.job_id = %(job_id)s AND d.attempts = %(attempts)s AND d.deadline <= now())
-RETURNING id;
+RETURNING id
+), kept AS (
+    UPDATE pgstage_job_deadlines
+       SET polled = true
+     WHERE job_id IN (SELECT id FROM polled) AND attempts = %(attempts)s
+)
+SELECT id FROM polled;
 
 -- orphans --
 -- Jobs this worker was given but never heard of: the fetch committed, then the connection

@@ -7,6 +7,7 @@ directory, a Unix socket only), so stopping it disturbs nothing else the suite u
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -86,6 +87,13 @@ class PrivateServer:
         )
 
     def close(self) -> None:
+        """Stop the server for good (an immediate shutdown: its data goes with it), then
+        let pgserver remove its directory. pgserver stops only a postmaster it knows to be
+        running; a server that the test stopped and started again on TCP, or that a fault
+        was starting, is stopped here by its data directory."""
+        if (self.data_dir / "postmaster.pid").exists():
+            with contextlib.suppress(subprocess.CalledProcessError):
+                self.pg_ctl("-w", "-m", "immediate", "stop")
         self._server.cleanup()
 
 

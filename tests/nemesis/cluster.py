@@ -207,7 +207,11 @@ class Cluster:
                     self.start(worker)
             time.sleep(0.2)
 
-    def shutdown(self) -> None:
+    def shutdown(self, *, grace: float = 30) -> None:
+        """Stop every worker (SIGTERM; SIGKILL to those still running ``grace`` seconds
+        later, one deadline for all) and the proxies. A teardown from outside (the runner
+        stopped by a signal) uses a short grace: a worker draining through an outage
+        would otherwise hold it for its whole graceful timeout."""
         self.closed = True
         self._watching.clear()
         if self._watcher.is_alive():
@@ -218,14 +222,18 @@ class Cluster:
         for worker in self.workers:
             if worker.alive:
                 worker.stopping = True
-                os.killpg(worker.process.pid, signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(worker.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
         for worker in self.workers:
-            if worker.process is not None:
-                try:
-                    worker.process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
+            if worker.process is None:
+                continue
+            try:
+                worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(worker.process.pid, signal.SIGKILL)
-                    worker.process.wait(timeout=10)
+                worker.process.wait(timeout=10)
         for worker in self.workers:
             worker.proxy.close()
         self.loop.stop()

@@ -86,6 +86,12 @@ class Nemesis:
         self.rng = rng
         self.config = config
         self.stop = threading.Event()
+        #: Set when the runner tears the cluster down (stopped from outside): a fault no
+        #: longer starts the server again, nor waits out its outage.
+        self.closing = threading.Event()
+        #: Held while the server is stopped or started, so that the teardown's last stop
+        #: comes after any start a fault had begun.
+        self.database_lock = threading.Lock()
         self._busy: set[str] = set()
         self._busy_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -94,6 +100,14 @@ class Nemesis:
 
     def start(self) -> None:
         self._thread.start()
+
+    def close(self) -> None:
+        """The teardown: stop drawing faults, end a running outage without starting the
+        server again, and wait for a start already under way."""
+        self.stop.set()
+        self.closing.set()
+        with self.database_lock:
+            pass
 
     def join(self) -> None:
         """Stop drawing faults; wait for the running ones to end (they heal what they did)."""
@@ -113,6 +127,20 @@ class Nemesis:
         self._fault(
             "deploy", set(), {"to": "new", "after_run": True}, lambda: self._deploy("new", pauses)
         )
+
+    def force_outage(self, at: float, seconds: float) -> None:
+        """A refusal of ``seconds``, ``at`` seconds from now, besides the drawn faults
+        (the runner's ``--outage``): skipped if a drawn database fault holds the server."""
+
+        def later() -> None:
+            if self.stop.wait(at) or not self._claim({"database"}):
+                return
+            fields = {"seconds": seconds, "reaction": None, "forced": True}
+            self._fault("pg_down", {"database"}, fields, lambda: self._database_away(seconds, None))
+
+        thread = threading.Thread(target=later, daemon=True, name="forced-outage")
+        self._threads.append(thread)
+        thread.start()
 
     def _duration(self, low: float, high: float) -> float:
         return max(1.0, round(self.rng.uniform(low, high) * self.config.scale, 2))
@@ -262,15 +290,24 @@ class Nemesis:
 
     def _database_away(self, seconds: float, reaction: tuple[str, float] | None) -> None:
         """A fast shutdown (every session ends), ``seconds`` refusing connections, start;
-        then, when ``reaction`` says so, an operator's sweep that many seconds later."""
-        self.server.stop()
+        then, when ``reaction`` says so, an operator's sweep that many seconds later. Once
+        the runner tears down (``closing``), the outage ends at once and the server is not
+        started again."""
+        with self.database_lock:
+            if self.closing.is_set():
+                return
+            self.server.stop()
         stopped = time.monotonic()
         self.history.record("database", event="down")
         try:
-            time.sleep(seconds)
+            self.closing.wait(seconds)
         finally:
-            self.server.start()
-            self.history.record("database", event="up", after=time.monotonic() - stopped)
+            with self.database_lock:
+                if not self.closing.is_set():
+                    self.server.start()
+        if self.closing.is_set():
+            return  # torn down: the server stays down
+        self.history.record("database", event="up", after=time.monotonic() - stopped)
         if reaction is not None:
             name, pause = reaction
             time.sleep(pause)

@@ -54,7 +54,20 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="also enqueue jobs of the task only the new release has",
     )
     parser.add_argument("--out", default="", help="the run's directory (default: a new one)")
+    parser.add_argument(
+        "--outage",
+        default="",
+        metavar="AT,SECONDS",
+        help="besides the drawn faults, the database refuses connections for SECONDS, "
+        "AT seconds into the run (a test's forced outage)",
+    )
     args = parser.parse_args(argv)
+    if args.outage:
+        try:
+            at, seconds = (float(part) for part in args.outage.split(","))
+        except ValueError:
+            parser.error("--outage takes AT,SECONDS")
+        args.outage = (at, seconds)
     unknown = set(args.kinds.split(",")) - set(KINDS)
     if unknown:
         parser.error(f"unknown fault kinds: {sorted(unknown)}")
@@ -82,6 +95,7 @@ def run(args: argparse.Namespace) -> tuple[Report, Path]:
 
     port = free_port()
     with private_server(port=port) as server:
+        history.record("database", event="started", data_dir=str(server.data_dir), port=port)
         os.environ.update(WORKER_SETTINGS)
         os.environ["DATABASE_URL"] = server.url
         os.environ["PGAPPNAME"] = "nemesis-runner"
@@ -120,10 +134,13 @@ def run(args: argparse.Namespace) -> tuple[Report, Path]:
             config=NemesisConfig(kinds=tuple(args.kinds.split(",")), scale=args.scale),
         )
         monitor = InvariantMonitor(history)
+        interrupted = False
         try:
             cluster.start_all()
             workload.start()
             nemesis.start()
+            if args.outage:
+                nemesis.force_outage(*args.outage)
             monitor.start()
             time.sleep(args.seconds)
             nemesis.join()
@@ -150,13 +167,22 @@ def run(args: argparse.Namespace) -> tuple[Report, Path]:
                     "recovery": float(WORKER_SETTINGS["STALLED_RECOVERY_SECONDS"]),
                 },
             )
+        except BaseException:
+            # Stopped from outside (SIGTERM, SIGINT) or failed: tear down at once.
+            interrupted = True
+            raise
         finally:
-            nemesis.stop.set()
+            # A signal during the teardown must not cut it short: that would leave the
+            # server (in a session of its own) and the workers (in theirs) running.
+            _tearing_down.set()
+            nemesis.close()
             workload.stop.set()
-            cluster.shutdown()
+            cluster.shutdown(grace=TEARDOWN_GRACE_SECONDS if interrupted else 30)
             from django.db import connections
 
             connections.close_all()
+            if not interrupted:
+                _tearing_down.clear()
         from tests.nemesis.effects import read_effects
 
         for effect in read_effects(cluster.effects_dir):
@@ -218,15 +244,26 @@ def _wait_quiet(unfinished, since: float) -> float | None:
     return None
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
+#: A teardown from outside gives draining workers this long before SIGKILL.
+TEARDOWN_GRACE_SECONDS = 5.0
+_tearing_down = threading.Event()
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    """The first SIGTERM or SIGINT ends the run (its ``finally`` tears the cluster down);
+    one that comes during the teardown is ignored, so that it completes."""
+    if _tearing_down.is_set():
+        return
+    _tearing_down.set()
     raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
-    # Stopped from outside (a test's timeout, a supervisor): stop the workers and the
-    # server on the way out, as at the end of a run.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    # Stopped from outside (a test's timeout, a supervisor, ^C): stop the workers, the
+    # proxies and the server on the way out, at once.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGINT, _exit_on_signal)
     report, path = run(args)
     print(json.dumps(report.measures, indent=2, default=str))
     replay = (

@@ -99,3 +99,30 @@ def test_procrastinate_on_another_database_alias_is_an_error(settings):
 def test_procrastinate_on_the_default_alias_named_explicitly_passes(settings):
     settings.PROCRASTINATE_DATABASE_ALIAS = "default"
     assert check_database(None) == []
+
+
+def test_a_timeout_shorter_than_the_grace_in_force_is_refused(settings):
+    """The grace configured (5 s) is raised to the least grace that lets a run ended at its
+    deadline save its outcome after an outage (16 s with the defaults): a 10 s timeout is
+    shorter than the grace actually in force, and is refused for it."""
+    settings.QUEUEING_JOB_TIMEOUT_GRACE_SECONDS = 5
+    settings.QUEUEING_JOB_TIMEOUT_SECONDS = 10
+    [error] = check_database(None)
+    assert error.id == "queueing.E004"
+    assert "QUEUEING_JOB_TIMEOUT_SECONDS=10" in error.msg and "16 s" in error.msg
+
+
+def test_a_tasks_timeout_shorter_than_a_grace_raised_by_the_stall_threshold_is_refused(settings):
+    """A longer stall threshold raises the grace in force (30 s configured, 106 s in force
+    with a 120 s threshold): tests.hang's 60 s timeout is shorter than that, and the hint
+    names the setting that raised it, since lowering the configured grace would not help."""
+    settings.QUEUEING_STALLED_WORKER_SECONDS = 120
+    errors = [e for e in check_database(None) if e.id == "queueing.E004"]
+    [error] = [e for e in errors if "tests.hang" in e.msg]
+    assert "106 s" in error.msg and "QUEUEING_STALLED_WORKER_SECONDS" in error.hint
+
+
+def test_a_timeout_no_shorter_than_the_grace_in_force_passes(settings):
+    settings.QUEUEING_JOB_TIMEOUT_GRACE_SECONDS = 5
+    settings.QUEUEING_JOB_TIMEOUT_SECONDS = 16
+    assert check_database(None) == []

@@ -219,3 +219,43 @@ def test_the_worker_command_opens_a_worker_pool():
             await connector.close_async()
 
     assert asyncio.run(scenario()) is WorkerPool
+
+
+@pytest.mark.parametrize(
+    ("message", "sqlstate"),
+    [
+        ('FATAL:  password authentication failed for user "app"', "28P01"),
+        ('FATAL:  role "app" does not exist', "28000"),
+        ('FATAL:  no pg_hba.conf entry for host "10.0.0.5", user "app", database "app"', "28000"),
+        ('FATAL:  database "app" does not exist', "3D000"),
+        ("fe_sendauth: no password supplied", "28P01"),
+    ],
+)
+def test_a_running_workers_loop_refused_by_the_database_stops_it_at_once(clock, message, sqlstate):
+    """Refused mid-run (a password rotated under a running worker, a database dropped): no
+    outage window mends it, so the worker stops at its first refusal, saying what to fix."""
+    expired: list[str] = []
+    failures = _failures(expired)
+    refused = psycopg.OperationalError(
+        f'connection failed: connection to server at "127.0.0.1", port 5432 failed: {message}'
+    )
+    failures.failed("beating", refused)
+    assert len(expired) == 1 and f"SQLSTATE {sqlstate}" in expired[0]
+    assert "DATABASE_URL" in expired[0] and "while beating" in expired[0]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "connection refused",
+        "FATAL:  the database system is starting up",
+        "FATAL:  the database system is shutting down",
+        "FATAL:  sorry, too many clients already",
+        "server closed the connection unexpectedly",
+    ],
+)
+def test_an_outage_is_no_refusal(clock, message):
+    expired: list[str] = []
+    failures = _failures(expired)
+    failures.failed("beating", psycopg.OperationalError(message))
+    assert expired == [] and outage.refusal(psycopg.OperationalError(message)) is None

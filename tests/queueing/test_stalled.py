@@ -180,6 +180,36 @@ def test_an_owed_hook_waits_for_a_worker_that_has_it_across_an_outage(clean_queu
     assert giveup.settle_owed() == 1 and owed() == []
 
 
+def test_an_owed_hook_runs_at_once_on_a_worker_that_has_it_when_its_last_holder_was_killed(
+    effects, settings
+):
+    """The only worker that registered the hook was SIGKILLed a moment ago (its row is
+    fresh, no threshold has passed): a worker that has the hook (its restart) runs the
+    owed hook at its next pass — no liveness bound delays a hook's run."""
+    settings.QUEUEING_STALLED_MAX_RECOVERIES = 0
+    job = enqueue("tests.settled", args={"label": "killed-holder"})
+    make_doing(job.job_id)
+    assert run_sweep("stalled_jobs").notes == {"gave_up": 1}
+    registered_worker(task_names=["tests.settled"], hooks=["tests.settled"], heartbeat_age_s=1)
+    assert giveup.settle_owed() == 1 and owed() == []
+    assert "killed-holder" in given_up(effects())
+
+
+def test_an_owed_hook_waits_for_a_worker_that_has_it_cut_off_alone(clean_queue, settings):
+    """Why a process that knows the task without the hook waits longer than the stall
+    threshold before it deletes the row: the hook's only worker, cut off alone (a
+    partition) while recovery ran all along, is taken for dead by stalled recovery after
+    the threshold, but it lives until its outage window and runs the hook when it is
+    back. Deleting the row then would lose the hook for good; keeping it costs nothing,
+    since no process without the hook could run it."""
+    settings.QUEUEING_STALLED_MAX_RECOVERIES = 0
+    job = enqueue("tests.record", args={"label": "hook-cut-off"})
+    make_doing(job.job_id)  # recovery ran all along: no gap, no resumption
+    assert run_sweep("stalled_jobs").notes == {"gave_up": 1}
+    registered_worker(task_names=["tests.record"], hooks=["tests.record"], heartbeat_age_s=120)
+    assert giveup.settle_owed() == 0 and owed() == [job.job_id]
+
+
 def test_an_aborted_stalled_job_is_not_run_again(effects):
     job = enqueue("tests.settled", args={"label": "a"})
     make_doing(job.job_id)

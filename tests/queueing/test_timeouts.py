@@ -19,6 +19,13 @@ Fault model — what can hang, stall or race, and the test that covers it:
 - an async run never returns: test_an_async_run_past_its_timeout_is_cancelled;
 - a job raises PollLater for ever:
   test_a_job_that_polls_for_ever_spends_attempts_past_its_timeout;
+- a worker of the release before job timeouts put a dead run's job back (its deadline
+  row left) and runs it again at the same attempt:
+  test_a_deadline_left_by_a_dead_run_does_not_end_a_pre_timeout_releases_run; this
+  release fetches it next:
+  test_a_deadline_left_by_a_dead_run_does_not_bound_the_next_runs_polls;
+- the run's worker registers again with a new id:
+  test_a_run_adopted_by_its_worker_registering_again_keeps_its_deadline;
 - the deadline's record: test_the_fetch_records_each_attempts_deadline_on_the_database_clock;
 - nonsense settings: test_nonsense_timeouts_are_refused_by_the_checks and the others below.
 """
@@ -45,7 +52,7 @@ from queueing.exceptions import JobTimedOut
 from queueing.metrics import QueueingMetrics
 from queueing.sweeps import run_sweep
 from queueing.worker import PgstageWorker, fetch_by_task_name, queries
-from tests.conftest import jobs, make_doing, recovery_ran, wait_for
+from tests.conftest import beaten_worker, jobs, make_doing, recovery_ran, wait_for
 from tests.queueing.test_worker import FAST_BEATS
 
 
@@ -161,9 +168,8 @@ def test_the_fetch_records_each_attempts_deadline_on_the_database_clock(clean_qu
     assert len(jobs()) == 2 and _count_deadlines() == 1  # tests.record has no bound
 
     # Polled (the same attempt fetched again): its deadline stays.
+    assert _poll(hang, worker) != []
     _deadline(hang, attempts=0, ago=20)
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE procrastinate_jobs SET status = 'todo' WHERE id = %s", [hang])
     async_to_sync(manager.fetch_job)(queues=None, worker_id=worker)
     assert deadline()[1] == pytest.approx(-20, abs=1)
     # A new attempt: a whole timeout again.
@@ -448,3 +454,89 @@ def test_the_grace_in_force_covers_recoverys_resume_gap_and_the_liveness_bound(
     settings.QUEUEING_HEARTBEAT_SECONDS = heartbeat
     settings.QUEUEING_STALLED_WORKER_SECONDS = stalled
     assert timeouts.grace_seconds() == in_force
+
+
+def _requeue_and_fetch_as_a_pre_timeout_release(job_id: int) -> int:
+    """What a worker of the release before job timeouts does: its stalled recovery puts
+    the job back to 'todo' (attempts unchanged) without deleting the dead run's deadline,
+    and its fetch (procrastinate's own) takes the job and records none. Its worker id."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE procrastinate_jobs SET status = 'todo', worker_id = NULL WHERE id = %s",
+            [job_id],
+        )
+    old = beaten_worker(0)  # a live worker
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM procrastinate_fetch_job_v2(%s, %s)", [None, old])
+        assert cursor.fetchone() == (job_id,)
+    return old
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deadline_left_by_a_dead_run_does_not_end_a_pre_timeout_releases_run(clean_queue):
+    """A run fetched by this release died; a worker of the release before job timeouts
+    recovered its job and runs it again, at the same attempt. The dead run's deadline row
+    is still there: it is that run's, not this one's, and ends nothing."""
+    manager = fetch_by_task_name(app)
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id")
+        (worker,) = cursor.fetchone()
+    job = enqueue("tests.hang", args={"label": "h", "release_file": "-"}).job_id
+    assert async_to_sync(manager.fetch_job)(queues=None, worker_id=worker).id == job
+    recovery_ran(last_run_ago=0, resumed_ago=3600)
+    old = _requeue_and_fetch_as_a_pre_timeout_release(job)
+    _deadline(job, attempts=0, ago=3600)  # the dead run's deadline, long past
+    assert run_sweep("stalled_jobs").selected == 0
+    [row] = jobs(id=job)
+    assert (row["status"], row["worker_id"], row["attempts"]) == ("doing", old, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deadline_left_by_a_dead_run_does_not_bound_the_next_runs_polls(clean_queue):
+    """The same stale row, then this release fetches the job again at the same attempt:
+    its run gets a whole timeout for its polls too, not the dead run's deadline."""
+    manager = fetch_by_task_name(app)
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id")
+        (worker,) = cursor.fetchone()
+    job = enqueue("tests.hang", args={"label": "h", "release_file": "-"}).job_id
+    assert async_to_sync(manager.fetch_job)(queues=None, worker_id=worker).id == job
+    _deadline(job, attempts=0, ago=3600)  # the run died long ago
+    with connection.cursor() as cursor:  # a pre-timeout release's recovery: row kept
+        cursor.execute(
+            "UPDATE procrastinate_jobs SET status = 'todo', worker_id = NULL WHERE id = %s",
+            [job],
+        )
+    assert async_to_sync(manager.fetch_job)(queues=None, worker_id=worker).id == job
+    assert _poll(job, worker) != []  # within its own deadline: it waits, no attempt spent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_adopted_by_its_worker_registering_again_keeps_its_deadline(clean_queue):
+    """A worker whose row was pruned registers again and takes its runs back: their
+    deadlines are its new id's, and a hung one is still ended."""
+    manager = fetch_by_task_name(app)
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id")
+        (worker,) = cursor.fetchone()
+    job = enqueue("tests.hang", args={"label": "h", "release_file": "-"}).job_id
+    assert async_to_sync(manager.fetch_job)(queues=None, worker_id=worker).id == job
+    with connection.cursor() as cursor:
+        cursor.execute(
+            queries["register_and_adopt"],
+            {
+                "old_worker_id": worker,
+                "job_ids": [job],
+                "task_names": ["tests.hang"],
+                "queues": None,
+                "hooks": [],
+            },
+        )
+        (new, adopted) = cursor.fetchone()
+        cursor.execute(
+            "UPDATE procrastinate_workers SET last_heartbeat = now() WHERE id = %s", [new]
+        )
+    assert adopted == [job]
+    recovery_ran(last_run_ago=0, resumed_ago=3600)
+    _deadline(job, attempts=0, ago=3600)
+    assert dict(run_sweep("stalled_jobs").notes) == {"timed_out_retried": 1}
