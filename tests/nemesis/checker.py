@@ -47,8 +47,9 @@ Liveness, timed from the end of the last fault (every fault heals what it did):
   of it, after every outage shorter than the workers' outage window (a restart, a refusal):
   measured for every return (``restart_seconds``, the worst ``restart_seconds_max``); a
   violation when jobs waited for the return, unless a fault that keeps every worker from
-  starting a job ran meanwhile (another outage, a storm of terminated sessions, a lock on
-  ``procrastinate_jobs``). A kill, drain, reset or partition takes one worker: the others
+  starting a job (another outage, a storm of terminated sessions, a lock on
+  ``procrastinate_jobs``) ran within the bound: it began no later than the bound's end
+  and ended after the return. One that began after the bound had passed excuses nothing. A kill, drain, reset or partition takes one worker: the others
   must start jobs.
 - **L3 a worker never exits on its own while the database is reachable** (an exit seen
   within 2 s of the database's or its link's return counts as one while it was away). How
@@ -329,11 +330,14 @@ def _check_liveness(report, history, final, windows) -> None:
             continue
         if line.get("after", 0.0) >= OUTAGE_WINDOW_SECONDS:
             continue
-        returned, started = line["mono"], line["mono"] + seconds
+        returned = line["mono"]
+        # Only a fault that held every worker back within the bound excuses a late start: one
+        # that began after the bound had passed came too late to be the reason.
+        bound = returned + RESTART_BOUND_SECONDS
         stopped_all = [
             w.kind
             for w in windows
-            if w.start < started
+            if w.start <= bound
             and w.end > returned
             and (
                 (w.kind in DATABASE_FAULTS and w.start > returned)  # the next outage

@@ -201,3 +201,28 @@ def test_a_late_restart_is_excused_only_by_a_fault_that_stops_every_worker():
     assert properties(late(seconds=4.9)) == []
     ordered = sorted(late(), key=lambda line: line["mono"])
     assert check(ordered).measures["restart_seconds_max"] == 7.5
+
+
+def test_a_fault_that_began_after_the_bound_had_passed_excuses_no_late_restart():
+    def late(*faults: dict) -> list[dict]:
+        return [
+            *WORKERS,
+            *fault("pg_restart", 8.0, 10.0, 3),
+            {"type": "database", "event": "up", "mono": 10.0, "after": 1.5},
+            *faults,
+            *final(restarts=[{"wall": 0, "seconds": 6.7, "jobs": 34}], generic_jobs=[]),
+        ]
+
+    # The jobs started 16.7 s in, 6.7 s after the return; the bound ended at 15.0 s. A fault
+    # that held every worker back by then excuses the late start; one that began after it,
+    # though it overlaps the wait, was not what kept the jobs waiting.
+    assert properties(late()) == ["L2"]
+    assert properties(late(*fault("pg_restart", 15.0, 16.0, 4))) == []
+    assert properties(late(*fault("pg_restart", 15.6, 16.5, 4))) == ["L2"]
+    assert properties(late(*fault("pg_down", 16.0, 30.0, 4))) == ["L2"]
+    assert properties(late(*fault("terminate", 14.0, 20.0, 4))) == []
+    assert properties(late(*fault("terminate", 15.5, 20.0, 4))) == ["L2"]
+    locked = fault("statement_timeout", 15.5, 20.0, 4, table="procrastinate_jobs")
+    assert properties(late(*locked)) == ["L2"]
+    locked_in_time = fault("statement_timeout", 12.0, 20.0, 4, table="procrastinate_jobs")
+    assert properties(late(*locked_in_time)) == []
