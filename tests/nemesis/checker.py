@@ -49,8 +49,8 @@ Liveness, timed from the end of the last fault (every fault heals what it did):
   violation when jobs waited for the return, unless a fault that keeps every worker from
   starting a job (another outage, a storm of terminated sessions, a lock on
   ``procrastinate_jobs``) ran within the bound: it began no later than the bound's end
-  and ended after the return. One that began after the bound had passed excuses nothing. A kill, drain, reset or partition takes one worker: the others
-  must start jobs.
+  and ended after the return. One that began after the bound had passed excuses nothing.
+  A kill, drain, reset or partition takes one worker: the others must start jobs.
 - **L3 a worker never exits on its own while the database is reachable** (an exit seen
   within 2 s of the database's or its link's return counts as one while it was away). How
   long the database had been away when a worker gave up is measured: the framework
