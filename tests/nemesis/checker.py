@@ -51,9 +51,10 @@ Liveness, timed from the end of the last fault (every fault heals what it did):
   ``procrastinate_jobs``) ran within the bound: it began no later than the bound's end
   and ended after the return. One that began after the bound had passed excuses nothing.
   A kill, drain, reset or partition takes one worker: the others must start jobs — unless
-  every slot of each of them (started before the return, not yet draining) stayed held,
-  up to the bound's end, by a run begun before the return: then the workers were busy,
-  not stuck. Each excused late start is listed (``late_restarts_excused``).
+  every slot of each of them (started before the return, neither draining nor
+  partitioned) stayed held, up to the bound's end, by a run begun before the return: then
+  the workers were busy, not stuck. Each excused late start is listed
+  (``late_restarts_excused``).
 - **L3 a worker never exits on its own while the database is reachable** (an exit seen
   within 2 s of the database's or its link's return counts as one while it was away). How
   long the database had been away when a worker gave up is measured: the framework
@@ -315,21 +316,29 @@ def _check_domains(report, history, final) -> None:
     report.measures["domain"] = final["domain_counts"]
 
 
-def _slots_held(history: list[dict], runs: dict[int, list[Run]], returned: float) -> bool:
+def _slots_held(
+    history: list[dict], runs: dict[int, list[Run]], windows: list[Window], returned: float
+) -> bool:
     """Whether every worker that could have started a job in the bound after ``returned``
     held all its slots with runs begun before it, up to the bound's end (or its drain's
     start, or its exit): no job could start — the workers were busy, not stuck. A worker
-    started after the return is booting, not recovering; one started before it counts.
+    started after the return is booting, not recovering; one started before it counts,
+    unless it was partitioned within the bound (cut off, as a drained one is).
     Runs are the generic jobs' (the domains' jobs last a fraction of a second)."""
     run_line = next((line for line in history if line["type"] == "run"), {})
     slots = run_line.get("concurrency", DEFAULT_CONCURRENCY)
     bound_end = returned + RESTART_BOUND_SECONDS
     started: dict[int, float] = {}
     until: dict[int, float] = {}
+    cut_off = {
+        w.worker
+        for w in windows
+        if w.kind == "partition" and w.start <= bound_end and w.end >= returned
+    }
     for line in history:
         if line["type"] != "worker" or not line.get("pid"):
             continue
-        if line["event"] == "start":
+        if line["event"] == "start" and line["worker"] not in cut_off:
             started[line["pid"]] = line["mono"]
         elif line["event"] in ("signal", "exit"):
             until.setdefault(line["pid"], line["mono"])  # a drain's start, else its exit
@@ -386,7 +395,7 @@ def _check_liveness(report, history, final, windows, runs) -> None:
         ]
         if stopped_all:
             excused.append({"seconds": round(seconds, 2), "by": sorted(set(stopped_all))})
-        elif _slots_held(history, runs, returned):
+        elif _slots_held(history, runs, windows, returned):
             excused.append({"seconds": round(seconds, 2), "by": ["every slot busy"]})
         else:
             report.violate(

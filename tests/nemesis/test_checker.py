@@ -278,6 +278,9 @@ def test_a_late_restart_while_every_slot_stayed_busy_is_no_violation():
     assert properties(late(*busy, *drained)) == []
     # Not draining, started before the return: it was idle, and late.
     assert properties(late(*busy, third)) == ["L2"]
+    # Partitioned within the bound: cut off, it could fetch nothing either.
+    partitioned = fault("partition", 12.0, 30.0, 5, worker=2)
+    assert properties(late(*busy, third, *partitioned)) == []
     # A worker started after the return boots: it is not the one that was late.
     booting = {"type": "worker", "event": "start", "worker": 2, "pid": 300, "mono": 11.0}
     assert properties(late(*busy, booting)) == []
