@@ -12,10 +12,11 @@ statements cost one:
 * **No round trip to check a lent connection.** A connection the server ended while it
   sat in the pool (a restart, ``pg_terminate_backend``, an idle timeout) has its goodbye
   waiting on the socket: the check looks at the socket, closes such a connection and the
-  pool lends another. A connection that dies later fails its statement, which the
-  worker's loops retry (``queueing.worker``), and the pool replaces it. After an outage
-  the worker still checks every pooled connection with a round trip, once
-  (``PgstageWorker._reopen_pool``).
+  pool lends another at once (:class:`queueing.outage.WorkerPool` applies the check, without
+  psycopg_pool's growing sleeps between failed ones). A connection that dies later fails
+  its statement, which the worker's loops retry (``queueing.worker``), and the pool
+  replaces it. After an outage the worker still checks every pooled connection with a
+  round trip, once (``PgstageWorker._reopen_pool``).
 * **A start that waits for the database.** The pool (:class:`queueing.outage.WorkerPool`)
   opens once the database answers, trying for the outage window
   (``QUEUEING_DATABASE_OUTAGE_SECONDS``), where procrastinate's gives up after 30 s.

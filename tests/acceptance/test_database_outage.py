@@ -24,6 +24,12 @@ Fault model (each cell a test below):
   test_an_outage_ending_at_the_window_never_stops_a_worker_whose_database_is_back (before
   the fix: a loop that made no attempt in a gap counted both outages as one streak, and
   the worker stopped while its other loops worked).
+- PostgreSQL ends every pooled connection of a worker whose own connections (LISTEN, the
+  heartbeat) live on — a worker whose pool connected before a restart and whose own
+  connections after it, as one started during a rolling deploy does:
+  test_a_worker_whose_pooled_connections_all_died_fetches_at_once (before the fix: the
+  pool slept 1, 2, 2 s between its dead connections, the fetch failed after the 5 s pool
+  timeout, and the job waited some 6 s).
 - PostgreSQL kills fetches again and again while a backlog never empties:
   test_killed_fetches_over_a_backlog_never_slow_or_stop_the_worker — each fault costs one
   short pause (before, the failure streak ended only on a fetch that found no job: the
@@ -423,3 +429,51 @@ def test_an_outage_ending_at_the_window_never_stops_a_worker_whose_database_is_b
         )
         return
     print(f"\noutages of {lasted} s (window {window} s): never stopped")
+
+
+def test_a_worker_whose_pooled_connections_all_died_fetches_at_once(db, start_worker):
+    # Polling once an hour: the job starts on its notification, through the pool.
+    worker = start_worker(env=worker_env(db, WORKER_POLLING_SECONDS="3600"))
+    defer(db, ["warm-up"])
+    wait_for(lambda: effect_counts(db).get("warm-up"), message="the first job")
+    # The heartbeat has its connection (it beat), LISTEN has its own: end every other one.
+    wait_for(
+        lambda: query(
+            db,
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND query LIKE %s",
+            [WORKER_APP, "%last_heartbeat = now()%"],
+        )[0][0],
+        message="the first beat",
+    )
+    ended = [
+        pid
+        for (pid,) in query(
+            db,
+            "WITH pooled AS MATERIALIZED (SELECT pid FROM pg_stat_activity "
+            "WHERE application_name = %s AND NOT ("
+            "query LIKE 'LISTEN%%' OR query = 'SELECT 1' OR query LIKE %s)) "
+            "SELECT pid FROM pooled WHERE pg_terminate_backend(pid)",
+            [WORKER_APP, "%last_heartbeat = now()%"],
+        )
+    ]
+    assert len(ended) >= 4, ended  # the pool's connections, at least
+    wait_for(
+        lambda: not query(db, "SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", [ended]),
+        message="the pooled connections to end",
+    )
+    before = len(worker.log())
+    defer(db, ["after-the-end"])
+    wait_for(
+        lambda: effect_counts(db).get("after-the-end"),
+        message=f"the job deferred after\n{worker.log()[-3000:]}",
+    )
+    # It was fetched on the first attempt: the pool lent a live connection at once
+    # (before, the fetch waited out the pool's 5 s timeout and failed).
+    assert "while fetching jobs" not in worker.log()[before:], worker.log()[before:]
+    event_at = (
+        "SELECT e.at FROM procrastinate_events e JOIN procrastinate_jobs j ON j.id = e.job_id "
+        "WHERE e.type = %s AND j.args->>'label' = 'after-the-end'"
+    )
+    started, deferred = (server_epoch(db, event_at, [kind]) for kind in ("started", "deferred"))
+    print(f"\n{len(ended)} connections ended: the job started {started - deferred:.2f} s after")
+    assert worker.alive

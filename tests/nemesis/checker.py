@@ -47,9 +47,14 @@ Liveness, timed from the end of the last fault (every fault heals what it did):
   of it, after every outage shorter than the workers' outage window (a restart, a refusal):
   measured for every return (``restart_seconds``, the worst ``restart_seconds_max``); a
   violation when jobs waited for the return, unless a fault that keeps every worker from
-  starting a job ran meanwhile (another outage, a storm of terminated sessions, a lock on
-  ``procrastinate_jobs``). A kill, drain, reset or partition takes one worker: the others
-  must start jobs.
+  starting a job (another outage, a storm of terminated sessions, a lock on
+  ``procrastinate_jobs``) ran within the bound: it began no later than the bound's end
+  and ended after the return. One that began after the bound had passed excuses nothing.
+  A kill, drain, reset or partition takes one worker: the others must start jobs — unless
+  every slot of each of them (started before the return, neither draining nor
+  partitioned) stayed held, up to the bound's end, by a run begun before the return: then
+  the workers were busy, not stuck. Each excused late start is listed
+  (``late_restarts_excused``).
 - **L3 a worker never exits on its own while the database is reachable** (an exit seen
   within 2 s of the database's or its link's return counts as one while it was away). How
   long the database had been away when a worker gave up is measured: the framework
@@ -84,6 +89,8 @@ HOOKED_TASKS = ("nemesis.settled", "nemesis.new_effect")
 #: Fault kinds that can keep any running job's outcome from being saved.
 GLOBAL_FAULTS = {"pg_restart", "pg_down", "terminate"}
 DATABASE_FAULTS = {"pg_restart", "pg_down"}
+#: Each worker's slots (``--concurrency``), when the history does not say.
+DEFAULT_CONCURRENCY = 2
 #: Fault kinds that can keep the outcome of a job of *their* worker from being saved.
 WORKER_FAULTS = {"kill", "term", "reset", "partition", "deploy"}
 
@@ -208,7 +215,7 @@ def check(history: list[dict]) -> Report:
     runs = runs_of(history)
     _check_generic(report, history, final, runs, partitioned, outcome_at_risk, exited)
     _check_domains(report, history, final)
-    _check_liveness(report, history, final, windows)
+    _check_liveness(report, history, final, windows, runs)
     report.measures["runs"] = sum(len(r) for r in runs.values())
     report.measures["faults"] = _count(w.kind for w in windows)
     return report
@@ -309,7 +316,48 @@ def _check_domains(report, history, final) -> None:
     report.measures["domain"] = final["domain_counts"]
 
 
-def _check_liveness(report, history, final, windows) -> None:
+def _slots_held(
+    history: list[dict], runs: dict[int, list[Run]], windows: list[Window], returned: float
+) -> bool:
+    """Whether every worker that could have started a job in the bound after ``returned``
+    held all its slots with runs begun before it, up to the bound's end (or its drain's
+    start, or its exit): no job could start — the workers were busy, not stuck. A worker
+    started after the return is booting, not recovering; one started before it counts,
+    unless it was partitioned within the bound (cut off, as a drained one is).
+    Runs are the generic jobs' (the domains' jobs last a fraction of a second)."""
+    run_line = next((line for line in history if line["type"] == "run"), {})
+    slots = run_line.get("concurrency", DEFAULT_CONCURRENCY)
+    bound_end = returned + RESTART_BOUND_SECONDS
+    started: dict[int, float] = {}
+    until: dict[int, float] = {}
+    cut_off = {
+        w.worker
+        for w in windows
+        if w.kind == "partition" and w.start <= bound_end and w.end >= returned
+    }
+    for line in history:
+        if line["type"] != "worker" or not line.get("pid"):
+            continue
+        if line["event"] == "start" and line["worker"] not in cut_off:
+            started[line["pid"]] = line["mono"]
+        elif line["event"] in ("signal", "exit"):
+            until.setdefault(line["pid"], line["mono"])  # a drain's start, else its exit
+    open_runs = [r for job_runs in runs.values() for r in job_runs]
+    for pid, start in started.items():
+        if start >= returned or until.get(pid, float("inf")) <= returned:
+            continue
+        at = min(bound_end, until.get(pid, float("inf")))
+        held = sum(
+            1
+            for r in open_runs
+            if r.pid == pid and r.start < returned and (r.end is None or r.end >= at)
+        )
+        if held < slots:
+            return False
+    return True
+
+
+def _check_liveness(report, history, final, windows, runs) -> None:
     quiet = next((line for line in history if line["type"] == "quiet"), None)
     if quiet is None or quiet.get("seconds") is None:
         report.violate(
@@ -322,6 +370,7 @@ def _check_liveness(report, history, final, windows) -> None:
         report.violate(f"liveness {name}", rows=rows)
     returns = [line for line in history if line["type"] == "database" and line["event"] == "up"]
     measured = []
+    excused: list[dict[str, Any]] = []
     for line, restart in zip(returns, final["restarts"], strict=False):
         seconds = restart["seconds"]
         measured.append(None if seconds is None else round(seconds, 2))
@@ -329,11 +378,14 @@ def _check_liveness(report, history, final, windows) -> None:
             continue
         if line.get("after", 0.0) >= OUTAGE_WINDOW_SECONDS:
             continue
-        returned, started = line["mono"], line["mono"] + seconds
+        returned = line["mono"]
+        # Only a fault that held every worker back within the bound excuses a late start: one
+        # that began after the bound had passed came too late to be the reason.
+        bound = returned + RESTART_BOUND_SECONDS
         stopped_all = [
             w.kind
             for w in windows
-            if w.start < started
+            if w.start <= bound
             and w.end > returned
             and (
                 (w.kind in DATABASE_FAULTS and w.start > returned)  # the next outage
@@ -341,7 +393,11 @@ def _check_liveness(report, history, final, windows) -> None:
                 or (w.kind == "statement_timeout" and w.detail.get("table") == "procrastinate_jobs")
             )
         ]
-        if not stopped_all:
+        if stopped_all:
+            excused.append({"seconds": round(seconds, 2), "by": sorted(set(stopped_all))})
+        elif _slots_held(history, runs, windows, returned):
+            excused.append({"seconds": round(seconds, 2), "by": ["every slot busy"]})
+        else:
             report.violate(
                 f"L2 jobs started {seconds:.1f} s after the database returned "
                 f"(bound {RESTART_BOUND_SECONDS:.0f} s)",
@@ -350,6 +406,7 @@ def _check_liveness(report, history, final, windows) -> None:
                 outage=line.get("after"),
             )
     report.measures["restart_seconds"] = measured
+    report.measures["late_restarts_excused"] = excused
     report.measures["restart_seconds_max"] = max(
         (m for m in measured if m is not None), default=None
     )

@@ -167,6 +167,14 @@ class Cluster:
         if process is None or process.poll() is not None:
             return None if process is None else process.returncode
         worker.stopping = True
+        # From here a SIGTERM'd worker drains: it fetches nothing (the checker's L2).
+        self.history.record(
+            "worker",
+            event="signal",
+            worker=worker.index,
+            pid=process.pid,
+            signal=signal.Signals(sig).name,
+        )
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, sig)
         try:

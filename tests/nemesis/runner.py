@@ -26,7 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tests.nemesis.checker import QUIET_BOUND_SECONDS, Report, check
-from tests.nemesis.cluster import ROOT, WORKER_SETTINGS, Cluster, free_port
+from tests.nemesis.cluster import CONCURRENCY, ROOT, WORKER_SETTINGS, Cluster, free_port
 from tests.nemesis.history import History, read_history
 from tests.nemesis.nemesis import KINDS, NemesisConfig
 
@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> tuple[Report, Path]:
         kinds=args.kinds,
         scale=args.scale,
         new_task=args.new_task,
+        concurrency=CONCURRENCY,
     )
 
     from tests.acceptance.private_pg import private_server

@@ -201,3 +201,86 @@ def test_a_late_restart_is_excused_only_by_a_fault_that_stops_every_worker():
     assert properties(late(seconds=4.9)) == []
     ordered = sorted(late(), key=lambda line: line["mono"])
     assert check(ordered).measures["restart_seconds_max"] == 7.5
+
+
+def test_a_fault_that_began_after_the_bound_had_passed_excuses_no_late_restart():
+    def late(*faults: dict) -> list[dict]:
+        return [
+            *WORKERS,
+            *fault("pg_restart", 8.0, 10.0, 3),
+            {"type": "database", "event": "up", "mono": 10.0, "after": 1.5},
+            *faults,
+            *final(restarts=[{"wall": 0, "seconds": 6.7, "jobs": 34}], generic_jobs=[]),
+        ]
+
+    # The jobs started 16.7 s in, 6.7 s after the return; the bound ended at 15.0 s. A fault
+    # that held every worker back by then excuses the late start; one that began after it,
+    # though it overlaps the wait, was not what kept the jobs waiting.
+    assert properties(late()) == ["L2"]
+    assert properties(late(*fault("pg_restart", 15.0, 16.0, 4))) == []
+    assert properties(late(*fault("pg_restart", 15.6, 16.5, 4))) == ["L2"]
+    assert properties(late(*fault("pg_down", 16.0, 30.0, 4))) == ["L2"]
+    assert properties(late(*fault("terminate", 14.0, 20.0, 4))) == []
+    assert properties(late(*fault("terminate", 15.5, 20.0, 4))) == ["L2"]
+    locked = fault("statement_timeout", 15.5, 20.0, 4, table="procrastinate_jobs")
+    assert properties(late(*locked)) == ["L2"]
+    locked_in_time = fault("statement_timeout", 12.0, 20.0, 4, table="procrastinate_jobs")
+    assert properties(late(*locked_in_time)) == []
+
+
+def test_a_late_restart_while_every_slot_stayed_busy_is_no_violation():
+    """Workers whose every slot holds a run begun before the return can start nothing: the
+    start is late because they are busy, not stuck. A draining worker fetches nothing, so
+    its slots do not count; a worker with a slot free must start a job within the bound."""
+    run = {"type": "run", "mono": 0.0, "concurrency": 2}
+    third = {"type": "worker", "event": "start", "worker": 2, "pid": 300, "mono": 0.0}
+    busy = [
+        effect("start", 11, 100, 1.0),
+        effect("start", 12, 100, 2.0),
+        effect("start", 21, 200, 3.0),
+        effect("start", 22, 200, 4.0),
+        effect("end", 11, 100, 19.0),
+        effect("end", 12, 100, 20.0),
+        effect("end", 21, 200, 21.0),
+        effect("end", 22, 200, 22.0),
+    ]
+
+    def late(*lines: dict) -> list[dict]:
+        return [
+            run,
+            *WORKERS,
+            *fault("pg_restart", 8.0, 10.0, 3),
+            {"type": "database", "event": "up", "mono": 10.0, "after": 0.2},
+            *lines,
+            *final(restarts=[{"wall": 0, "seconds": 9.0, "jobs": 13}], generic_jobs=[]),
+        ]
+
+    assert properties(late(*busy)) == []
+    assert check(sorted(late(*busy), key=lambda line: line["mono"])).measures[
+        "late_restarts_excused"
+    ] == [{"seconds": 9.0, "by": ["every slot busy"]}]
+    # One slot freed within the bound: that worker had to start a job.
+    freed = [line for line in busy if not (line["job_id"] == 22 and line["event"] == "end")]
+    assert properties(late(*freed, effect("end", 22, 200, 12.0))) == ["L2"]
+    # A third worker with free slots, draining since before the return: busy all the same.
+    drained = [
+        third,
+        {"type": "worker", "event": "signal", "worker": 2, "pid": 300, "mono": 9.0},
+        {
+            "type": "worker",
+            "event": "exit",
+            "worker": 2,
+            "pid": 300,
+            "mono": 13.0,
+            "expected": True,
+        },
+    ]
+    assert properties(late(*busy, *drained)) == []
+    # Not draining, started before the return: it was idle, and late.
+    assert properties(late(*busy, third)) == ["L2"]
+    # Partitioned within the bound: cut off, it could fetch nothing either.
+    partitioned = fault("partition", 12.0, 30.0, 5, worker=2)
+    assert properties(late(*busy, third, *partitioned)) == []
+    # A worker started after the return boots: it is not the one that was late.
+    booting = {"type": "worker", "event": "start", "worker": 2, "pid": 300, "mono": 11.0}
+    assert properties(late(*busy, booting)) == []

@@ -20,6 +20,10 @@ window (``QUEUEING_DATABASE_OUTAGE_SECONDS``):
   (by a deploy, by its supervisor after a crash) while the database was away exited, even
   seconds after the database came back. Here the database refuses connections (nothing
   listens on its port) and then answers (a forwarder to the test database starts listening).
+- every idle connection of the worker's pool ended by the server (a restart) before anything
+  cleared them: test_a_pool_of_dead_connections_lends_a_live_one_at_once (before the fix:
+  psycopg_pool slept 1, 2, 4 … s after each one that failed the check, the worker's fetch
+  timed out after 5 s, and jobs started some 6 s after the database's return).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from procrastinate.contrib.django import app as procrastinate_app
 from procrastinate.contrib.django.utils import connector_params
 
 from queueing import outage
+from queueing.connector import _autocommit, _check
 from queueing.outage import WorkerPool
 
 REFUSED = psycopg.OperationalError("connection refused")
@@ -259,3 +264,43 @@ def test_an_outage_is_no_refusal(clock, message):
     failures = _failures(expired)
     failures.failed("beating", psycopg.OperationalError(message))
     assert expired == [] and outage.refusal(psycopg.OperationalError(message)) is None
+
+
+@pytest.mark.django_db
+def test_a_pool_of_dead_connections_lends_a_live_one_at_once():
+    """A restart ends every idle connection of the worker's pool; the first loop to ask
+    for one gets a live one without waiting out psycopg_pool's backoff between the dead
+    (1, 2, 4 … s: a pool of four took 7 s, past the worker's pool timeout)."""
+    params = {**connector_params(), "application_name": "pgstage-dead-pool"}
+
+    def pooled_backends() -> int:
+        with psycopg.connect(**connector_params(), autocommit=True) as admin:
+            [(count,)] = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                [params["application_name"]],
+            ).fetchall()
+            return count
+
+    async def scenario() -> list[str]:
+        pool = WorkerPool(
+            kwargs=params, min_size=4, check=_check, configure=_autocommit, open=False, window=5
+        )
+        await pool.open(wait=True)
+        try:
+            with psycopg.connect(**connector_params(), autocommit=True) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = %s",
+                    [params["application_name"]],
+                )
+            while pooled_backends():
+                await asyncio.sleep(0.05)
+            # A timeout the old loop could not meet: it slept 1 s, then 2 s, between the
+            # dead connections, and gave up on the fourth.
+            async with pool.connection(timeout=3.0) as connection:
+                rows = await connection.execute("SELECT current_setting('application_name')")
+                return [row[0] for row in await rows.fetchall()]
+        finally:
+            await pool.close()
+
+    assert asyncio.run(scenario()) == ["pgstage-dead-pool"]

@@ -291,7 +291,9 @@ def test_the_worker_command_takes_the_connector_install_gives_and_its_pool_takes
     asyncio.run(connector._create_pool(connector._pool_args))
     assert seen["check"] == AsyncConnectionPool.check_connection
     pool = queueing_connector._pool(open=False, check=AsyncConnectionPool.check_connection)
-    assert pool._check is queueing_connector._check
+    # The worker's pool applies it itself (queueing.outage.WorkerPool), not psycopg_pool.
+    assert pool.lent_check is queueing_connector._check
+    assert pool._check is None
 
 
 @pytest.mark.django_db
