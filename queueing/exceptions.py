@@ -48,6 +48,17 @@ class LeaseLost(QueueingError):
     this worker's lease expired, so this worker's result is discarded."""
 
 
+class PrerequisiteChanged(QueueingError):
+    """A guarded ``Ledger.complete`` closed nothing: the row the work built on is no longer
+    ``success`` with the token seen before the work read its input. ``status`` and
+    ``token`` are what it is now (``None``: there is no such row)."""
+
+    def __init__(self, *, status: str | None, token: int | None):
+        self.status = status
+        self.token = token
+        super().__init__(f"the prerequisite is {status or 'missing'} with token {token}")
+
+
 class RowVanished(QueueingError):
     """An INSERT … ON CONFLICT DO NOTHING hit a conflict, yet the conflicting row could not
     be found afterwards (it was deleted in between)."""

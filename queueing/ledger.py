@@ -9,7 +9,9 @@ columns with a unique constraint over them (e.g. ``(tenant_id, anfrage_id, stage
   or *busy* (a live holder has it: poll again soon, never skip —
   :class:`~queueing.exceptions.PollLater`, which is no attempt).
 * ``complete`` and ``fail`` are compare-and-set on the token, so a worker whose lease
-  expired cannot overwrite its successor's row.
+  expired cannot overwrite its successor's row. ``hold`` share-locks the row the work
+  builds on (:class:`Prerequisite`: e.g. the stage before) and requires it to be
+  ``success`` with the token seen before the work read its input.
 
 A holder is live while its lease runs **and**, when it claimed inside a job (the claim
 records it: ``holder_job_id``, from ``queueing.current``), while that job is ``doing``.
@@ -40,10 +42,10 @@ from typing import Any
 from django.db import DatabaseError, connections, models
 
 from queueing import current, sql
-from queueing.exceptions import LeaseLost
+from queueing.exceptions import LeaseLost, PrerequisiteChanged
 from queueing.rows import concrete_field
 
-__all__ = ["Claim", "Ledger", "LedgerEntry", "LedgerStatus", "Outcome"]
+__all__ = ["Claim", "Ledger", "LedgerEntry", "LedgerStatus", "Outcome", "Prerequisite"]
 
 logger = logging.getLogger(__name__)
 _renew_queries = sql.load("queueing", "ledger.sql")
@@ -89,6 +91,18 @@ class Claim:
         return self.outcome is Outcome.CLAIMED
 
 
+@dataclass(frozen=True, kw_only=True)
+class Prerequisite:
+    """The ledger row a claimed unit of work builds on, named by its key, and its token
+    (``attempts``) as seen before the work read its input; ``None``: it was not
+    ``success`` then. Every run of the prerequisite moves its token (a claim counts an
+    attempt), so an unchanged token on a ``success`` row means its output is the one the
+    work read."""
+
+    key: dict[str, Any]
+    token: int | None
+
+
 class LeaseRenewal:
     """The live handle of :meth:`Ledger.renewing`: how many renewals landed, and whether
     the token went stale (``lost``; the holder's ``complete``/``fail`` then raise
@@ -126,6 +140,12 @@ class Ledger:
             "complete": sql.render(sql.queries["ledger_complete"], table=table),
             "complete_and_enqueue": sql.render(
                 sql.queries["ledger_complete_and_enqueue"], table=table
+            ),
+            "prerequisite": sql.render(
+                sql.queries["ledger_prerequisite"],
+                table=table,
+                keys=self._columns,
+                values=sql.placeholders(names),
             ),
             "fail": sql.render(sql.queries["ledger_fail"], table=table),
             "renew": sql.render(_renew_queries["ledger_renew"], table=table),
@@ -169,6 +189,22 @@ class Ledger:
             self._close("complete", claim, {})
         else:
             self._close("complete_and_enqueue", claim, then)
+
+    def hold(self, prerequisite: Prerequisite) -> None:
+        """In the caller's transaction, one statement: share-lock the row ``prerequisite``
+        names (a reopening of it waits for the caller's transaction) and require it to be
+        ``success`` with ``prerequisite.token``; else :class:`PrerequisiteChanged` says
+        what it is now. Call it first in the transaction that writes the work's results."""
+        missing = set(self.key_fields) ^ set(prerequisite.key)
+        if missing:
+            raise TypeError(f"a prerequisite needs exactly the key fields {self.key_fields}")
+        params = {f"key_{i}": prerequisite.key[f] for i, f in enumerate(self.key_fields)}
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(self._statements["prerequisite"], params)
+            row = cursor.fetchone()
+        status, token = row if row is not None else (None, None)
+        if status != LedgerStatus.SUCCESS or token != prerequisite.token:
+            raise PrerequisiteChanged(status=status, token=token)
 
     def fail(self, claim: Claim, *, error: str) -> None:
         """Mark the claimed stage ``failed`` with ``error``; it stays claimable. Raises

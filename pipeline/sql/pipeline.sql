@@ -79,15 +79,6 @@ SELECT r.tenant_id, r.anfrage_id
  ORDER BY r.id
  LIMIT %(limit)s;
 
--- previous_stage_for_share --
--- The status of the stage before, read in a stage's closing transaction and share-locked:
--- a replay reopening it (an UPDATE) waits for this transaction, and this read waits for
--- a previous stage that is committing new output.
-SELECT status
-  FROM pipeline_runs
- WHERE tenant_id = %(tenant_id)s AND anfrage_id = %(anfrage_id)s AND stage = %(stage)s
-   FOR SHARE;
-
 -- staged_blobs_in_use --
 -- Of the given blob hashes, those that an inquiry still needs: one whose intake has not
 -- succeeded yet names it in its upload manifest. An intake that failed and stayed failed
