@@ -29,8 +29,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import OuterRef, Subquery
 
+from accounts.models import Tenant
 from pipeline import storage
 from pipeline.audit import audit_entry_create
 from pipeline.catalog import check_position, price_position
@@ -357,11 +357,19 @@ def _feasibility_compute(anfrage: Anfrage, positions: list[Position]) -> list[Po
 
 
 def _feasibility_write(anfrage: Anfrage, positions: list[Position]) -> None:
-    Position.objects.bulk_update(
-        positions,
-        ["feasible", "reason", "catalog_item", "catalog_material", "unit_price", "total"],
-    )
-    Anfrage.objects.filter(pk=anfrage.id).update(quote_total=None, currency="", completed_at=None)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            QUERIES["feasibility_write"],
+            {
+                "tenant_id": anfrage.tenant_id,
+                "anfrage_id": anfrage.id,
+                "ids": [p.id for p in positions],
+                "feasible": [p.feasible for p in positions],
+                "reasons": [p.reason for p in positions],
+                "catalog_items": [p.catalog_item for p in positions],
+                "catalog_materials": [p.catalog_material for p in positions],
+            },
+        )
 
 
 def _calculate_compute(
@@ -403,13 +411,16 @@ def _calculate_compute(
 
 def _calculate_write(anfrage: Anfrage, result: tuple[list[Position], Decimal, str]) -> None:
     positions, total, currency = result
-    Position.objects.bulk_update(positions, ["unit_price", "total"])
-    # The inquiry is complete with its quote, in the same statement (no extra round trip).
+    # The prices, and the inquiry complete with its quote: one statement.
     with connection.cursor() as cursor:
         cursor.execute(
-            QUERIES["calculate_close"],
+            QUERIES["calculate_write"],
             {
+                "tenant_id": anfrage.tenant_id,
                 "anfrage_id": anfrage.id,
+                "ids": [p.id for p in positions],
+                "unit_prices": [p.unit_price for p in positions],
+                "totals": [p.total for p in positions],
                 "total": total,
                 "currency": currency,
                 "earlier": [s.value for s in Stage.CALCULATE.previous],
@@ -509,18 +520,21 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
 def _anfrage_for(anfrage_id: int, stage: Stage) -> Anfrage | None:
     """The inquiry with its tenant and, in the same statement, the status and token of
     its stage before ``stage`` (``previous_status``, ``previous_token``)."""
-    rows = Anfrage.objects.select_related("tenant").filter(pk=anfrage_id)
-    if stage.previous:
-        previous = PipelineRun.objects.filter(
-            tenant_id=OuterRef("tenant_id"),
-            anfrage_id=OuterRef("pk"),
-            stage=stage.previous[-1].value,
+    previous = stage.previous[-1].value if stage.previous else None
+    rows = list(
+        Anfrage.objects.raw(
+            QUERIES["stage_inquiry"], {"anfrage_id": anfrage_id, "previous": previous}
         )
-        rows = rows.annotate(
-            previous_status=Subquery(previous.values("status")[:1]),
-            previous_token=Subquery(previous.values("attempts")[:1]),
-        )
-    return rows.first()
+    )
+    if not rows:
+        return None
+    anfrage = rows[0]
+    anfrage.tenant = Tenant.from_db(
+        anfrage._state.db,
+        ["id", "slug", "name", "created_at"],
+        [anfrage.tenant_id, anfrage.tenant_slug, anfrage.tenant_name, anfrage.tenant_created_at],
+    )
+    return anfrage
 
 
 def _prerequisite(anfrage: Anfrage, stage: Stage) -> Prerequisite | None:
