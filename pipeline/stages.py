@@ -306,8 +306,9 @@ def _extract_write(anfrage: Anfrage, result: tuple[list, list]) -> None:
     parent = {"tenant_id": anfrage.tenant_id, "anfrage_id": anfrage.id}
     # DELETE-before-INSERT in this (the closing) transaction: until it commits, readers
     # and a failed attempt see the previous positions.
-    replace_children(Position, parent=parent, rows=positions)
-    replace_children(ExtractionWarning, parent=parent, rows=warnings)
+    # No savepoints: an error fails the closing transaction as a whole.
+    replace_children(Position, parent=parent, rows=positions, savepoint=False)
+    replace_children(ExtractionWarning, parent=parent, rows=warnings, savepoint=False)
     # New positions invalidate the old quote: the inquiry is in flight again.
     Anfrage.objects.filter(pk=anfrage.id).update(quote_total=None, currency="", completed_at=None)
 
