@@ -31,9 +31,12 @@ one's lease still runs out.
 from __future__ import annotations
 
 import enum
+import heapq
+import itertools
 import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -111,6 +114,63 @@ class LeaseRenewal:
     def __init__(self) -> None:
         self.renewals = 0
         self.lost = threading.Event()
+
+
+@dataclass(eq=False)
+class _Pending:
+    start: Callable[[], threading.Thread]
+    cancelled: bool = False
+    thread: threading.Thread | None = None
+
+
+class _Starter:
+    """One daemon thread per process that starts each renewal thread when its first
+    tick is due, unless the block ended before (:meth:`cancel`)."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._due: list[tuple[float, int, _Pending]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def schedule(self, due: float, start: Callable[[], threading.Thread]) -> _Pending:
+        pending = _Pending(start=start)
+        with self._ready:
+            heapq.heappush(self._due, (due, next(self._order), pending))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="lease-renewal-starter", daemon=True
+                )
+                self._thread.start()
+            self._ready.notify()
+        return pending
+
+    def cancel(self, pending: _Pending) -> threading.Thread | None:
+        """No start from now on; the renewal thread if it was started already."""
+        with self._ready:
+            pending.cancelled = True
+            return pending.thread
+
+    def _run(self) -> None:
+        with self._ready:
+            while True:
+                while self._due and self._due[0][2].cancelled:
+                    heapq.heappop(self._due)
+                if not self._due:
+                    self._ready.wait()
+                    continue
+                wait = self._due[0][0] - time.monotonic()
+                if wait > 0:
+                    self._ready.wait(wait)
+                    continue
+                _, _, pending = heapq.heappop(self._due)
+                try:
+                    pending.thread = pending.start()
+                except Exception:  # a thread that cannot start must not stop the starter
+                    logger.exception("a lease renewal thread could not be started")
+
+
+_STARTER = _Starter()
 
 
 @dataclass(frozen=True)
@@ -238,22 +298,33 @@ class Ledger:
         token went stale it stops and sets ``lost``. A failed renewal (the database briefly
         unreachable) is logged and tried again at the next tick. The block's exit waits for
         a renewal in flight, so none runs beside the caller's closing transaction.
+
+        The thread is started at the first tick (by one process-wide starter thread): a
+        block that ends sooner, as most do, costs no thread of its own.
         """
         lease = self.lease_seconds if lease_seconds is None else lease_seconds
+        tick = lease / 3 if every is None else every
         renewal = LeaseRenewal()
         stop = threading.Event()
-        thread = threading.Thread(
-            target=self._renew_until,
-            args=(claim, lease, lease / 3 if every is None else every, stop, renewal),
-            name=f"lease-renewal-{self.model.__name__}-{claim.entry_id}",
-            daemon=True,
-        )
-        thread.start()
+
+        def start() -> threading.Thread:
+            thread = threading.Thread(
+                target=self._renew_until,
+                args=(claim, lease, tick, stop, renewal),
+                name=f"lease-renewal-{self.model.__name__}-{claim.entry_id}",
+                daemon=True,
+            )
+            thread.start()
+            return thread
+
+        pending = _STARTER.schedule(time.monotonic() + tick, start)
         try:
             yield renewal
         finally:
             stop.set()
-            thread.join()
+            thread = _STARTER.cancel(pending)
+            if thread is not None:
+                thread.join()
 
     def _renew_until(
         self,
@@ -263,8 +334,11 @@ class Ledger:
         stop: threading.Event,
         renewal: LeaseRenewal,
     ) -> None:
+        # Started at the first tick: the first renewal is due at once.
+        delay = 0.0
         try:
-            while not stop.wait(every):
+            while not stop.wait(delay):
+                delay = every
                 try:
                     renewed = self.renew(claim, lease_seconds=lease)
                 except DatabaseError:
