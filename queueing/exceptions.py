@@ -11,6 +11,7 @@ __all__ = [
     "LeaseLost",
     "LockOutsideTransaction",
     "PollLater",
+    "PrerequisiteChanged",
     "QueueingError",
     "RetryLater",
     "RowVanished",
