@@ -7,9 +7,11 @@ Every stage runs the same protocol (:func:`pipeline_stage_run`):
 2. compute outside any transaction (a crash here changes nothing in the database), while
    a background thread renews the lease every third of ``PIPELINE_LEASE_SECONDS``, so a
    live worker is never taken over however long it computes;
-3. in ONE transaction: write the results, then mark the run ``success`` (compare-and-set
-   on the fencing token) and enqueue the next stage (EXCLUSIVE key
-   ``stage:tenant:anfrage``) in one statement (``Ledger.complete(then=...)``);
+3. in ONE transaction: check that the stage before is still ``success`` with the token
+   it had before the input was read (share-locked, ``Ledger.hold``), write the results,
+   then mark the run ``success`` (compare-and-set on the fencing token) and enqueue the
+   next stage (EXCLUSIVE key ``stage:tenant:anfrage``) in one statement
+   (``Ledger.complete(then=...)``);
 4. on an error: mark the run ``failed`` with the message and re-raise, so the framework
    retries with its jittered backoff (the ledger row stays claimable).
 """
@@ -28,6 +30,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
+from accounts.models import Tenant
 from pipeline import storage
 from pipeline.audit import audit_entry_create
 from pipeline.catalog import check_position, price_position
@@ -61,9 +64,9 @@ from pipeline.models import (
 from pipeline.queries import QUERIES
 from pipeline.selectors import catalog_for, parse_stage
 from queueing.enqueue import Enqueued, Policy, enqueue, job_params
-from queueing.exceptions import DoNotRetry, LeaseLost, PollLater
+from queueing.exceptions import DoNotRetry, LeaseLost, PollLater, PrerequisiteChanged
 from queueing.keys import KeyFormat
-from queueing.ledger import Claim, Ledger, LedgerStatus, Outcome
+from queueing.ledger import Claim, Ledger, LedgerStatus, Outcome, Prerequisite
 from queueing.rows import insert_or_get, replace_children
 
 logger = logging.getLogger(__name__)
@@ -303,8 +306,9 @@ def _extract_write(anfrage: Anfrage, result: tuple[list, list]) -> None:
     parent = {"tenant_id": anfrage.tenant_id, "anfrage_id": anfrage.id}
     # DELETE-before-INSERT in this (the closing) transaction: until it commits, readers
     # and a failed attempt see the previous positions.
-    replace_children(Position, parent=parent, rows=positions)
-    replace_children(ExtractionWarning, parent=parent, rows=warnings)
+    # No savepoints: an error fails the closing transaction as a whole.
+    replace_children(Position, parent=parent, rows=positions, savepoint=False)
+    replace_children(ExtractionWarning, parent=parent, rows=warnings, savepoint=False)
     # New positions invalidate the old quote: the inquiry is in flight again.
     Anfrage.objects.filter(pk=anfrage.id).update(quote_total=None, currency="", completed_at=None)
 
@@ -354,11 +358,19 @@ def _feasibility_compute(anfrage: Anfrage, positions: list[Position]) -> list[Po
 
 
 def _feasibility_write(anfrage: Anfrage, positions: list[Position]) -> None:
-    Position.objects.bulk_update(
-        positions,
-        ["feasible", "reason", "catalog_item", "catalog_material", "unit_price", "total"],
-    )
-    Anfrage.objects.filter(pk=anfrage.id).update(quote_total=None, currency="", completed_at=None)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            QUERIES["feasibility_write"],
+            {
+                "tenant_id": anfrage.tenant_id,
+                "anfrage_id": anfrage.id,
+                "ids": [p.id for p in positions],
+                "feasible": [p.feasible for p in positions],
+                "reasons": [p.reason for p in positions],
+                "catalog_items": [p.catalog_item for p in positions],
+                "catalog_materials": [p.catalog_material for p in positions],
+            },
+        )
 
 
 def _calculate_compute(
@@ -400,13 +412,16 @@ def _calculate_compute(
 
 def _calculate_write(anfrage: Anfrage, result: tuple[list[Position], Decimal, str]) -> None:
     positions, total, currency = result
-    Position.objects.bulk_update(positions, ["unit_price", "total"])
-    # The inquiry is complete with its quote, in the same statement (no extra round trip).
+    # The prices, and the inquiry complete with its quote: one statement.
     with connection.cursor() as cursor:
         cursor.execute(
-            QUERIES["calculate_close"],
+            QUERIES["calculate_write"],
             {
+                "tenant_id": anfrage.tenant_id,
                 "anfrage_id": anfrage.id,
+                "ids": [p.id for p in positions],
+                "unit_prices": [p.unit_price for p in positions],
+                "totals": [p.total for p in positions],
                 "total": total,
                 "currency": currency,
                 "earlier": [s.value for s in Stage.CALCULATE.previous],
@@ -451,10 +466,13 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
     (``LEASE_LOST``). An error marks the run ``failed`` and propagates, to be retried.
     """
     stage = parse_stage(stage)
-    anfrage = Anfrage.objects.select_related("tenant").filter(pk=anfrage_id).first()
+    anfrage = _anfrage_for(anfrage_id, stage)
     if anfrage is None:
         raise DoNotRetry(f"inquiry {anfrage_id} does not exist")
     work = _STAGES[stage]
+    # The stage before is observed (in the statement above) before the input is read:
+    # its token, unchanged at the close, vouches that the input is still its output.
+    prerequisite = _prerequisite(anfrage, stage)
     inputs, input_hash = work.prepare(anfrage)
     lease = lease_seconds()
     claim = LEDGER.claim(
@@ -476,7 +494,7 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
         if renewal.lost.is_set():
             raise LeaseLost(f"run {claim.entry_id}: taken over while {stage.value} computed")
         with transaction.atomic():
-            _check_inputs_unchanged(anfrage, stage, work, input_hash)
+            _check_inputs_unchanged(stage, prerequisite)
             work.write(anfrage, result)
             # Success and the next stage's job: one statement.
             LEDGER.complete(
@@ -500,32 +518,59 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
     return StageOutcome.COMPLETED
 
 
-def _check_inputs_unchanged(
-    anfrage: Anfrage, stage: Stage, work: _StageWork, input_hash: str
-) -> None:
-    """In the closing transaction: the stage before must still be ``success`` and this
-    stage's input must be what it computed from.
+def _anfrage_for(anfrage_id: int, stage: Stage) -> Anfrage | None:
+    """The inquiry with its tenant and, in the same statement, the status and token of
+    its stage before ``stage`` (``previous_status``, ``previous_token``)."""
+    previous = stage.previous[-1].value if stage.previous else None
+    rows = list(
+        Anfrage.objects.raw(
+            QUERIES["stage_inquiry"], {"anfrage_id": anfrage_id, "previous": previous}
+        )
+    )
+    if not rows:
+        return None
+    anfrage = rows[0]
+    anfrage.tenant = Tenant.from_db(
+        anfrage._state.db,
+        ["id", "slug", "name", "created_at"],
+        [anfrage.tenant_id, anfrage.tenant_slug, anfrage.tenant_name, anfrage.tenant_created_at],
+    )
+    return anfrage
 
-    The previous stage's ledger row is read ``FOR SHARE``: a replay reopening it, or the
-    previous stage committing new output (its ``complete`` updates that row), waits for
-    this transaction or is seen by it — never half of each. A changed input (e.g. extract
-    replayed and finished while this stage computed) is retried with the fresh input.
-    """
+
+def _prerequisite(anfrage: Anfrage, stage: Stage) -> Prerequisite | None:
     if not stage.previous:
+        return None
+    succeeded = getattr(anfrage, "previous_status", None) == LedgerStatus.SUCCESS
+    return Prerequisite(
+        key={"tenant": anfrage.tenant_id, "anfrage": anfrage.id, "stage": stage.previous[-1].value},
+        token=getattr(anfrage, "previous_token", None) if succeeded else None,
+    )
+
+
+def _check_inputs_unchanged(stage: Stage, prerequisite: Prerequisite | None) -> None:
+    """First in the closing transaction, one statement: the stage before must still be
+    ``success`` with the token it had before this stage read its input.
+
+    The stage before's ledger row is read ``FOR SHARE``: a replay reopening it, or the
+    stage before committing new output (its claim and ``complete`` update that row), waits
+    for this transaction or is seen by it — never half of each. A reopened stage before
+    supersedes this one; one that ran again (e.g. extract replayed and finished while this
+    stage computed: its claim moved the token) means the input changed, and the stage is
+    retried with the fresh input. Only the stage before writes a stage's input, so its
+    token says what re-reading and hashing the input would, without reading it.
+    """
+    if prerequisite is None:
         return
-    previous = stage.previous[-1]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            QUERIES["previous_stage_for_share"],
-            {"tenant_id": anfrage.tenant_id, "anfrage_id": anfrage.id, "stage": previous.value},
-        )
-        row = cursor.fetchone()
-    if row is None or row[0] != LedgerStatus.SUCCESS:
-        raise StageSuperseded(
-            f"stage {previous.value} was reopened by a replay; {stage.value} runs again after it"
-        )
-    _, current_hash = work.prepare(anfrage)
-    if current_hash != input_hash:
+    try:
+        LEDGER.hold(prerequisite)
+    except PrerequisiteChanged as exc:
+        previous = stage.previous[-1]
+        if exc.status != LedgerStatus.SUCCESS:
+            raise StageSuperseded(
+                f"stage {previous.value} was reopened by a replay; "
+                f"{stage.value} runs again after it"
+            ) from None
         raise StageInputStale(
             f"the input of {stage.value} changed while it ran; it is retried with the new input"
-        )
+        ) from None

@@ -11,6 +11,7 @@ __all__ = [
     "LeaseLost",
     "LockOutsideTransaction",
     "PollLater",
+    "PrerequisiteChanged",
     "QueueingError",
     "RetryLater",
     "RowVanished",
@@ -46,6 +47,17 @@ class DuplicateNamespace(QueueingError):
 class LeaseLost(QueueingError):
     """The ledger row's fencing token moved on: another worker re-claimed the stage after
     this worker's lease expired, so this worker's result is discarded."""
+
+
+class PrerequisiteChanged(QueueingError):
+    """A guarded ``Ledger.complete`` closed nothing: the row the work built on is no longer
+    ``success`` with the token seen before the work read its input. ``status`` and
+    ``token`` are what it is now (``None``: there is no such row)."""
+
+    def __init__(self, *, status: str | None, token: int | None):
+        self.status = status
+        self.token = token
+        super().__init__(f"the prerequisite is {status or 'missing'} with token {token}")
 
 
 class RowVanished(QueueingError):

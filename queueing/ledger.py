@@ -9,7 +9,9 @@ columns with a unique constraint over them (e.g. ``(tenant_id, anfrage_id, stage
   or *busy* (a live holder has it: poll again soon, never skip —
   :class:`~queueing.exceptions.PollLater`, which is no attempt).
 * ``complete`` and ``fail`` are compare-and-set on the token, so a worker whose lease
-  expired cannot overwrite its successor's row.
+  expired cannot overwrite its successor's row. ``hold`` share-locks the row the work
+  builds on (:class:`Prerequisite`: e.g. the stage before) and requires it to be
+  ``success`` with the token seen before the work read its input.
 
 A holder is live while its lease runs **and**, when it claimed inside a job (the claim
 records it: ``holder_job_id``, from ``queueing.current``), while that job is ``doing``.
@@ -29,9 +31,12 @@ one's lease still runs out.
 from __future__ import annotations
 
 import enum
+import heapq
+import itertools
 import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -40,10 +45,10 @@ from typing import Any
 from django.db import DatabaseError, connections, models
 
 from queueing import current, sql
-from queueing.exceptions import LeaseLost
+from queueing.exceptions import LeaseLost, PrerequisiteChanged
 from queueing.rows import concrete_field
 
-__all__ = ["Claim", "Ledger", "LedgerEntry", "LedgerStatus", "Outcome"]
+__all__ = ["Claim", "Ledger", "LedgerEntry", "LedgerStatus", "Outcome", "Prerequisite"]
 
 logger = logging.getLogger(__name__)
 _renew_queries = sql.load("queueing", "ledger.sql")
@@ -89,6 +94,18 @@ class Claim:
         return self.outcome is Outcome.CLAIMED
 
 
+@dataclass(frozen=True, kw_only=True)
+class Prerequisite:
+    """The ledger row a claimed unit of work builds on, named by its key, and its token
+    (``attempts``) as seen before the work read its input; ``None``: it was not
+    ``success`` then. Every run of the prerequisite moves its token (a claim counts an
+    attempt), so an unchanged token on a ``success`` row means its output is the one the
+    work read."""
+
+    key: dict[str, Any]
+    token: int | None
+
+
 class LeaseRenewal:
     """The live handle of :meth:`Ledger.renewing`: how many renewals landed, and whether
     the token went stale (``lost``; the holder's ``complete``/``fail`` then raise
@@ -97,6 +114,63 @@ class LeaseRenewal:
     def __init__(self) -> None:
         self.renewals = 0
         self.lost = threading.Event()
+
+
+@dataclass(eq=False)
+class _Pending:
+    start: Callable[[], threading.Thread]
+    cancelled: bool = False
+    thread: threading.Thread | None = None
+
+
+class _Starter:
+    """One daemon thread per process that starts each renewal thread when its first
+    tick is due, unless the block ended before (:meth:`cancel`)."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._due: list[tuple[float, int, _Pending]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def schedule(self, due: float, start: Callable[[], threading.Thread]) -> _Pending:
+        pending = _Pending(start=start)
+        with self._ready:
+            heapq.heappush(self._due, (due, next(self._order), pending))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="lease-renewal-starter", daemon=True
+                )
+                self._thread.start()
+            self._ready.notify()
+        return pending
+
+    def cancel(self, pending: _Pending) -> threading.Thread | None:
+        """No start from now on; the renewal thread if it was started already."""
+        with self._ready:
+            pending.cancelled = True
+            return pending.thread
+
+    def _run(self) -> None:
+        with self._ready:
+            while True:
+                while self._due and self._due[0][2].cancelled:
+                    heapq.heappop(self._due)
+                if not self._due:
+                    self._ready.wait()
+                    continue
+                wait = self._due[0][0] - time.monotonic()
+                if wait > 0:
+                    self._ready.wait(wait)
+                    continue
+                _, _, pending = heapq.heappop(self._due)
+                try:
+                    pending.thread = pending.start()
+                except Exception:  # a thread that cannot start must not stop the starter
+                    logger.exception("a lease renewal thread could not be started")
+
+
+_STARTER = _Starter()
 
 
 @dataclass(frozen=True)
@@ -126,6 +200,12 @@ class Ledger:
             "complete": sql.render(sql.queries["ledger_complete"], table=table),
             "complete_and_enqueue": sql.render(
                 sql.queries["ledger_complete_and_enqueue"], table=table
+            ),
+            "prerequisite": sql.render(
+                sql.queries["ledger_prerequisite"],
+                table=table,
+                keys=self._columns,
+                values=sql.placeholders(names),
             ),
             "fail": sql.render(sql.queries["ledger_fail"], table=table),
             "renew": sql.render(_renew_queries["ledger_renew"], table=table),
@@ -170,6 +250,22 @@ class Ledger:
         else:
             self._close("complete_and_enqueue", claim, then)
 
+    def hold(self, prerequisite: Prerequisite) -> None:
+        """In the caller's transaction, one statement: share-lock the row ``prerequisite``
+        names (a reopening of it waits for the caller's transaction) and require it to be
+        ``success`` with ``prerequisite.token``; else :class:`PrerequisiteChanged` says
+        what it is now. Call it first in the transaction that writes the work's results."""
+        missing = set(self.key_fields) ^ set(prerequisite.key)
+        if missing:
+            raise TypeError(f"a prerequisite needs exactly the key fields {self.key_fields}")
+        params = {f"key_{i}": prerequisite.key[f] for i, f in enumerate(self.key_fields)}
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(self._statements["prerequisite"], params)
+            row = cursor.fetchone()
+        status, token = row if row is not None else (None, None)
+        if status != LedgerStatus.SUCCESS or token != prerequisite.token:
+            raise PrerequisiteChanged(status=status, token=token)
+
     def fail(self, claim: Claim, *, error: str) -> None:
         """Mark the claimed stage ``failed`` with ``error``; it stays claimable. Raises
         :class:`LeaseLost` when another worker re-claimed it meanwhile."""
@@ -202,22 +298,33 @@ class Ledger:
         token went stale it stops and sets ``lost``. A failed renewal (the database briefly
         unreachable) is logged and tried again at the next tick. The block's exit waits for
         a renewal in flight, so none runs beside the caller's closing transaction.
+
+        The thread is started at the first tick (by one process-wide starter thread): a
+        block that ends sooner, as most do, costs no thread of its own.
         """
         lease = self.lease_seconds if lease_seconds is None else lease_seconds
+        tick = lease / 3 if every is None else every
         renewal = LeaseRenewal()
         stop = threading.Event()
-        thread = threading.Thread(
-            target=self._renew_until,
-            args=(claim, lease, lease / 3 if every is None else every, stop, renewal),
-            name=f"lease-renewal-{self.model.__name__}-{claim.entry_id}",
-            daemon=True,
-        )
-        thread.start()
+
+        def start() -> threading.Thread:
+            thread = threading.Thread(
+                target=self._renew_until,
+                args=(claim, lease, tick, stop, renewal),
+                name=f"lease-renewal-{self.model.__name__}-{claim.entry_id}",
+                daemon=True,
+            )
+            thread.start()
+            return thread
+
+        pending = _STARTER.schedule(time.monotonic() + tick, start)
         try:
             yield renewal
         finally:
             stop.set()
-            thread.join()
+            thread = _STARTER.cancel(pending)
+            if thread is not None:
+                thread.join()
 
     def _renew_until(
         self,
@@ -227,8 +334,11 @@ class Ledger:
         stop: threading.Event,
         renewal: LeaseRenewal,
     ) -> None:
+        # Started at the first tick: the first renewal is due at once.
+        delay = 0.0
         try:
-            while not stop.wait(every):
+            while not stop.wait(delay):
+                delay = every
                 try:
                     renewed = self.renew(claim, lease_seconds=lease)
                 except DatabaseError:

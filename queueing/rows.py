@@ -18,19 +18,27 @@ M = TypeVar("M", bound=models.Model)
 
 
 def replace_children(
-    model: type[M], *, parent: Mapping[str, Any], rows: Iterable[M], using: str = "default"
+    model: type[M],
+    *,
+    parent: Mapping[str, Any],
+    rows: Iterable[M],
+    using: str = "default",
+    savepoint: bool = True,
 ) -> list[M]:
     """Replace every ``model`` row matching ``parent`` with ``rows``: DELETE, then INSERT,
     in one transaction.
 
     A retry never trips the children's own unique key (the old rows are gone first), and a
-    failure before or during the transaction leaves the old rows intact.
+    failure before or during the transaction leaves the old rows intact. Inside a caller's
+    transaction, ``savepoint=False`` spares the savepoint's two round trips: a failure then
+    fails the caller's transaction as a whole (which keeps the old rows just the same),
+    for a caller that does not carry on after an error.
     """
     rows = list(rows)
     for row in rows:
         for field, value in parent.items():
             setattr(row, field, value)
-    with transaction.atomic(using=using):
+    with transaction.atomic(using=using, savepoint=savepoint):
         model._default_manager.using(using).filter(**parent).delete()
         return model._default_manager.using(using).bulk_create(rows)
 

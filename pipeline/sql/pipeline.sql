@@ -48,20 +48,6 @@ UPDATE pipeline_runs
 -- those). The guard writes nothing when it already is.
 UPDATE anfragen SET completed_at = NULL WHERE id = %(anfrage_id)s AND completed_at IS NOT NULL;
 
--- calculate_close --
--- Calculate's closing write: the quote, and completed_at in the same UPDATE, set only
--- when every earlier stage is still 'success' (a replay without --cascade may have
--- reopened one meanwhile).
-UPDATE anfragen a
-   SET quote_total = %(total)s,
-       currency = %(currency)s,
-       completed_at = CASE WHEN NOT EXISTS (
-                          SELECT 1 FROM pipeline_runs r
-                           WHERE r.tenant_id = a.tenant_id AND r.anfrage_id = a.id
-                             AND r.stage = ANY(%(earlier)s) AND r.status <> 'success')
-                      THEN now() END
- WHERE a.id = %(anfrage_id)s;
-
 -- replayable_runs --
 -- Runs of one stage that need a replay: failed, or abandoned while running (lease
 -- expired, its job gone), whose earlier stages all succeeded. Oldest first.
@@ -78,15 +64,6 @@ SELECT r.tenant_id, r.anfrage_id
            AND p.status = 'success') = cardinality(%(previous)s::text[])
  ORDER BY r.id
  LIMIT %(limit)s;
-
--- previous_stage_for_share --
--- The status of the stage before, read in a stage's closing transaction and share-locked:
--- a replay reopening it (an UPDATE) waits for this transaction, and this read waits for
--- a previous stage that is committing new output.
-SELECT status
-  FROM pipeline_runs
- WHERE tenant_id = %(tenant_id)s AND anfrage_id = %(anfrage_id)s AND stage = %(stage)s
-   FOR SHARE;
 
 -- staged_blobs_in_use --
 -- Of the given blob hashes, those that an inquiry still needs: one whose intake has not
@@ -220,3 +197,62 @@ UPDATE anfragen a
            AND r.stage = ANY(%(stages)s)
            AND r.status = 'success') = cardinality(%(stages)s::text[])
 RETURNING a.id;
+
+-- stage_inquiry --
+-- A stage's first read: the inquiry, its tenant's columns (tenant_* aliases) and the
+-- status and token of the stage before (NULL: none, or no row yet), in one statement.
+-- The token is read before (here: with) the input, so an unchanged token at the close
+-- vouches that the input read afterwards is the stage before's current output.
+SELECT a.*,
+       t.slug AS tenant_slug, t.name AS tenant_name, t.created_at AS tenant_created_at,
+       r.status AS previous_status, r.attempts AS previous_token
+  FROM anfragen a
+  JOIN tenants t ON t.id = a.tenant_id
+  LEFT JOIN pipeline_runs r
+         ON r.tenant_id = a.tenant_id AND r.anfrage_id = a.id AND r.stage = %(previous)s
+ WHERE a.id = %(anfrage_id)s;
+
+-- feasibility_write --
+-- Feasibility's closing write, one statement: each position's verdict (matched by id
+-- within the inquiry; a position replaced meanwhile matches nothing), and the inquiry's
+-- old quote cleared: it is in flight again.
+WITH verdicts AS (
+    SELECT *
+      FROM unnest(%(ids)s::bigint[], %(feasible)s::boolean[], %(reasons)s::text[],
+                  %(catalog_items)s::text[], %(catalog_materials)s::text[])
+           AS v(id, feasible, reason, catalog_item, catalog_material)
+), written AS (
+    UPDATE anfrage_positions p
+       SET feasible = v.feasible, reason = v.reason, catalog_item = v.catalog_item,
+           catalog_material = v.catalog_material, unit_price = NULL, total = NULL
+      FROM verdicts v
+     WHERE p.id = v.id AND p.tenant_id = %(tenant_id)s AND p.anfrage_id = %(anfrage_id)s
+)
+UPDATE anfragen
+   SET quote_total = NULL, currency = '', completed_at = NULL
+ WHERE id = %(anfrage_id)s;
+
+-- calculate_write --
+-- Calculate's closing write, one statement: each position's price (matched by id within
+-- the inquiry), and the quote with completed_at in the same UPDATE of the inquiry, set
+-- only when every earlier stage is still 'success' (a replay without --cascade may have
+-- reopened one meanwhile).
+WITH prices AS (
+    SELECT *
+      FROM unnest(%(ids)s::bigint[], %(unit_prices)s::numeric[], %(totals)s::numeric[])
+           AS v(id, unit_price, total)
+), written AS (
+    UPDATE anfrage_positions p
+       SET unit_price = v.unit_price, total = v.total
+      FROM prices v
+     WHERE p.id = v.id AND p.tenant_id = %(tenant_id)s AND p.anfrage_id = %(anfrage_id)s
+)
+UPDATE anfragen a
+   SET quote_total = %(total)s,
+       currency = %(currency)s,
+       completed_at = CASE WHEN NOT EXISTS (
+                          SELECT 1 FROM pipeline_runs r
+                           WHERE r.tenant_id = a.tenant_id AND r.anfrage_id = a.id
+                             AND r.stage = ANY(%(earlier)s) AND r.status <> 'success')
+                      THEN now() END
+ WHERE a.id = %(anfrage_id)s;

@@ -206,6 +206,15 @@ WITH completed AS (
 )
 SELECT c.id, (SELECT id FROM enqueued) FROM completed c;
 
+-- ledger_prerequisite --
+-- The status and token of the row a unit of work builds on (e.g. the stage before, of the
+-- same unit), share-locked: a transaction that reopens or re-closes it waits for the
+-- caller's, and a lock that waited for one reads the row as it committed.
+SELECT status, attempts
+  FROM {table}
+ WHERE ({keys}) = ({values})
+   FOR SHARE;
+
 -- ledger_fail --
 -- Compare-and-set on the fencing token; the row stays claimable for the retry.
 UPDATE {table}

@@ -26,12 +26,16 @@ renewal
     (test_a_failed_renewal_is_tried_again)
   - the block ends: the thread stops and closes its connection
     (test_the_renewal_thread_closes_its_connection)
+  - the block ends before the first tick (most do): no thread was started for it
+    (test_a_block_shorter_than_a_tick_starts_no_renewal_thread)
 fail
   - the work raised: ``failed`` with the error, claimable again
     (test_failed_row_stays_claimable_and_keeps_the_error)
 """
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 from django.db import OperationalError, connection, transaction
@@ -213,6 +217,15 @@ def test_the_renewal_thread_closes_its_connection():
         wait_for(lambda: renewal.renewals >= 1, timeout=10, message="a renewal")
         assert backends() == before + 1
     wait_for(lambda: backends() == before, timeout=10, message="the renewal's connection closed")
+
+
+def test_a_block_shorter_than_a_tick_starts_no_renewal_thread():
+    claim = LEDGER.claim(unit="r6", stage="extract")
+    name = f"lease-renewal-Step-{claim.entry_id}"
+    with LEDGER.renewing(claim, every=600) as renewal:
+        started = [t for t in threading.enumerate() if t.name == name]
+    assert started == [] and renewal.renewals == 0
+    LEDGER.complete(claim)
 
 
 def _job_doing() -> int:
