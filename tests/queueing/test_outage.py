@@ -246,7 +246,7 @@ def test_a_running_workers_loop_refused_by_the_database_stops_it_at_once(clock, 
     )
     failures.failed("beating", refused)
     assert len(expired) == 1 and f"SQLSTATE {sqlstate}" in expired[0]
-    assert "DATABASE_URL" in expired[0] and "while beating" in expired[0]
+    assert "DATABASES" in expired[0] and "while beating" in expired[0]
 
 
 @pytest.mark.parametrize(

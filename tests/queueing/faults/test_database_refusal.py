@@ -49,5 +49,5 @@ def test_a_worker_the_database_refuses_exits_at_once_saying_what_to_fix(
         pytest.fail("the worker retried a refusal as an outage:\n" + worker.log()[-2000:])
     log = worker.log()
     assert code != 0, log
-    assert "refuses" in log and says in log and "DATABASE_URL" in log, log[-2000:]
+    assert "refuses" in log and says in log and "DATABASES" in log, log[-2000:]
     assert "out of reach" not in log, log[-2000:]
