@@ -123,6 +123,14 @@ class _Pending:
     thread: threading.Thread | None = None
 
 
+#: Ended blocks left in the starter's heap beyond which it is rebuilt without them.
+_COMPACT_AT = 64
+
+
+def _never_started() -> threading.Thread:
+    raise AssertionError("a cancelled renewal is never started")
+
+
 class _Starter:
     """One daemon thread per process that starts each renewal thread when its first
     tick is due, unless the block ended before (:meth:`cancel`)."""
@@ -132,6 +140,8 @@ class _Starter:
         self._due: list[tuple[float, int, _Pending]] = []
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
+        #: Entries in the heap cancelled before their start (popped or compacted away).
+        self._cancelled = 0
 
     def schedule(self, due: float, start: Callable[[], threading.Thread]) -> _Pending:
         pending = _Pending(start=start)
@@ -146,8 +156,20 @@ class _Starter:
         return pending
 
     def cancel(self, pending: _Pending) -> threading.Thread | None:
-        """No start from now on; the renewal thread if it was started already."""
+        """No start from now on; the renewal thread if it was started already.
+
+        An entry not started yet stays in the heap until it comes to the top, but without
+        its start (which holds the claim and the block's state), and once most entries are
+        such leftovers (blocks that ended behind a longer one) the heap is rebuilt without
+        them: a busy worker's ended blocks do not pile up for a third of a lease."""
         with self._ready:
+            if not pending.cancelled and pending.thread is None:
+                pending.start = _never_started
+                self._cancelled += 1
+                if self._cancelled > _COMPACT_AT and self._cancelled * 2 > len(self._due):
+                    self._due = [entry for entry in self._due if not entry[2].cancelled]
+                    heapq.heapify(self._due)
+                    self._cancelled = 0
             pending.cancelled = True
             return pending.thread
 
@@ -156,6 +178,7 @@ class _Starter:
             while True:
                 while self._due and self._due[0][2].cancelled:
                     heapq.heappop(self._due)
+                    self._cancelled = max(0, self._cancelled - 1)
                 if not self._due:
                     self._ready.wait()
                     continue

@@ -27,7 +27,9 @@ renewal
   - the block ends: the thread stops and closes its connection
     (test_the_renewal_thread_closes_its_connection)
   - the block ends before the first tick (most do): no thread was started for it
-    (test_a_block_shorter_than_a_tick_starts_no_renewal_thread)
+    (test_a_block_shorter_than_a_tick_starts_no_renewal_thread), and the starter keeps
+    nothing of it until its tick would have come (a third of the lease: a busy worker's
+    ended blocks would pile up) (test_an_ended_block_is_not_kept_until_its_tick)
 fail
   - the work raised: ``failed`` with the error, claimable again
     (test_failed_row_stays_claimable_and_keeps_the_error)
@@ -35,7 +37,9 @@ fail
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 
 import pytest
 from django.db import OperationalError, connection, transaction
@@ -44,7 +48,7 @@ import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this pro
 from queueing import current
 from queueing.enqueue import enqueue
 from queueing.exceptions import LeaseLost
-from queueing.ledger import Ledger, Outcome
+from queueing.ledger import _STARTER, Ledger, Outcome
 from tests.conftest import make_doing, run_concurrently, wait_for
 from tests.queueing.models import Step
 
@@ -226,6 +230,27 @@ def test_a_block_shorter_than_a_tick_starts_no_renewal_thread():
         started = [t for t in threading.enumerate() if t.name == name]
     assert started == [] and renewal.renewals == 0
     LEDGER.complete(claim)
+
+
+def test_an_ended_block_is_not_kept_until_its_tick():
+    long = LEDGER.claim(unit="r7", stage="long")
+    # A stage computing for long: its tick comes first, so the blocks ended after it queue
+    # behind it in the starter.
+    with LEDGER.renewing(long, every=600):
+        claim = LEDGER.claim(unit="r7", stage="extract")
+        with LEDGER.renewing(claim, every=600) as renewal:
+            pass
+        LEDGER.complete(claim)
+        ended = weakref.ref(renewal)
+        del renewal
+        for n in range(200):  # a busy worker: many short blocks, each ended long before its tick
+            other = LEDGER.claim(unit="r7", stage=f"s{n}")
+            with LEDGER.renewing(other, every=600):
+                pass
+        gc.collect()
+        assert ended() is None, "the starter still holds an ended block's renewal"
+        assert len(_STARTER._due) < 200
+    LEDGER.complete(long)
 
 
 def _job_doing() -> int:
