@@ -43,6 +43,7 @@ from functools import cached_property
 from typing import Any
 
 from django.db import DatabaseError, connections, models
+from django.db.transaction import TransactionManagementError
 
 from queueing import current, sql
 from queueing.exceptions import LeaseLost, PrerequisiteChanged
@@ -277,10 +278,18 @@ class Ledger:
         """In the caller's transaction, one statement: share-lock the row ``prerequisite``
         names (a reopening of it waits for the caller's transaction) and require it to be
         ``success`` with ``prerequisite.token``; else :class:`PrerequisiteChanged` says
-        what it is now. Call it first in the transaction that writes the work's results."""
+        what it is now. Call it first in the transaction that writes the work's results
+        (outside one it raises ``TransactionManagementError``)."""
         missing = set(self.key_fields) ^ set(prerequisite.key)
         if missing:
             raise TypeError(f"a prerequisite needs exactly the key fields {self.key_fields}")
+        if not connections[self.using].in_atomic_block:
+            # In autocommit the share lock ends with the statement: the check would vouch
+            # for nothing the caller writes afterwards.
+            raise TransactionManagementError(
+                "hold() share-locks the prerequisite for the caller's transaction: "
+                "call it inside transaction.atomic()"
+            )
         params = {f"key_{i}": prerequisite.key[f] for i, f in enumerate(self.key_fields)}
         with connections[self.using].cursor() as cursor:
             cursor.execute(self._statements["prerequisite"], params)
