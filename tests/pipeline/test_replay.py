@@ -34,6 +34,7 @@ run again
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import threading
@@ -466,10 +467,8 @@ def test_extract_rerun_two_stages_back_never_lets_calculate_commit_the_old_posit
     if when == "before_input":
         # The token was read before the replay, the input after it: a false alarm at
         # worst (the input is the new one), never a result from the old positions.
-        try:
+        with contextlib.suppress(StageInputStale):
             pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.CALCULATE)
-        except StageInputStale:
-            pass
     else:
         with pytest.raises(StageInputStale):
             pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.CALCULATE)
