@@ -20,7 +20,9 @@ reopen
   - extract, two stages back, is replayed with --cascade and runs again with feasibility
     before calculate read its input, after it, or while it computes: calculate never
     commits a quote from the old positions; it is retried and prices the new ones
-    (test_extract_rerun_two_stages_back_never_lets_calculate_commit_the_old_positions)
+    (test_extract_rerun_two_stages_back_never_lets_calculate_commit_the_old_positions);
+    feasibility reopened (without --cascade) while calculate computes supersedes it
+    (test_feasibility_reopened_while_calculate_computes_supersedes_calculate)
 run again
   - without --cascade only that stage runs, and only when no later stage succeeded on
     the output it rewrites (test_forced_replay_of_the_last_stage_runs_only_that_stage,
@@ -486,3 +488,37 @@ def test_extract_rerun_two_stages_back_never_lets_calculate_commit_the_old_posit
     assert all(p.feasible is not None for p in positions)
     assert anfrage.quote_total == sum(p.total for p in positions if p.total is not None)
     assert anfrage.completed_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_feasibility_reopened_while_calculate_computes_supersedes_calculate(tenant, monkeypatch):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, (Stage.INTAKE, Stage.EXTRACT, Stage.FEASIBILITY))
+    work = stages._STAGES[Stage.CALCULATE]
+
+    def compute(anfrage_, inputs):
+        result = work.compute(anfrage_, inputs)
+        # Without --cascade: calculate has not succeeded, so the replay is not refused.
+        thread, outcome = in_background(
+            lambda: pipeline_stage_replay(
+                tenant_id=tenant.id,
+                anfrage_id=anfrage.id,
+                stage=Stage.FEASIBILITY,
+                force=True,
+                actor="ops",
+            )
+        )
+        thread.join()
+        assert outcome and outcome[0].reopened == ("feasibility",), outcome
+        return result
+
+    monkeypatch.setitem(stages._STAGES, Stage.CALCULATE, dataclasses.replace(work, compute=compute))
+    outcome = pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.CALCULATE)
+    assert outcome is StageOutcome.SUPERSEDED
+    anfrage.refresh_from_db()
+    assert (anfrage.quote_total, anfrage.completed_at) == (None, None)
+    assert not Position.objects.filter(anfrage=anfrage, total__isnull=False).exists()
+    monkeypatch.setitem(stages._STAGES, Stage.CALCULATE, work)
+    assert run_stages(anfrage.id, (Stage.FEASIBILITY, Stage.CALCULATE)) == ["completed"] * 2
+    anfrage.refresh_from_db()
+    assert anfrage.quote_total is not None and anfrage.completed_at is not None
