@@ -557,8 +557,10 @@ def _check_inputs_unchanged(stage: Stage, prerequisite: Prerequisite | None) -> 
     for this transaction or is seen by it — never half of each. A reopened stage before
     supersedes this one; one that ran again (e.g. extract replayed and finished while this
     stage computed: its claim moved the token) means the input changed, and the stage is
-    retried with the fresh input. Only the stage before writes a stage's input, so its
-    token says what re-reading and hashing the input would, without reading it.
+    retried with the fresh input. A stage's input is written by the stage before, or by
+    one further back that runs again only after a replay that reopened the stage before
+    too, so its token says what re-reading and hashing the input would, without reading
+    it.
     """
     if prerequisite is None:
         return

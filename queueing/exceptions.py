@@ -50,8 +50,8 @@ class LeaseLost(QueueingError):
 
 
 class PrerequisiteChanged(QueueingError):
-    """A guarded ``Ledger.complete`` closed nothing: the row the work built on is no longer
-    ``success`` with the token seen before the work read its input. ``status`` and
+    """``Ledger.hold`` found the row the work builds on no longer ``success`` with the
+    token seen before the work read its input. ``status`` and
     ``token`` are what it is now (``None``: there is no such row)."""
 
     def __init__(self, *, status: str | None, token: int | None):

@@ -43,6 +43,7 @@ from functools import cached_property
 from typing import Any
 
 from django.db import DatabaseError, connections, models
+from django.db.transaction import TransactionManagementError
 
 from queueing import current, sql
 from queueing.exceptions import LeaseLost, PrerequisiteChanged
@@ -123,6 +124,14 @@ class _Pending:
     thread: threading.Thread | None = None
 
 
+#: Ended blocks left in the starter's heap beyond which it is rebuilt without them.
+_COMPACT_AT = 64
+
+
+def _never_started() -> threading.Thread:
+    raise AssertionError("a cancelled renewal is never started")
+
+
 class _Starter:
     """One daemon thread per process that starts each renewal thread when its first
     tick is due, unless the block ended before (:meth:`cancel`)."""
@@ -132,6 +141,8 @@ class _Starter:
         self._due: list[tuple[float, int, _Pending]] = []
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
+        #: Entries in the heap cancelled before their start (popped or compacted away).
+        self._cancelled = 0
 
     def schedule(self, due: float, start: Callable[[], threading.Thread]) -> _Pending:
         pending = _Pending(start=start)
@@ -146,8 +157,20 @@ class _Starter:
         return pending
 
     def cancel(self, pending: _Pending) -> threading.Thread | None:
-        """No start from now on; the renewal thread if it was started already."""
+        """No start from now on; the renewal thread if it was started already.
+
+        An entry not started yet stays in the heap until it comes to the top, but without
+        its start (which holds the claim and the block's state), and once most entries are
+        such leftovers (blocks that ended behind a longer one) the heap is rebuilt without
+        them: a busy worker's ended blocks do not pile up for a third of a lease."""
         with self._ready:
+            if not pending.cancelled and pending.thread is None:
+                pending.start = _never_started
+                self._cancelled += 1
+                if self._cancelled > _COMPACT_AT and self._cancelled * 2 > len(self._due):
+                    self._due = [entry for entry in self._due if not entry[2].cancelled]
+                    heapq.heapify(self._due)
+                    self._cancelled = 0
             pending.cancelled = True
             return pending.thread
 
@@ -156,6 +179,7 @@ class _Starter:
             while True:
                 while self._due and self._due[0][2].cancelled:
                     heapq.heappop(self._due)
+                    self._cancelled = max(0, self._cancelled - 1)
                 if not self._due:
                     self._ready.wait()
                     continue
@@ -254,10 +278,18 @@ class Ledger:
         """In the caller's transaction, one statement: share-lock the row ``prerequisite``
         names (a reopening of it waits for the caller's transaction) and require it to be
         ``success`` with ``prerequisite.token``; else :class:`PrerequisiteChanged` says
-        what it is now. Call it first in the transaction that writes the work's results."""
+        what it is now. Call it first in the transaction that writes the work's results
+        (outside one it raises ``TransactionManagementError``)."""
         missing = set(self.key_fields) ^ set(prerequisite.key)
         if missing:
             raise TypeError(f"a prerequisite needs exactly the key fields {self.key_fields}")
+        if not connections[self.using].in_atomic_block:
+            # In autocommit the share lock ends with the statement: the check would vouch
+            # for nothing the caller writes afterwards.
+            raise TransactionManagementError(
+                "hold() share-locks the prerequisite for the caller's transaction: "
+                "call it inside transaction.atomic()"
+            )
         params = {f"key_{i}": prerequisite.key[f] for i, f in enumerate(self.key_fields)}
         with connections[self.using].cursor() as cursor:
             cursor.execute(self._statements["prerequisite"], params)

@@ -120,3 +120,24 @@ def test_database_errors_stay_in_the_log(client, user, monkeypatch):
         "error": "unstorable_value",
         "detail": "a value does not fit where it is stored; nothing was written",
     }
+
+
+def test_no_storable_position_or_none_feasible_still_closes_with_a_zero_quote(user, settings):
+    # The one-statement writes of feasibility and calculate with empty arrays, and with
+    # prices that are all NULL.
+    settings.PIPELINE_EXTRACTOR = "tests.pipeline.extractors.WildExtractor"
+    WildExtractor.returns = (parsed(unit="lbs"),)
+    try:
+        empty = submit(user.tenant, {"items.txt": "12 pcs beam\n"})
+        assert run_stages(empty.id) == ["completed"] * 4
+    finally:
+        WildExtractor.returns = ()
+    settings.PIPELINE_EXTRACTOR = ""  # the default extractor
+    gnomes = submit(user.tenant, {"a.txt": "1 pcs garden gnome\n2 pcs garden gnome\n"})
+    assert run_stages(gnomes.id) == ["completed"] * 4
+    for anfrage, count in ((empty, 0), (gnomes, 2)):
+        anfrage.refresh_from_db()
+        positions = list(Position.objects.filter(anfrage=anfrage))
+        assert len(positions) == count
+        assert all(p.feasible is False and p.total is None for p in positions)
+        assert (anfrage.quote_total, anfrage.completed_at is not None) == (Decimal("0.00"), True)

@@ -17,6 +17,12 @@ reopen
     result is superseded (test_extract_reopened_meanwhile_supersedes_feasibility), or
     retried on the new input once the replay finished
     (test_extract_replayed_and_finished_meanwhile_makes_feasibility_retry)
+  - extract, two stages back, is replayed with --cascade and runs again with feasibility
+    before calculate read its input, after it, or while it computes: calculate never
+    commits a quote from the old positions; it is retried and prices the new ones
+    (test_extract_rerun_two_stages_back_never_lets_calculate_commit_the_old_positions);
+    feasibility reopened (without --cascade) while calculate computes supersedes it
+    (test_feasibility_reopened_while_calculate_computes_supersedes_calculate)
 run again
   - without --cascade only that stage runs, and only when no later stage succeeded on
     the output it rewrites (test_forced_replay_of_the_last_stage_runs_only_that_stage,
@@ -30,6 +36,7 @@ run again
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import threading
@@ -393,3 +400,125 @@ def test_a_cascading_replay_reopens_a_stage_whose_closing_transaction_commits_me
     }
     assert run_stages(anfrage.id) == ["skipped", "completed", "completed", "completed"]
     assert {status for status, _ in runs(anfrage).values()} == {"success"}
+
+
+# --- extract replayed (two stages back) while calculate reads or computes
+
+
+def _rerun_from_extract(tenant, anfrage) -> None:
+    """In another connection: a cascading replay of extract, then extract and feasibility
+    run again to success (new position rows with new verdicts)."""
+
+    def replay_and_run():
+        with connection.cursor() as cursor:
+            # A calculate computing now has a lapsed lease (its worker stalled), so the
+            # replay is not refused; its row stays 'running'.
+            cursor.execute(
+                "UPDATE pipeline_runs SET lease_expires_at = now() - interval '1 second'"
+                " WHERE anfrage_id = %s AND stage = 'calculate' AND status = 'running'",
+                [anfrage.id],
+            )
+        pipeline_stage_replay(
+            tenant_id=tenant.id,
+            anfrage_id=anfrage.id,
+            stage=Stage.EXTRACT,
+            force=True,
+            cascade=True,
+            actor="ops",
+        )
+        assert run_stages(anfrage.id, (Stage.EXTRACT, Stage.FEASIBILITY)) == [
+            "completed",
+            "completed",
+        ]
+
+    thread, outcome = in_background(replay_and_run)
+    thread.join()
+    assert outcome == [None], outcome
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("when", ["before_input", "after_input", "while_computing"])
+def test_extract_rerun_two_stages_back_never_lets_calculate_commit_the_old_positions(
+    tenant, monkeypatch, when
+):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, (Stage.INTAKE, Stage.EXTRACT, Stage.FEASIBILITY))
+    drop_jobs()
+    old_ids = set(Position.objects.filter(anfrage=anfrage).values_list("id", flat=True))
+    work = stages._STAGES[Stage.CALCULATE]
+
+    def prepare(anfrage_):
+        if when == "before_input":
+            _rerun_from_extract(tenant, anfrage)
+        inputs = work.prepare(anfrage_)
+        if when == "after_input":
+            _rerun_from_extract(tenant, anfrage)
+        return inputs
+
+    def compute(anfrage_, inputs):
+        result = work.compute(anfrage_, inputs)
+        if when == "while_computing":
+            _rerun_from_extract(tenant, anfrage)
+        return result
+
+    monkeypatch.setitem(
+        stages._STAGES,
+        Stage.CALCULATE,
+        dataclasses.replace(work, prepare=prepare, compute=compute),
+    )
+    if when == "before_input":
+        # The token was read before the replay, the input after it: a false alarm at
+        # worst (the input is the new one), never a result from the old positions.
+        with contextlib.suppress(StageInputStale):
+            pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.CALCULATE)
+    else:
+        with pytest.raises(StageInputStale):
+            pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.CALCULATE)
+        anfrage.refresh_from_db()
+        assert (anfrage.quote_total, anfrage.completed_at) == (None, None)
+        assert all(p.total is None for p in Position.objects.filter(anfrage=anfrage))
+    monkeypatch.setitem(stages._STAGES, Stage.CALCULATE, work)
+    assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.CALCULATE) in (
+        "completed",
+        "skipped",
+    )
+    anfrage.refresh_from_db()
+    positions = list(Position.objects.filter(anfrage=anfrage))
+    assert not old_ids & {p.id for p in positions}
+    assert all(p.feasible is not None for p in positions)
+    assert anfrage.quote_total == sum(p.total for p in positions if p.total is not None)
+    assert anfrage.completed_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_feasibility_reopened_while_calculate_computes_supersedes_calculate(tenant, monkeypatch):
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, (Stage.INTAKE, Stage.EXTRACT, Stage.FEASIBILITY))
+    work = stages._STAGES[Stage.CALCULATE]
+
+    def compute(anfrage_, inputs):
+        result = work.compute(anfrage_, inputs)
+        # Without --cascade: calculate has not succeeded, so the replay is not refused.
+        thread, outcome = in_background(
+            lambda: pipeline_stage_replay(
+                tenant_id=tenant.id,
+                anfrage_id=anfrage.id,
+                stage=Stage.FEASIBILITY,
+                force=True,
+                actor="ops",
+            )
+        )
+        thread.join()
+        assert outcome and outcome[0].reopened == ("feasibility",), outcome
+        return result
+
+    monkeypatch.setitem(stages._STAGES, Stage.CALCULATE, dataclasses.replace(work, compute=compute))
+    outcome = pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.CALCULATE)
+    assert outcome is StageOutcome.SUPERSEDED
+    anfrage.refresh_from_db()
+    assert (anfrage.quote_total, anfrage.completed_at) == (None, None)
+    assert not Position.objects.filter(anfrage=anfrage, total__isnull=False).exists()
+    monkeypatch.setitem(stages._STAGES, Stage.CALCULATE, work)
+    assert run_stages(anfrage.id, (Stage.FEASIBILITY, Stage.CALCULATE)) == ["completed"] * 2
+    anfrage.refresh_from_db()
+    assert anfrage.quote_total is not None and anfrage.completed_at is not None

@@ -27,7 +27,17 @@ renewal
   - the block ends: the thread stops and closes its connection
     (test_the_renewal_thread_closes_its_connection)
   - the block ends before the first tick (most do): no thread was started for it
-    (test_a_block_shorter_than_a_tick_starts_no_renewal_thread)
+    (test_a_block_shorter_than_a_tick_starts_no_renewal_thread), and the starter keeps
+    nothing of it until its tick would have come (a third of the lease: a busy worker's
+    ended blocks would pile up) (test_an_ended_block_is_not_kept_until_its_tick)
+hold
+  - the prerequisite is ``success`` with the token seen: passes; another token, reopened,
+    no row: ``PrerequisiteChanged`` says what it is now
+    (test_hold_passes_only_on_success_with_the_same_token)
+  - outside a transaction its lock would end with its statement: refused
+    (test_hold_outside_a_transaction_is_refused)
+  - a reopening of the prerequisite waits for the holder's transaction
+    (test_a_held_prerequisite_is_reopened_only_after_the_holder_commits)
 fail
   - the work raised: ``failed`` with the error, claimable again
     (test_failed_row_stays_claimable_and_keeps_the_error)
@@ -35,16 +45,19 @@ fail
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 
 import pytest
 from django.db import OperationalError, connection, transaction
+from django.db.transaction import TransactionManagementError
 
 import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
 from queueing import current
 from queueing.enqueue import enqueue
-from queueing.exceptions import LeaseLost
-from queueing.ledger import Ledger, Outcome
+from queueing.exceptions import LeaseLost, PrerequisiteChanged
+from queueing.ledger import _STARTER, Ledger, Outcome, Prerequisite
 from tests.conftest import make_doing, run_concurrently, wait_for
 from tests.queueing.models import Step
 
@@ -226,6 +239,90 @@ def test_a_block_shorter_than_a_tick_starts_no_renewal_thread():
         started = [t for t in threading.enumerate() if t.name == name]
     assert started == [] and renewal.renewals == 0
     LEDGER.complete(claim)
+
+
+def test_an_ended_block_is_not_kept_until_its_tick():
+    long = LEDGER.claim(unit="r7", stage="long")
+    # A stage computing for long: its tick comes first, so the blocks ended after it queue
+    # behind it in the starter.
+    with LEDGER.renewing(long, every=600):
+        claim = LEDGER.claim(unit="r7", stage="extract")
+        with LEDGER.renewing(claim, every=600) as renewal:
+            pass
+        LEDGER.complete(claim)
+        ended = weakref.ref(renewal)
+        del renewal
+        for n in range(200):  # a busy worker: many short blocks, each ended long before its tick
+            other = LEDGER.claim(unit="r7", stage=f"s{n}")
+            with LEDGER.renewing(other, every=600):
+                pass
+        gc.collect()
+        assert ended() is None, "the starter still holds an ended block's renewal"
+        assert len(_STARTER._due) < 200
+    LEDGER.complete(long)
+
+
+def test_hold_passes_only_on_success_with_the_same_token():
+    LEDGER.complete(first := LEDGER.claim(unit="h1", stage="extract"))
+    key = {"unit": "h1", "stage": "extract"}
+    with transaction.atomic():
+        LEDGER.hold(Prerequisite(key=key, token=first.token))
+    for token in (None, first.token + 1):
+        with transaction.atomic(), pytest.raises(PrerequisiteChanged) as raised:
+            LEDGER.hold(Prerequisite(key=key, token=token))
+        assert (raised.value.status, raised.value.token) == ("success", first.token)
+    Step.objects.filter(pk=first.entry_id).update(status="failed")
+    with transaction.atomic(), pytest.raises(PrerequisiteChanged) as raised:
+        LEDGER.hold(Prerequisite(key=key, token=first.token))
+    assert raised.value.status == "failed"
+    with transaction.atomic(), pytest.raises(PrerequisiteChanged) as raised:
+        LEDGER.hold(Prerequisite(key={"unit": "h1", "stage": "none"}, token=1))
+    assert (raised.value.status, raised.value.token) == (None, None)
+
+
+def test_hold_outside_a_transaction_is_refused():
+    LEDGER.complete(first := LEDGER.claim(unit="h2", stage="extract"))
+    with pytest.raises(TransactionManagementError):
+        LEDGER.hold(Prerequisite(key={"unit": "h2", "stage": "extract"}, token=first.token))
+
+
+def test_a_held_prerequisite_is_reopened_only_after_the_holder_commits():
+    LEDGER.complete(first := LEDGER.claim(unit="h3", stage="extract"))
+    held = threading.Event()
+    release = threading.Event()
+
+    def holder(i):
+        with transaction.atomic():
+            LEDGER.hold(Prerequisite(key={"unit": "h3", "stage": "extract"}, token=first.token))
+            held.set()
+            assert release.wait(timeout=20)
+
+    def reopen(i):
+        assert held.wait(timeout=20)
+        Step.objects.filter(pk=first.entry_id).update(status="failed")
+        return "reopened"
+
+    done = []
+    thread = threading.Thread(target=lambda: done.extend(run_concurrently(reopen, 1)))
+    holding = threading.Thread(target=lambda: run_concurrently(holder, 1))
+    holding.start()
+    thread.start()
+    wait_for(lambda: _lock_waiters() > 0, timeout=20, message="the reopening to wait")
+    assert Step.objects.get(pk=first.entry_id).status == "success"
+    release.set()
+    holding.join()
+    thread.join()
+    assert done == ["reopened"]
+    assert Step.objects.get(pk=first.entry_id).status == "failed"
+
+
+def _lock_waiters() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0]
 
 
 def _job_doing() -> int:
