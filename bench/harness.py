@@ -67,7 +67,9 @@ FULL = Sizes(
     enqueues=2000,
     counted_jobs=200,
     counted_inquiries=20,
-    sustained_rates=(200, 400, 600),
+    # 200, 400 and 600 jobs/s are the rates asked of both; 100 is one a 2-core machine
+    # serves on either side, so claim latencies compare where neither falls behind.
+    sustained_rates=(100, 200, 400, 600),
     sustained_seconds=60,
     sustained_concurrency=4,
 )
