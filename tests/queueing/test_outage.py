@@ -306,9 +306,7 @@ def test_a_pool_of_dead_connections_lends_a_live_one_at_once():
     assert asyncio.run(scenario()) == ["pgstage-dead-pool"]
 
 
-@pytest.mark.parametrize(
-    "method", ["LDAP", "RADIUS", "PAM", "GSSAPI", "SSPI", "Ident", "BSD"]
-)
+@pytest.mark.parametrize("method", ["LDAP", "RADIUS", "PAM", "GSSAPI", "SSPI", "Ident", "BSD"])
 def test_an_authentication_service_out_of_reach_is_no_refusal(clock, method):
     """PostgreSQL answers a client whose authentication it delegates (an LDAP or RADIUS
     server, PAM, Kerberos, an ident daemon) with the same words whether the password is

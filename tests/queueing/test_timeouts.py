@@ -568,9 +568,7 @@ def _fetch_as_the_previous_release(job_id: int) -> int:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("left", ["polled", "retried"])
-def test_a_hung_run_of_the_previous_release_is_ended_whatever_this_release_left(
-    clean_queue, left
-):
+def test_a_hung_run_of_the_previous_release_is_ended_whatever_this_release_left(clean_queue, left):
     """During a rolling deploy a job this release fetched (its row: this worker's id, then
     polled, or a failed attempt) is fetched next by a worker of the previous release,
     whose statement leaves ``worker_id`` and ``polled`` as they were. Its run hangs: it is
