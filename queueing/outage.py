@@ -69,7 +69,9 @@ class DatabaseRefused(psycopg.OperationalError):
 #: and libpq's own word for a password the server asks for and the settings lack), and
 #: what to fix. Read from the connection's error message: libpq gives no SQLSTATE for a
 #: failed connection. PostgreSQL's English messages: a server whose ``lc_messages``
-#: translates them is taken for out of reach, and the worker waits out its window.
+#: translates them is taken for out of reach, and the worker waits out its window. An
+#: authentication the server delegates (LDAP, RADIUS, PAM, GSSAPI, SSPI, Ident) is no
+#: refusal: the client cannot tell a wrong password from the service being down.
 _REFUSALS: tuple[tuple[re.Pattern[str], str, str], ...] = (
     (
         re.compile(r"password authentication failed for user"),
@@ -87,7 +89,14 @@ _REFUSALS: tuple[tuple[re.Pattern[str], str, str], ...] = (
         "the server's pg_hba.conf admits no such connection (host, role, database)",
     ),
     (
-        re.compile(r"authentication failed for user|is not permitted to log in"),
+        # Only the methods the server decides alone (peer, certificate). One it delegates
+        # (LDAP, RADIUS, PAM, GSSAPI, SSPI, Ident, BSD) fails in the same words when the
+        # service it asks is down: that is an outage (auth_failed in PostgreSQL's auth.c).
+        re.compile(
+            r'(?:Peer|certificate|"trust") authentication failed for user'
+            r'|authentication failed for user "[^"]*": invalid authentication method'
+            r"|is not permitted to log in"
+        ),
         "28000",
         "the server does not let this role log in",
     ),

@@ -7,7 +7,9 @@ statement (``pgstage_job_deadlines``, per job and attempt, with the fetching wor
 id), so that every process that runs stalled recovery judges it alike, whichever release
 or worker fetched the job. A row judges only its own worker's run: one left by a dead run
 that a worker of the release before job timeouts put back (and fetched again at the same
-attempt, recording none) ends nothing (migration 0012).
+attempt, recording none) ends nothing (migration 0012); one a worker of the previous release
+fetched last, rewriting its deadlines but not whose run it is, is judged as that release
+judged it (migration 0013).
 
 Past its deadline:
 

@@ -109,15 +109,19 @@ SELECT id FROM ended;
 -- Only the run whose fetch wrote the row is judged by it (d.worker_id; NULL: a row of the
 -- previous release): a row left by a dead run, which a worker of the release before job
 -- timeouts put back without deleting it and fetched again at the same attempt, is no
--- deadline of that worker's run, nor is a row a poll released (migration 0012).
+-- deadline of that worker's run, nor is a row a poll released (migration 0012). A row
+-- whose run_deadline is not the one written with them (owned_run_deadline) was fetched
+-- last by a worker of the previous release, which writes neither: judged as it was
+-- (migration 0013).
 -- SKIP LOCKED: two recoveries never take the same job.
 SELECT j.id, j.status, j.task_name, j.priority, j.lock, j.queueing_lock, j.args,
        j.scheduled_at, j.queue_name, j.attempts, j.abort_requested, j.worker_id
   FROM procrastinate_jobs j
   JOIN pgstage_job_deadlines d ON d.job_id = j.id AND d.attempts = j.attempts
  WHERE j.status = 'doing'
-   AND NOT d.polled
-   AND (d.worker_id IS NULL OR j.worker_id IS NULL OR d.worker_id = j.worker_id)
+   AND (d.owned_run_deadline IS DISTINCT FROM d.run_deadline
+        OR (NOT d.polled
+            AND (d.worker_id IS NULL OR j.worker_id IS NULL OR d.worker_id = j.worker_id)))
    AND j.task_name = ANY(%(known)s::varchar[])
    AND greatest(d.deadline, d.run_deadline, %(resumed_at)s::timestamptz)
        < now() - %(grace)s * interval '1 second'

@@ -25,7 +25,9 @@
 -- bounded by the timeout too), and a new attempt gets a fresh one. Only a row a poll
 -- released (polled) keeps it: a row of the same attempt left by a run that died, which a
 -- worker of the release before job timeouts put back without deleting it, is that run's
--- (migration 0012). worker_id: whose run the row is.
+-- (migration 0012). worker_id: whose run the row is. owned_run_deadline: the run_deadline
+-- written with them (a fetch of the previous release rewrites run_deadline alone: the row
+-- is then judged as that release judged it, migration 0013).
 WITH RECURSIVE waiting AS (
     (SELECT task_name, queue_name
        FROM procrastinate_jobs
@@ -130,20 +132,25 @@ UPDATE procrastinate_jobs
     WHERE procrastinate_jobs.id = chosen.id
     RETURNING procrastinate_jobs.*
 ), deadline AS (
-INSERT INTO pgstage_job_deadlines AS d (job_id, attempts, deadline, run_deadline, worker_id)
+INSERT INTO pgstage_job_deadlines AS d
+       (job_id, attempts, deadline, run_deadline, worker_id, owned_run_deadline)
 SELECT fetched.id, fetched.attempts, now() + bound.seconds * interval '1 second',
-       now() + bound.seconds * interval '1 second', %(worker_id)s
+       now() + bound.seconds * interval '1 second', %(worker_id)s,
+       now() + bound.seconds * interval '1 second'
   FROM fetched
   JOIN unnest(%(timeout_tasks)s::varchar[], %(timeout_seconds)s::float8[])
        AS bound (task_name, seconds) ON bound.task_name = fetched.task_name
 ON CONFLICT (job_id) DO UPDATE
    SET deadline = CASE WHEN d.attempts = EXCLUDED.attempts
-                            AND (d.polled OR d.worker_id IS NULL) THEN d.deadline
+                            AND (d.polled OR d.worker_id IS NULL
+                                 OR d.owned_run_deadline IS DISTINCT FROM d.run_deadline)
+                       THEN d.deadline
                        ELSE EXCLUDED.deadline END,
        run_deadline = EXCLUDED.run_deadline,
        attempts = EXCLUDED.attempts,
        worker_id = EXCLUDED.worker_id,
-       polled = false
+       polled = false,
+       owned_run_deadline = EXCLUDED.run_deadline
 )
 SELECT id, status, task_name, priority, lock, queueing_lock, args, scheduled_at, queue_name, attempts, worker_id
   FROM (SELECT) AS one LEFT JOIN fetched ON true;
@@ -180,7 +187,8 @@ WITH beat AS (
     SELECT count(*)::integer AS slots
       FROM unnest(%(running)s::bigint[], %(attempts)s::integer[]) AS run (job_id, attempts)
       JOIN pgstage_job_deadlines d ON d.job_id = run.job_id
-     WHERE (d.worker_id IS NULL OR d.worker_id = %(worker_id)s) AND NOT d.polled
+     WHERE (d.owned_run_deadline IS DISTINCT FROM d.run_deadline
+            OR ((d.worker_id IS NULL OR d.worker_id = %(worker_id)s) AND NOT d.polled))
        AND (d.attempts <> run.attempts
             OR greatest(d.deadline, d.run_deadline) < now() - %(grace)s * interval '1 second')
 ), recorded AS (

@@ -52,8 +52,10 @@ Liveness, timed from the end of the last fault (every fault heals what it did):
   and ended after the return. One that began after the bound had passed excuses nothing.
   A kill, drain, reset or partition takes one worker: the others must start jobs — unless
   every slot of each of them (started before the return, neither draining nor
-  partitioned) stayed held, up to the bound's end, by a run begun before the return: then
-  the workers were busy, not stuck. Each excused late start is listed
+  partitioned) stayed held by a run begun before the return until a bound before the
+  first start at the earliest: then the workers were busy, not stuck. A slot that freed,
+  or a partition that healed, more than a bound before the start excuses nothing. Each
+  excused late start is listed
   (``late_restarts_excused``).
 - **L3 a worker never exits on its own while the database is reachable** (an exit seen
   within 2 s of the database's or its link's return counts as one while it was away). How
@@ -317,42 +319,55 @@ def _check_domains(report, history, final) -> None:
 
 
 def _slots_held(
-    history: list[dict], runs: dict[int, list[Run]], windows: list[Window], returned: float
+    history: list[dict],
+    runs: dict[int, list[Run]],
+    windows: list[Window],
+    returned: float,
+    seconds: float,
 ) -> bool:
-    """Whether every worker that could have started a job in the bound after ``returned``
-    held all its slots with runs begun before it, up to the bound's end (or its drain's
-    start, or its exit): no job could start — the workers were busy, not stuck. A worker
-    started after the return is booting, not recovering; one started before it counts,
-    unless it was partitioned within the bound (cut off, as a drained one is).
-    Runs are the generic jobs' (the domains' jobs last a fraction of a second)."""
+    """Whether no worker that could have started a job after ``returned`` had a whole
+    bound of free time before the first start (``seconds`` after it): each held all its
+    slots with runs begun before the return, or was partitioned, until a bound before
+    that start at the earliest (or until its drain's start, or its exit). A slot that freed, or a
+    partition that healed, more than a bound before the start left the worker idle for
+    longer than it may be: stuck, not busy. A worker started after the return is booting,
+    not recovering. Runs are the generic jobs' (the domains' jobs last a fraction of a
+    second)."""
     run_line = next((line for line in history if line["type"] == "run"), {})
     slots = run_line.get("concurrency", DEFAULT_CONCURRENCY)
-    bound_end = returned + RESTART_BOUND_SECONDS
+    first_start = returned + seconds
     started: dict[int, float] = {}
+    index: dict[int, int] = {}
     until: dict[int, float] = {}
-    cut_off = {
-        w.worker
-        for w in windows
-        if w.kind == "partition" and w.start <= bound_end and w.end >= returned
-    }
     for line in history:
         if line["type"] != "worker" or not line.get("pid"):
             continue
-        if line["event"] == "start" and line["worker"] not in cut_off:
+        if line["event"] == "start":
             started[line["pid"]] = line["mono"]
+            index[line["pid"]] = line["worker"]
         elif line["event"] in ("signal", "exit"):
             until.setdefault(line["pid"], line["mono"])  # a drain's start, else its exit
     open_runs = [r for job_runs in runs.values() for r in job_runs]
     for pid, start in started.items():
         if start >= returned or until.get(pid, float("inf")) <= returned:
             continue
-        at = min(bound_end, until.get(pid, float("inf")))
-        held = sum(
-            1
+        # Until when it could start nothing: its slots all held by runs begun before the
+        # return (the first of them to end frees one) ...
+        ends = sorted(
+            float("inf") if r.end is None else r.end
             for r in open_runs
-            if r.pid == pid and r.start < returned and (r.end is None or r.end >= at)
+            if r.pid == pid and r.start < returned and (r.end is None or r.end > returned)
         )
-        if held < slots:
+        free_at = returned if len(ends) < slots else ends[len(ends) - slots]
+        # ... or cut off by a partition that began before it had a bound of free time.
+        for w in sorted(
+            (w for w in windows if w.kind == "partition" and w.worker == index[pid]),
+            key=lambda w: w.start,
+        ):
+            if w.start < free_at + RESTART_BOUND_SECONDS and w.end > free_at:
+                free_at = w.end
+        # Free (nor draining, nor gone) from a bound before the start on: it was idle.
+        if free_at < min(first_start - RESTART_BOUND_SECONDS, until.get(pid, float("inf"))):
             return False
     return True
 
@@ -395,7 +410,7 @@ def _check_liveness(report, history, final, windows, runs) -> None:
         ]
         if stopped_all:
             excused.append({"seconds": round(seconds, 2), "by": sorted(set(stopped_all))})
-        elif _slots_held(history, runs, windows, returned):
+        elif _slots_held(history, runs, windows, returned, seconds):
             excused.append({"seconds": round(seconds, 2), "by": ["every slot busy"]})
         else:
             report.violate(

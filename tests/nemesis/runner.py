@@ -14,14 +14,17 @@ repeats the faults, not the interleaving.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -95,7 +98,7 @@ def run(args: argparse.Namespace) -> tuple[Report, Path]:
     from tests.acceptance.private_pg import private_server
 
     port = free_port()
-    with private_server(port=port) as server:
+    with _reaped(history.path), private_server(port=port) as server:
         history.record("database", event="started", data_dir=str(server.data_dir), port=port)
         os.environ.update(WORKER_SETTINGS)
         os.environ["DATABASE_URL"] = server.url
@@ -193,6 +196,33 @@ def run(args: argparse.Namespace) -> tuple[Report, Path]:
     report = check(read_history(history.path))
     (run_dir / "report.json").write_text(json.dumps(asdict(report), indent=2, default=str))
     return report, history.path
+
+
+@contextlib.contextmanager
+def _reaped(history_path: Path) -> Iterator[None]:
+    """A reaper (:mod:`tests.nemesis.reaper`, in a session of its own) for the run: it
+    stops what the run started should the runner die without its teardown (SIGKILL).
+    Told ``done`` once the teardown has run."""
+    reaper = subprocess.Popen(
+        [sys.executable, "-m", "tests.nemesis.reaper", str(history_path)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert reaper.stdin is not None
+    torn_down = False
+    try:
+        yield
+        torn_down = True
+    finally:
+        with contextlib.suppress(BrokenPipeError):
+            if torn_down:
+                reaper.stdin.write(b"done\n")
+            reaper.stdin.close()
+        try:
+            reaper.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            reaper.kill()
 
 
 class InvariantMonitor:

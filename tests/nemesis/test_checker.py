@@ -284,3 +284,48 @@ def test_a_late_restart_while_every_slot_stayed_busy_is_no_violation():
     # A worker started after the return boots: it is not the one that was late.
     booting = {"type": "worker", "event": "start", "worker": 2, "pid": 300, "mono": 11.0}
     assert properties(late(*busy, booting)) == []
+
+
+def test_slots_busy_up_to_the_bound_do_not_excuse_a_start_long_after_they_freed():
+    """Busy slots excuse a late start only while they stay busy: a worker whose slots freed
+    a second after the bound, and which then started nothing for a minute, is stuck, not
+    busy. Likewise a short partition within the bound does not excuse the idle minute
+    after it healed. Only a worker with no bound-long stretch of free time before the
+    start is excused."""
+    run = {"type": "run", "mono": 0.0, "concurrency": 2}
+    third = {"type": "worker", "event": "start", "worker": 2, "pid": 300, "mono": 0.0}
+
+    def busy(until: float) -> list[dict]:
+        return [
+            effect("start", 11, 100, 1.0),
+            effect("start", 12, 100, 2.0),
+            effect("start", 21, 200, 3.0),
+            effect("start", 22, 200, 4.0),
+            effect("end", 11, 100, until),
+            effect("end", 12, 100, until),
+            effect("end", 21, 200, until),
+            effect("end", 22, 200, until),
+        ]
+
+    def late(seconds: float, *lines: dict) -> list[dict]:
+        return [
+            run,
+            *WORKERS,
+            *fault("pg_restart", 8.0, 10.0, 3),
+            {"type": "database", "event": "up", "mono": 10.0, "after": 0.2},
+            *lines,
+            *final(restarts=[{"wall": 0, "seconds": seconds, "jobs": 13}], generic_jobs=[]),
+        ]
+
+    # Free from 16 s on (the bound ended at 15 s), the first job started at 70 s.
+    assert properties(late(60.0, *busy(16.0))) == ["L2"]
+    # Free from 16 s on, the first job started within a bound of it: busy, not stuck.
+    assert properties(late(10.0, *busy(16.0))) == []
+    # Busy until a bound before the start: excused however late.
+    assert properties(late(60.0, *busy(66.0))) == []
+    # Partitioned for half a second within the bound, then idle for a minute.
+    blip = fault("partition", 12.0, 12.5, 5, worker=2)
+    assert properties(late(60.0, *busy(80.0), third, *blip)) == ["L2"]
+    # Partitioned up to a bound before the start: it could fetch nothing.
+    cut = fault("partition", 12.0, 67.0, 5, worker=2)
+    assert properties(late(60.0, *busy(80.0), third, *cut)) == []

@@ -105,3 +105,50 @@ def _kill_survivors(data_dir: str, worker_pids: set[int]) -> None:
         if process.info["pid"] in worker_pids or (data_dir in cmdline and "postgres" in cmdline):
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
+
+
+def test_a_runner_killed_leaves_no_server_and_no_worker(tmp_path):
+    """SIGKILL runs no teardown: the run's reaper stops its workers and its server."""
+    history_path = tmp_path / "run" / "history.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.nemesis.runner",
+            "--seed=1",
+            "--seconds=60",
+            "--kinds=operator",
+            f"--out={tmp_path / 'run'}",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    started, workers = {}, set()
+    try:
+        deadline = time.monotonic() + 90
+        while not any(line["type"] == "fault" for line in _history(history_path)):
+            assert process.poll() is None, process.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "no fault began"
+            time.sleep(0.2)
+        history = _history(history_path)
+        [started] = [x for x in history if x["type"] == "database" and x["event"] == "started"]
+        workers = {x["pid"] for x in history if x["type"] == "worker" and x["event"] == "start"}
+        assert workers
+        process.kill()
+        process.wait()
+        deadline = time.monotonic() + 30
+        while (
+            _survivors(started["data_dir"], workers) or Path(started["data_dir"]).exists()
+        ) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _survivors(started["data_dir"], workers) == []
+        assert not Path(started["data_dir"]).exists()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        _kill_survivors(started.get("data_dir", "-"), workers)

@@ -304,3 +304,31 @@ def test_a_pool_of_dead_connections_lends_a_live_one_at_once():
             await pool.close()
 
     assert asyncio.run(scenario()) == ["pgstage-dead-pool"]
+
+
+@pytest.mark.parametrize("method", ["LDAP", "RADIUS", "PAM", "GSSAPI", "SSPI", "Ident", "BSD"])
+def test_an_authentication_service_out_of_reach_is_no_refusal(clock, method):
+    """PostgreSQL answers a client whose authentication it delegates (an LDAP or RADIUS
+    server, PAM, Kerberos, an ident daemon) with the same words whether the password is
+    wrong or that service is down (``auth_failed`` in src/backend/libpq/auth.c, SQLSTATE
+    28000): the reason is in the server's log only. A blip of the directory server while
+    the workers reconnect (after a restart) is an outage: stopping every worker at its
+    first refusal would turn it into one of the whole fleet."""
+    message = (
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: '
+        f'FATAL:  {method} authentication failed for user "app"'
+    )
+    expired: list[str] = []
+    failures = _failures(expired)
+    failures.failed("beating", psycopg.OperationalError(message))
+    assert expired == [] and outage.refusal(psycopg.OperationalError(message)) is None
+    # Its window still applies: unanswered for the whole of it, the worker gives up.
+    clock.now += 5
+    failures.failed("beating", psycopg.OperationalError(message))
+    assert len(expired) == 1 and "unreachable" in expired[0]
+
+
+@pytest.mark.parametrize("method", ["Peer", "certificate"])
+def test_a_local_authentication_failure_is_a_refusal(clock, method):
+    message = f'FATAL:  {method} authentication failed for user "app"'
+    assert outage.refusal(psycopg.OperationalError(message)) is not None

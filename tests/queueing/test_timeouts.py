@@ -63,12 +63,15 @@ def ids(messages) -> list[str]:
 def _deadline(job_id: int, *, attempts: int, ago: float) -> None:
     """The run's deadline, ``ago`` seconds in the past (negative: ahead)."""
     with connection.cursor() as cursor:
+        # Time moves for the row's owner too: a row this release's fetch wrote stays its.
         cursor.execute(
-            "INSERT INTO pgstage_job_deadlines (job_id, attempts, deadline, run_deadline) "
+            "INSERT INTO pgstage_job_deadlines AS d (job_id, attempts, deadline, run_deadline) "
             "VALUES (%s, %s, now() - %s * interval '1 second', "
             "now() - %s * interval '1 second') ON CONFLICT (job_id) DO UPDATE SET "
             "attempts = EXCLUDED.attempts, deadline = EXCLUDED.deadline, "
-            "run_deadline = EXCLUDED.run_deadline",
+            "run_deadline = EXCLUDED.run_deadline, "
+            "owned_run_deadline = CASE WHEN d.owned_run_deadline = d.run_deadline "
+            "THEN EXCLUDED.run_deadline ELSE d.owned_run_deadline END",
             [job_id, attempts, ago, ago],
         )
 
@@ -540,3 +543,56 @@ def test_a_run_adopted_by_its_worker_registering_again_keeps_its_deadline(clean_
     recovery_ran(last_run_ago=0, resumed_ago=3600)
     _deadline(job, attempts=0, ago=3600)
     assert dict(run_sweep("stalled_jobs").notes) == {"timed_out_retried": 1}
+
+
+def _fetch_as_the_previous_release(job_id: int) -> int:
+    """What a worker of the previous release (migration 0011's, during a rolling deploy)
+    does: procrastinate's fetch, then its record of the run's deadline, which writes
+    neither ``worker_id`` nor ``polled`` (its statement, as it was). Its worker id."""
+    old = beaten_worker(0)  # a live worker
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM procrastinate_fetch_job_v2(%s, %s)", [None, old])
+        assert cursor.fetchone() == (job_id,)
+        cursor.execute(
+            "INSERT INTO pgstage_job_deadlines AS d (job_id, attempts, deadline, run_deadline) "
+            "SELECT id, attempts, now() + interval '1 hour', now() + interval '1 hour' "
+            "  FROM procrastinate_jobs WHERE id = %s "
+            "ON CONFLICT (job_id) DO UPDATE "
+            "   SET deadline = CASE WHEN d.attempts = EXCLUDED.attempts THEN d.deadline "
+            "                       ELSE EXCLUDED.deadline END, "
+            "       run_deadline = EXCLUDED.run_deadline, attempts = EXCLUDED.attempts",
+            [job_id],
+        )
+    return old
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("left", ["polled", "retried"])
+def test_a_hung_run_of_the_previous_release_is_ended_whatever_this_release_left(clean_queue, left):
+    """During a rolling deploy a job this release fetched (its row: this worker's id, then
+    polled, or a failed attempt) is fetched next by a worker of the previous release,
+    whose statement leaves ``worker_id`` and ``polled`` as they were. Its run hangs: it is
+    the previous release's run, judged as that release judged it, and ended."""
+    manager = fetch_by_task_name(app)
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id")
+        (worker,) = cursor.fetchone()
+    job = enqueue("tests.hang", args={"label": "h", "release_file": "-"}).job_id
+    assert async_to_sync(manager.fetch_job)(queues=None, worker_id=worker).id == job
+    if left == "polled":
+        assert _poll(job, worker) != []
+        attempts = 0
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE procrastinate_jobs SET status = 'todo', attempts = 1, worker_id = NULL "
+                "WHERE id = %s",
+                [job],
+            )
+        attempts = 1
+    old = _fetch_as_the_previous_release(job)
+    recovery_ran(last_run_ago=0, resumed_ago=3600)
+    _deadline(job, attempts=attempts, ago=3600)
+    assert dict(run_sweep("stalled_jobs").notes) == {"timed_out_retried": 1}
+    [row] = jobs(id=job)
+    assert (row["status"], row["attempts"]) == ("todo", attempts + 1), old
