@@ -1,8 +1,10 @@
-"""The resume tick's search for lost ``process_job`` tasks (``lost_process_jobs``) probes
-the EXCLUSIVE key's partial unique index once per active job, whatever the statistics
-say: it never scans the waiting jobs (nor, with stale statistics, the whole table and its
-dead rows) to find that nothing is lost. Checked on the plan (its shape, not its time),
-with the tables never analysed and after ANALYZE, beside 5,000 finished jobs."""
+"""The resume tick reads what it may act on, not the history around it, whatever the
+statistics say. Its search for lost ``process_job`` tasks (``lost_process_jobs``) probes
+the EXCLUSIVE key's partial unique index once per active job: it never scans the waiting
+jobs (nor, with stale statistics, the whole table and its dead rows) to find that nothing
+is lost. Its held-run expiry reads the unfinished core runs through their partial index,
+never every run ever made. Checked on the plans (their shape, not their time), with the
+tables never analysed and after ANALYZE, beside 5,000 finished jobs or core runs."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from runs.queue import PROCESS_JOB_KEY
 from tests.runs.factories import DOC_HTML, SOURCES, backdate, funded_user
 
 INDEX = "pgstage_jobs_exclusive_key"
+UNFINISHED_RUNS = {"core_runs_unfinished_idx"}
 
 
 def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -83,3 +86,37 @@ def test_lost_process_jobs_probes_the_exclusive_key_index_per_job(idle_active_jo
             cursor.execute("ANALYZE analysis_jobs")
     (scan,) = jobs_scans(plan_of_lost_process_jobs())
     assert scan in {("Index Scan", INDEX), ("Index Only Scan", INDEX)}
+
+
+@pytest.fixture
+def finished_core_runs():
+    """The finished core runs of a site that has run a while (the sweep must not read them)."""
+    user = funded_user(credits=0)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO core_runs (run_id, user_id, state, sources, error, created_at)"
+            " SELECT gen_random_uuid(), %s, 'done', '[]', '', now() - interval '1 day'"
+            " FROM generate_series(1, 5000)",
+            [user.pk],
+        )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("analyzed", [False, True], ids=["no-statistics", "analyzed"])
+@pytest.mark.parametrize("name", ["core_stale_held", "core_abandoned_released"])
+def test_the_held_run_sweeps_read_only_unfinished_core_runs(finished_core_runs, analyzed, name):
+    """The resume tick's held-run expiry reads the held (and released or judging) core
+    runs through their partial index, never every run ever made."""
+    with connection.cursor() as cursor:
+        if analyzed:
+            cursor.execute("ANALYZE core_runs")
+        cursor.execute("EXPLAIN (FORMAT JSON) " + queries[name], {"seconds": 60, "limit": 500})
+        (document,) = cursor.fetchone()
+    if isinstance(document, str):
+        document = json.loads(document)
+    plan = list(nodes(document[0]["Plan"]))
+    reads = [n for n in plan if n.get("Relation Name") == "core_runs" and "Scan" in n["Node Type"]]
+    assert not [n for n in reads if n["Node Type"] == "Seq Scan"], reads
+    # A run is found through the partial index; the primary key only fetches one by id.
+    assert UNFINISHED_RUNS & {n.get("Index Name") for n in plan}, plan
+    assert all("Index Cond" in n for n in reads if n.get("Index Name") == "core_runs_pkey"), reads
