@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any
 
 from django.db import connections, models, transaction
@@ -177,22 +177,16 @@ class SerialQueue:
         fields = [concrete_field(self.model, name) for name in values if name not in decided_in_sql]
         names = tuple(f"v{i}" for i in range(len(fields)))
         computed_fields = [concrete_field(self.model, name) for name in computed]
-        statement = sql.render(
-            sql.queries["serial_admit"],
+        statement = self._admit_statement(
             columns=tuple(f.column for f in fields),
-            placeholders=sql.placeholders(names),
-            guard=psql.SQL(guard or "true"),
-            before=_fragments(before),
-            computed_columns=_fragments(*(psql.Identifier(f.column) for f in computed_fields)),
-            computed=_fragments(*computed.values()),
-            then=_fragments(then),
-            report=_fragments(report),
-            start_job=psql.SQL(
-                sql.render(sql.queries["serial_admit_start_job"], **self._identifiers)
-                if start_job
-                else ""
-            ),
-            **self._identifiers,
+            names=names,
+            guard=guard,
+            before=before,
+            computed_columns=tuple(f.column for f in computed_fields),
+            computed=tuple(computed.values()),
+            then=then,
+            report=report,
+            start_job=start_job is not None,
         )
         all_params = {**(params or {}), **self._params(key)}
         all_params.update(
@@ -228,8 +222,45 @@ class SerialQueue:
             report=tuple(reported),
         )
 
+    @cache  # noqa: B019 (a few queues, each with a few shapes of admission, live forever)
+    def _admit_statement(
+        self,
+        *,
+        columns: tuple[str, ...],
+        names: tuple[str, ...],
+        guard: str | None,
+        before: str | None,
+        computed_columns: tuple[str, ...],
+        computed: tuple[str, ...],
+        then: str | None,
+        report: str | None,
+        start_job: bool,
+    ) -> str:
+        """The admit statement of one shape of admission (its columns and the caller's
+        named SQL blocks), rendered once per process."""
+        return sql.render(
+            sql.queries["serial_admit"],
+            columns=columns,
+            placeholders=sql.placeholders(names),
+            guard=psql.SQL(guard or "true"),
+            before=_fragments(before),
+            computed_columns=_fragments(*(psql.Identifier(c) for c in computed_columns)),
+            computed=_fragments(*computed),
+            then=_fragments(then),
+            report=_fragments(report),
+            start_job=psql.SQL(
+                sql.render(sql.queries["serial_admit_start_job"], **self._identifiers)
+                if start_job
+                else ""
+            ),
+            **self._identifiers,
+        )
+
     def _run_pipelined(
-        self, lock: tuple[str, dict[str, str]] | None, statement: str, params: dict[str, Any]
+        self,
+        lock: tuple[str, dict[str, str]] | None,
+        statement: str,
+        params: dict[str, Any],
     ) -> tuple[Any, ...]:
         """Send the lock and the statement in one pipeline, and wait once for the row.
 
@@ -243,14 +274,25 @@ class SerialQueue:
         own = not connection.in_atomic_block
         raw = connection.connection
         with connection.cursor() as cursor, connection.cursor() as statement_cursor:
+            # Bind the parameters before the pipeline opens: each execute in it is sent at
+            # once, so the server takes the lock while the next execute is still being
+            # built here; binding a statement's parameters (the document, its sources)
+            # there would hold the key's lock for client time.
+            mogrify = getattr(cursor.cursor, "mogrify", None)
+            bound: tuple[str, dict[str, Any] | None] = (statement, params)
+            if mogrify is not None:
+                with connection.wrap_database_errors:
+                    bound = (mogrify(statement, params), None)
+                    if lock is not None:
+                        lock = (mogrify(*lock), {})
             try:
                 # Errors surface at an execute or at the pipeline's end: Django's either way.
                 with connection.wrap_database_errors, raw.pipeline():
                     if own:
                         cursor.execute("BEGIN")
                     if lock is not None:
-                        cursor.execute(*lock)
-                    statement_cursor.execute(statement, params)
+                        cursor.execute(lock[0], lock[1] or None)
+                    statement_cursor.execute(*bound)
                     if own:
                         cursor.execute("COMMIT")
             except BaseException:

@@ -63,6 +63,17 @@ class CoreRun(models.Model):
     class Meta:
         db_table = "core_runs"
         ordering = ["-id"]
+        indexes = [
+            # The resume tick's held-run expiry reads only the runs not yet finished
+            # (core_stale_held, core_abandoned_released), oldest first: never every run.
+            models.Index(
+                fields=["id"],
+                name="core_runs_unfinished_idx",
+                condition=models.Q(
+                    state__in=[CoreRunState.HELD, CoreRunState.RELEASED, CoreRunState.JUDGING]
+                ),
+            )
+        ]
 
     def __str__(self) -> str:
         return f"core run {self.pk} ({self.state})"

@@ -19,13 +19,14 @@ meanwhile (``bench.waits``) to show what admits wait on.
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from bench import database
-from bench.harness import Row, Series, Target, percentile, say, series
+from bench.harness import Row, Series, Target, percentile, say, series, timed
 from bench.scenarios.common import (
     Context,
     admit,
@@ -39,6 +40,7 @@ from bench.scenarios.common import (
 from bench.tasks import noop
 from bench.waits import WaitSampler
 from bench.wire import Counts, WireCounter
+from queueing.serial import SerialQueue
 
 QUEUE = "bench_admit"
 
@@ -129,6 +131,78 @@ def _storm_defers(ctx: Context, waits: _Waits) -> list[float]:
     return latencies
 
 
+def _floor(ctx: Context) -> dict[str, float]:
+    """Where one admit's time goes, one thread, nothing contended (medians in ms over
+    ``storm`` admits, each for a fresh user): the whole call (``admit``); its one round trip
+    (``round_trip``: binding the parameters, then BEGIN, lock, statement and COMMIT, the
+    WAL flush included, in one pipeline); the server's time from BEGIN to the statement's
+    end (``server``: ``clock_timestamp() - now()`` read right after the same admit in a
+    transaction then rolled back, so no flush); the server's parsing and planning of the
+    statement (``planning``: its EXPLAIN, without running it, less a bare round trip); a
+    bare round trip (``network``:
+    ``SELECT 1``) and a plain defer (``defer``). Derived: ``client`` (admit - round_trip,
+    Python before the round trip) and ``under_lock`` (round_trip - network: the lock's
+    holding time, an upper estimate that includes binding the parameters)."""
+    k = ctx.sizes.storm
+    samples: dict[str, list[float]] = {
+        name: [] for name in ("admit", "round_trip", "server", "network", "defer", "planning")
+    }
+    original = SerialQueue._run_pipelined
+
+    sent: list[tuple[Any, ...]] = []
+
+    def timed_pipeline(queue: SerialQueue, *args: Any) -> Any:
+        sent[:] = [args]
+        started = time.perf_counter()
+        try:
+            return original(queue, *args)
+        finally:
+            if not connection.in_atomic_block:
+                samples["round_trip"].append(time.perf_counter() - started)
+
+    def server_span(user: Any) -> float:
+        with transaction.atomic():
+            admit(user)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT extract(epoch FROM clock_timestamp() - now())")
+                (span,) = cursor.fetchone()
+            transaction.set_rollback(True)
+        return float(span)
+
+    def select_one() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+
+    tenant = bench_tenant("floor")
+    SerialQueue._run_pipelined = timed_pipeline  # type: ignore[method-assign]
+    try:
+        users = funded_users(tenant, 2 * k, credits=1)
+        for user, other in zip(users[:k], users[k:], strict=True):
+            samples["admit"].append(timed(lambda user=user: admit(user)))
+            samples["server"].append(server_span(other))
+            samples["network"].append(timed(select_one))
+            samples["defer"].append(timed(lambda: _defer("floor")))
+        _lock, statement, params = sent[0]
+        for _ in range(k):
+            samples["planning"].append(timed(lambda: _explained(statement, params)))
+    finally:
+        SerialQueue._run_pipelined = original  # type: ignore[method-assign]
+        database.purge_tenant(tenant.pk)
+        database.delete_bench_jobs()
+    ms = {name: Series(tuple(v)).median * 1000 for name, v in samples.items()}
+    ms["planning"] -= ms["network"]
+    ms["client"] = ms["admit"] - ms["round_trip"]
+    ms["under_lock"] = ms["round_trip"] - ms["network"]
+    return {name: round(value, 3) for name, value in ms.items()}
+
+
+def _explained(statement: str, params: dict[str, Any]) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + statement, params)
+        cursor.fetchall()
+
+
 def _counted(ctx: Context) -> dict[str, tuple[Counts, int]]:
     """Wire counts (and Django's captured statements) of k admits per case, and k defers."""
     k = ctx.sizes.counted_admits
@@ -170,6 +244,7 @@ def run(ctx: Context) -> list[Row]:
     counts: dict[str, list[dict[str, Any]]] = {"free": [], "queued": [], "defer": []}
     django: dict[str, list[float]] = {"free": [], "queued": [], "defer": []}
     single_waits = _Waits(ctx)
+    floors: list[dict[str, float]] = []
     for rep in range(sizes.repetitions):
         say(f"admission: repetition {rep + 1}/{sizes.repetitions}, {threads} threads")
         rates["plain_t"].append(_defer_rate(waits, threads=threads, total=total))
@@ -187,6 +262,8 @@ def run(ctx: Context) -> list[Row]:
             n = sizes.counted_admits
             counts[case].append(counted.per(n))
             django[case].append(captured / n)
+        say(f"admission: repetition {rep + 1}/{sizes.repetitions}, one admit's time")
+        floors.append(_floor(ctx))
 
     scaling = [t / one for t, one in zip(rates["pg_t"], rates["pg_1"], strict=True)]
     plain_scaling = [t / one for t, one in zip(rates["plain_t"], rates["plain_1"], strict=True)]
@@ -216,7 +293,12 @@ def run(ctx: Context) -> list[Row]:
             result=series(rates["pg_1"]),
             baseline_label="plain defers/s, 1 thread",
             baseline=series(rates["plain_1"]),
-            profile={"waits": single_waits.merged("pgstage")},
+            profile={
+                "waits": single_waits.merged("pgstage"),
+                "floor_ms": {
+                    name: Series(tuple(f[name] for f in floors)).median for name in floors[0]
+                },
+            },
         ),
         Row(
             key="admit_scaling",
@@ -310,8 +392,45 @@ def describe_waits(waits: dict[str, Any]) -> str:
     return text
 
 
+def _split(floor: dict[str, float]) -> str:
+    return (
+        f"Measured on one thread, uncontended (medians): an admit takes {floor['admit']:.2f} "
+        f"ms: {floor['client']:.2f} ms of Python, then {floor['round_trip']:.2f} ms for its "
+        "one round trip (binding the parameters, the lock, the statement, the COMMIT and "
+        f"its WAL flush), of which the server spends {floor['server']:.2f} ms from BEGIN to "
+        f"the statement's end, {floor['planning']:.2f} ms of it parsing and planning the "
+        "statement (sent each time, never prepared: the web reaches the database through a "
+        f"transaction pooler); a bare round trip takes {floor['network']:.2f} ms, a plain "
+        f"defer {floor['defer']:.2f} ms"
+    )
+
+
+def _tenant_floor(floor: dict[str, float], *, needed: float) -> str:
+    """One tenant's admits take its budget row in turn, each for its time on the server."""
+    ceiling = 1000 / floor["under_lock"] if floor["under_lock"] > 0 else float("inf")
+    return (
+        f"{_split(floor)}. With the row held for up to {floor['under_lock']:.2f} ms per "
+        f"admit (the round trip less the network), one tenant admits about {ceiling:,.0f}/s "
+        f"however many threads; the target needs {needed:,.0f}/s"
+    )
+
+
+def _storm_floor(floor: dict[str, float], row: Row) -> str:
+    """The storm's last admit waits for every other one's time under the user's lock."""
+    size = int(row.parameters["threads"])
+    chain = (row.figure or 0.0) / size
+    target = 1.5 * (row.baseline.median if row.baseline else 0.0)
+    return (
+        f"{_split(floor)}. Each admit holds the user's lock up to {floor['under_lock']:.2f} "
+        f"ms uncontended, so the {size}th waits about {(size - 1) * floor['under_lock']:,.0f} "
+        f"ms; in the storm the p99 is {chain:.1f} ms per admit (the server and the {size} "
+        f"client threads share the machine's CPUs); the target is {target:,.0f} ms"
+    )
+
+
 def _explain(rows: list[Row], trips: dict[str, dict[str, Any]]) -> None:
     by_key = {row.key: row for row in rows}
+    floor = by_key["admit_throughput_single"].profile["floor_ms"]
     free = by_key["admit_round_trips_free"]
     for row in rows:
         if row.met is not False:
@@ -322,6 +441,8 @@ def _explain(rows: list[Row], trips: dict[str, dict[str, Any]]) -> None:
                 f"defer: {free.baseline.median:g}); the admits of one tenant take its budget "
                 "row in turn (a held run's unit, locked until the COMMIT's WAL flush): "
                 + describe_waits(row.profile["waits"])
+                + ". "
+                + _tenant_floor(floor, needed=0.7 * (row.baseline.median if row.baseline else 0.0))
             )
         elif row.key == "admit_scaling":
             row.cause = "admits of different users still wait for each other: " + describe_waits(
@@ -333,6 +454,8 @@ def _explain(rows: list[Row], trips: dict[str, dict[str, Any]]) -> None:
                 "each holding it for its statement and its COMMIT's WAL flush (no network "
                 f"wait: {free.figure:g} round trip(s) per admit): "
                 + describe_waits(row.profile["waits"])
+                + ". "
+                + _storm_floor(floor, row)
             )
         elif row.key.startswith("admit_round_trips"):
             counts = row.profile["counts"]["pgstage"]

@@ -256,8 +256,12 @@ SELECT j.id, j.run_id
 
 -- lost_process_jobs --
 -- Active analyses idle since %(cutoff)s whose process_job is gone: no job holds its
--- EXCLUSIVE key waiting, retrying or running (the LIKE lets the planner use that key's
--- partial unique index). Oldest first, bounded.
+-- EXCLUSIVE key waiting, retrying or running. One probe of that key's partial unique
+-- index (pgstage_jobs_exclusive_key: the LIKE and the statuses are its predicate) per
+-- active job, whatever the statistics say: the OFFSET 0 keeps the NOT EXISTS a subplan
+-- run per job with its key, never an anti-join that scans every waiting job (or, with
+-- stale statistics, the whole table and its dead rows) to build a hash. Oldest first,
+-- bounded.
 SELECT j.id
   FROM analysis_jobs j
  WHERE j.status IN ('pending', 'running')
@@ -267,7 +271,8 @@ SELECT j.id
         SELECT 1 FROM procrastinate_jobs p
          WHERE p.queueing_lock = %(lock_prefix)s || j.id::text
            AND p.queueing_lock LIKE 'exclusive/%%'
-           AND p.status IN ('todo', 'doing'))
+           AND p.status IN ('todo', 'doing')
+        OFFSET 0)
  ORDER BY j.updated_at
  LIMIT %(limit)s;
 

@@ -1,0 +1,122 @@
+"""The resume tick reads what it may act on, not the history around it, whatever the
+statistics say. Its search for lost ``process_job`` tasks (``lost_process_jobs``) probes
+the EXCLUSIVE key's partial unique index once per active job: it never scans the waiting
+jobs (nor, with stale statistics, the whole table and its dead rows) to find that nothing
+is lost. Its held-run expiry reads the unfinished core runs through their partial index,
+never every run ever made. Checked on the plans (their shape, not their time), with the
+tables never analysed and after ANALYZE, beside 5,000 finished jobs or core runs."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from queueing.enqueue import Policy, queueing_lock_prefix
+from runs import admission
+from runs.core import queries
+from runs.queue import PROCESS_JOB_KEY
+from tests.runs.factories import DOC_HTML, SOURCES, backdate, funded_user
+
+INDEX = "pgstage_jobs_exclusive_key"
+UNFINISHED_RUNS = {"core_runs_unfinished_idx"}
+
+
+def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from nodes(child)
+
+
+def plan_of_lost_process_jobs() -> list[dict[str, Any]]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN (FORMAT JSON) " + queries["lost_process_jobs"],
+            {
+                "cutoff": timezone.now() - datetime.timedelta(seconds=60),
+                "lock_prefix": queueing_lock_prefix(PROCESS_JOB_KEY, Policy.EXCLUSIVE),
+                "limit": 500,
+            },
+        )
+        (document,) = cursor.fetchone()
+    if isinstance(document, str):
+        document = json.loads(document)
+    return list(nodes(document[0]["Plan"]))
+
+
+def jobs_scans(plan: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    return [
+        (node["Node Type"], node.get("Index Name"))
+        for node in plan
+        if node.get("Relation Name") == "procrastinate_jobs"
+    ]
+
+
+@pytest.fixture
+def idle_active_jobs():
+    ids = []
+    for _ in range(3):
+        user = funded_user(credits=3)
+        for _ in range(3):  # one active (its process_job waiting), two queued
+            ids.append(
+                admission.analysis_job_admit(
+                    user=user, title="T", doc_html=DOC_HTML, sources=SOURCES
+                ).id
+            )
+    backdate("analysis_jobs", ids, seconds=3600)
+    with connection.cursor() as cursor:  # the finished jobs of a queue that has run a while
+        cursor.execute(
+            "INSERT INTO procrastinate_jobs (queue_name, task_name, status, args)"
+            " SELECT 'finished', 'noop', 'succeeded', '{}' FROM generate_series(1, 5000)"
+        )
+    return ids
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("analyzed", [False, True], ids=["no-statistics", "analyzed"])
+def test_lost_process_jobs_probes_the_exclusive_key_index_per_job(idle_active_jobs, analyzed):
+    if analyzed:
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE procrastinate_jobs")
+            cursor.execute("ANALYZE analysis_jobs")
+    (scan,) = jobs_scans(plan_of_lost_process_jobs())
+    assert scan in {("Index Scan", INDEX), ("Index Only Scan", INDEX)}
+
+
+@pytest.fixture
+def finished_core_runs():
+    """The finished core runs of a site that has run a while (the sweep must not read them)."""
+    user = funded_user(credits=0)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO core_runs (run_id, user_id, state, sources, error, created_at)"
+            " SELECT gen_random_uuid(), %s, 'done', '[]', '', now() - interval '1 day'"
+            " FROM generate_series(1, 5000)",
+            [user.pk],
+        )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("analyzed", [False, True], ids=["no-statistics", "analyzed"])
+@pytest.mark.parametrize("name", ["core_stale_held", "core_abandoned_released"])
+def test_the_held_run_sweeps_read_only_unfinished_core_runs(finished_core_runs, analyzed, name):
+    """The resume tick's held-run expiry reads the held (and released or judging) core
+    runs through their partial index, never every run ever made."""
+    with connection.cursor() as cursor:
+        if analyzed:
+            cursor.execute("ANALYZE core_runs")
+        cursor.execute("EXPLAIN (FORMAT JSON) " + queries[name], {"seconds": 60, "limit": 500})
+        (document,) = cursor.fetchone()
+    if isinstance(document, str):
+        document = json.loads(document)
+    plan = list(nodes(document[0]["Plan"]))
+    reads = [n for n in plan if n.get("Relation Name") == "core_runs" and "Scan" in n["Node Type"]]
+    assert not [n for n in reads if n["Node Type"] == "Seq Scan"], reads
+    # A run is found through the partial index; the primary key only fetches one by id.
+    assert UNFINISHED_RUNS & {n.get("Index Name") for n in plan}, plan
+    assert all("Index Cond" in n for n in reads if n.get("Index Name") == "core_runs_pkey"), reads
