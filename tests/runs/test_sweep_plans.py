@@ -120,3 +120,45 @@ def test_the_held_run_sweeps_read_only_unfinished_core_runs(finished_core_runs, 
     # A run is found through the partial index; the primary key only fetches one by id.
     assert UNFINISHED_RUNS & {n.get("Index Name") for n in plan}, plan
     assert all("Index Cond" in n for n in reads if n.get("Index Name") == "core_runs_pkey"), reads
+
+
+@pytest.mark.django_db
+def test_lost_process_jobs_finds_only_the_jobs_whose_task_is_gone():
+    """Waiting, retrying (waiting, scheduled later) and running tasks keep their job;
+    a task that ended, or none at all, leaves it lost. Whatever the plan, the answer."""
+    ids = [
+        admission.analysis_job_admit(
+            user=funded_user(credits=1), title="T", doc_html=DOC_HTML, sources=SOURCES
+        ).id
+        for _ in range(5)
+    ]
+    waiting, retrying, running, ended, gone = ids
+    lock = queueing_lock_prefix(PROCESS_JOB_KEY, Policy.EXCLUSIVE)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE procrastinate_jobs SET scheduled_at = now() + interval '1 hour',"
+            " attempts = 1 WHERE queueing_lock = %s",
+            [f"{lock}{retrying}"],
+        )
+        cursor.execute(
+            "UPDATE procrastinate_jobs SET status = 'doing' WHERE queueing_lock = %s",
+            [f"{lock}{running}"],
+        )
+        cursor.execute(
+            "UPDATE procrastinate_jobs SET status = 'failed' WHERE queueing_lock = %s",
+            [f"{lock}{ended}"],
+        )
+        cursor.execute("DELETE FROM procrastinate_jobs WHERE queueing_lock = %s", [f"{lock}{gone}"])
+        cursor.execute("UPDATE analysis_jobs SET status = 'running' WHERE id = ANY(%s)", [ids])
+    backdate("analysis_jobs", ids, seconds=3600)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            queries["lost_process_jobs"],
+            {
+                "cutoff": timezone.now() - datetime.timedelta(seconds=60),
+                "lock_prefix": lock,
+                "limit": 500,
+            },
+        )
+        assert sorted(row[0] for row in cursor.fetchall()) == sorted([ended, gone])
+    assert waiting
