@@ -128,8 +128,8 @@ def refusal(exc: BaseException) -> str | None:
                     detail = text.strip().splitlines()[0].rpartition("FATAL:")[2].strip()
                     return (
                         f"the database refuses this worker (SQLSTATE {sqlstate}: {detail}): "
-                        f"{fix}. Fix the database settings (DATABASES['default']); this is no outage, "
-                        "and waiting would not mend it"
+                        f"{fix}. Fix the database settings (DATABASES['default']); this is no "
+                        "outage, and waiting would not mend it"
                     )
         error = error.__cause__ or error.__context__
     return None

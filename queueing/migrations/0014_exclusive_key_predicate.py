@@ -17,6 +17,7 @@ from __future__ import annotations
 from django.apps.registry import Apps
 from django.db import migrations
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+from django.db.backends.utils import CursorWrapper
 
 INDEX = "pgstage_jobs_exclusive_key"
 CREATE = (
@@ -25,7 +26,7 @@ CREATE = (
 )
 
 
-def _invalid(cursor, name: str) -> bool:
+def _invalid(cursor: CursorWrapper, name: str) -> bool:
     cursor.execute(
         "SELECT NOT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
         "WHERE c.relname = %s AND c.relnamespace = current_schema()::regnamespace",

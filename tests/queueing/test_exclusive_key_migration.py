@@ -87,7 +87,7 @@ def test_the_key_stays_unique_while_the_index_is_rebuilt_under_concurrent_enqueu
                             [key],
                         )
                         conn.execute(_insert_sql("todo"), [key])
-        except BaseException as exc:  # noqa: BLE001 (reported by the test)
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=enqueue) for _ in range(2)]
