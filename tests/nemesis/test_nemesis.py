@@ -28,8 +28,8 @@ from tests.conftest import ROOT
 pytestmark = [pytest.mark.slow, pytest.mark.nemesis]
 
 SEEDS_FILE = Path(__file__).with_name("seeds.toml")
-#: A seed whose run is longer than this is replayed only with NEMESIS_LONG_SEEDS=1 (or by
-#: hand with ``make nemesis``): ``make test`` stays within minutes.
+#: A seed whose run is longer than this, or marked ``by_hand``, is replayed only with
+#: NEMESIS_LONG_SEEDS=1 (or by hand with ``make nemesis``): ``make test`` stays within minutes.
 LONG_SEED_SECONDS = 300
 SEEDS = tomllib.loads(SEEDS_FILE.read_text())["seed"]
 #: The short run of ``make test``: every fault kind for 60 s at a tenth of the durations,
@@ -76,11 +76,13 @@ def permanent_seeds() -> list:
         ]
         if entry.get("defect"):
             marks.append(pytest.mark.xfail(reason=f"known defect: {entry['defect']}"))
-        if entry["seconds"] > LONG_SEED_SECONDS:
+        if entry["seconds"] > LONG_SEED_SECONDS or entry.get("by_hand"):
             marks.append(
                 pytest.mark.skipif(
                     not os.environ.get("NEMESIS_LONG_SEEDS"),
-                    reason=f"a {entry['seconds']} s seed: NEMESIS_LONG_SEEDS=1 replays it",
+                    reason=f"a {entry['seconds']} s seed"
+                    + (" replayed by hand" if entry.get("by_hand") else "")
+                    + ": NEMESIS_LONG_SEEDS=1 replays it",
                 )
             )
         params.append(pytest.param(entry, id=f"{index}-seed-{entry['seed']}", marks=marks))
