@@ -18,7 +18,9 @@ Fault model: a job waits whose task some worker lacks, and
 - many jobs wait for a task no worker has (a deploy's backlog, a removed task):
   test_the_fetch_and_the_unrunnable_count_never_read_other_tasks_waiting_jobs (before
   the fix, each fetch and each /metrics scrape read every waiting job: 31-146 ms at
-  100k-200k waiting jobs).
+  100k-200k waiting jobs); the same once the worker's prepared fetch runs on a generic
+  plan (PostgreSQL may choose one from its sixth run on):
+  test_the_prepared_fetchs_generic_plan_never_reads_other_tasks_waiting_jobs.
 """
 
 from __future__ import annotations
@@ -294,16 +296,28 @@ def test_a_contended_fetch_takes_the_next_free_job(clean_queue):
     assert _fetch(manager, worker_id).id == third
 
 
-def _rows_read(query: str, params: dict) -> int:
+def _rows_read(query: str, params: dict, *, generic: bool = False) -> int:
     """The rows every scan node of ``query``'s plan read, summed (EXPLAIN ANALYZE, in a
-    transaction rolled back)."""
+    transaction rolled back); ``generic``: of its generic plan, the one a prepared
+    statement may settle on, whatever the parameters."""
     with connection.cursor() as cursor:
         cursor.execute("BEGIN")
         try:
+            if generic:
+                names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", query)))
+                prepared = re.sub(
+                    r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", query
+                )
+                cursor.execute(f"PREPARE pgstage_generic AS {prepared}")
+                cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                arguments = ", ".join(f"%({name})s" for name in names)
+                query = f"EXECUTE pgstage_generic ({arguments})"
             cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}", params)
             (plan,) = cursor.fetchone()
         finally:
             cursor.execute("ROLLBACK")
+            if generic:
+                cursor.execute("DEALLOCATE ALL")
 
     def walk(node: dict) -> int:
         own = 0
@@ -314,10 +328,10 @@ def _rows_read(query: str, params: dict) -> int:
     return walk(plan[0]["Plan"])
 
 
-def test_the_fetch_and_the_unrunnable_count_never_read_other_tasks_waiting_jobs(clean_queue):
+def _backlog_of_another_task() -> int:
+    """5000 waiting jobs of a task this worker lacks, ahead of its own (older, higher
+    priority), on two queues, and 5000 of its own task; returns a registered worker's id."""
     with connection.cursor() as cursor:
-        # A release's backlog: 5000 waiting jobs of a task this worker lacks, ahead of
-        # its own (older, higher priority), on two queues; and 5000 of its own task.
         for task_name, priority in (("gone.task", 9), ("tests.record", 0)):
             cursor.execute(
                 "INSERT INTO procrastinate_jobs (task_name, queue_name, priority, args, status)"
@@ -333,15 +347,32 @@ def test_the_fetch_and_the_unrunnable_count_never_read_other_tasks_waiting_jobs(
             " VALUES (%s, ARRAY['tests.record', 'gone.task'])",
             [worker_id],
         )
-    fetch = {
-        "queues": None,
+    return worker_id
+
+
+def _fetch_params(worker_id: int, queues: list[str] | None = None) -> dict:
+    return {
+        "queues": queues,
         "worker_id": worker_id,
         "task_names": ["tests.record"],
         "timeout_tasks": [],
         "timeout_seconds": [],
     }
+
+
+def test_the_fetch_and_the_unrunnable_count_never_read_other_tasks_waiting_jobs(clean_queue):
+    fetch = _fetch_params(_backlog_of_another_task())
     assert _rows_read(queries["fetch_job"], fetch) < 50
     assert (
         _rows_read(queueing_queries["unrunnable_tasks"], {"seconds": 30, "clock": "stalled_jobs"})
         < 50
     )
+
+
+@pytest.mark.parametrize("queues", [None, ["runs"]])
+def test_the_prepared_fetchs_generic_plan_never_reads_other_tasks_waiting_jobs(clean_queue, queues):
+    """The worker's pool prepares its fetch (``queueing.connector``): from a prepared
+    statement's sixth run PostgreSQL may plan it once for any parameters. That plan must
+    walk past another task's backlog as the custom one does."""
+    fetch = _fetch_params(_backlog_of_another_task(), queues)
+    assert _rows_read(queries["fetch_job"], fetch, generic=True) < 50

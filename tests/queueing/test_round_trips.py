@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from django.conf import settings
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
@@ -184,6 +185,51 @@ def test_the_workers_connector_replaces_a_pooled_connection_the_server_ended(tra
 
     first, second = asyncio.run(body())
     assert second != first
+
+
+def _fetches_on_one_connection(connector_factory) -> tuple[bool, int]:
+    """Seven fetches through a one-connection worker connector: whether the fetch is then
+    a prepared statement of that connection, and the round trips the last fetch took."""
+
+    from procrastinate.contrib.django import app
+
+    from queueing.worker import TaskNameJobManager
+
+    async def body(connector, counter) -> tuple[bool, int]:
+        await connector.open_async()
+        try:
+            manager = TaskNameJobManager(connector=connector, tasks=lambda: app.tasks)
+            worker_id = await manager.register_worker()
+            for _ in range(6):
+                await manager.fetch_job(queues=None, worker_id=worker_id)
+            before = counter.snapshot()
+            await manager.fetch_job(queues=None, worker_id=worker_id)
+            spent = (counter.snapshot() - before).round_trips
+            row = await connector.execute_query_one_async(
+                "SELECT count(*) > 0 AS prepared FROM pg_prepared_statements"
+                " WHERE statement LIKE %(fetch)s",
+                fetch="%WITH RECURSIVE waiting AS%",
+            )
+            return row["prepared"], spent
+        finally:
+            await connector.close_async()
+
+    return _on_the_wire(connector_factory, body)
+
+
+def test_the_workers_connector_prepares_its_fetch(clean_queue, monkeypatch):
+    """A worker's pool plans its large fetch once per connection (from its fifth run),
+    still in one round trip; a database whose OPTIONS say ``prepare_threshold: None``
+    (e.g. behind a transaction pooler) prepares nothing."""
+    from queueing.connector import worker_connector
+
+    def connector():
+        return worker_connector(min_size=1, max_size=1)
+
+    assert _fetches_on_one_connection(connector) == (True, 1)
+    options = settings.DATABASES["default"].setdefault("OPTIONS", {})
+    monkeypatch.setitem(options, "prepare_threshold", None)
+    assert _fetches_on_one_connection(connector) == (False, 1)
 
 
 #: A worker whose own loops (heartbeat, stalled recovery, owed hooks) are rare, so the
