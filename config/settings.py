@@ -186,6 +186,10 @@ DATABASES["default"]["OPTIONS"].setdefault("keepalives", 1)
 DATABASES["default"]["OPTIONS"].setdefault("keepalives_idle", 30)
 DATABASES["default"]["OPTIONS"].setdefault("keepalives_interval", 10)
 DATABASES["default"]["OPTIONS"].setdefault("keepalives_count", 3)
+# psycopg prepares a statement on its 5th run on a connection (Django turns that off):
+# the framework's large statements (a serial queue's admit, the worker's fetch) are then
+# planned once per connection. The ORM binds on the client and prepares nothing either way.
+DATABASES["default"]["OPTIONS"].setdefault("prepare_threshold", 5)
 if env("DATABASE_TRANSACTION_POOLING"):
     # Behind PgBouncer in transaction mode consecutive transactions may run on different
     # server connections: no server-side cursors (they outlive a transaction) and no

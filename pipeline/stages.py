@@ -63,6 +63,7 @@ from pipeline.models import (
 )
 from pipeline.queries import QUERIES
 from pipeline.selectors import catalog_for, parse_stage
+from queueing import sql
 from queueing.enqueue import Enqueued, Policy, enqueue, job_params
 from queueing.exceptions import DoNotRetry, LeaseLost, PollLater, PrerequisiteChanged
 from queueing.keys import KeyFormat
@@ -358,7 +359,7 @@ def _feasibility_compute(anfrage: Anfrage, positions: list[Position]) -> list[Po
 
 
 def _feasibility_write(anfrage: Anfrage, positions: list[Position]) -> None:
-    with connection.cursor() as cursor:
+    with sql.statement_cursor(connection) as cursor:
         cursor.execute(
             QUERIES["feasibility_write"],
             {
@@ -413,7 +414,7 @@ def _calculate_compute(
 def _calculate_write(anfrage: Anfrage, result: tuple[list[Position], Decimal, str]) -> None:
     positions, total, currency = result
     # The prices, and the inquiry complete with its quote: one statement.
-    with connection.cursor() as cursor:
+    with sql.statement_cursor(connection) as cursor:
         cursor.execute(
             QUERIES["calculate_write"],
             {

@@ -249,7 +249,7 @@ class Ledger:
         params["input_hash"] = input_hash
         params["lease_seconds"] = self.lease_seconds if lease_seconds is None else lease_seconds
         params["job_id"] = current.job_id()
-        with connections[self.using].cursor() as cursor:
+        with sql.statement_cursor(connections[self.using]) as cursor:
             cursor.execute(self._statements["claim"], params)
             row = cursor.fetchone()
         if row is None:
@@ -291,7 +291,7 @@ class Ledger:
                 "call it inside transaction.atomic()"
             )
         params = {f"key_{i}": prerequisite.key[f] for i, f in enumerate(self.key_fields)}
-        with connections[self.using].cursor() as cursor:
+        with sql.statement_cursor(connections[self.using]) as cursor:
             cursor.execute(self._statements["prerequisite"], params)
             row = cursor.fetchone()
         status, token = row if row is not None else (None, None)
@@ -399,7 +399,7 @@ class Ledger:
     def _close(self, statement: str, claim: Claim, extra: dict[str, Any]) -> None:
         if not claim.claimed:
             raise LeaseLost(f"cannot {statement} a claim that is {claim.outcome}")
-        with connections[self.using].cursor() as cursor:
+        with sql.statement_cursor(connections[self.using]) as cursor:
             cursor.execute(
                 self._statements[statement], {"id": claim.entry_id, "token": claim.token, **extra}
             )

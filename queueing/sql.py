@@ -10,7 +10,11 @@ from __future__ import annotations
 import re
 from functools import cache
 from importlib import resources
+from typing import Any
 
+import psycopg
+from django.db.backends.utils import CursorDebugWrapper
+from psycopg import pq
 from psycopg import sql as psql
 
 _BLOCK = re.compile(r"^-- (?P<name>[a-z0-9_]+) --\n(?:--[^\n]*\n)*", re.MULTILINE)
@@ -51,3 +55,53 @@ def render(template: str, **identifiers: str | tuple[str, ...] | psql.Composable
     composed fragments such as :func:`placeholders`."""
     parts = {name: _part(value) for name, value in identifiers.items()}
     return psql.SQL(template).format(**parts).as_string(None)
+
+
+class _PreparingCursor(psycopg.Cursor):
+    """Server-side binding, each statement prepared on its first run on the connection.
+
+    Outside a pipeline a statement runs in one of its own: psycopg would otherwise wait
+    for the server to prepare a new statement before it sends the execution (a second
+    round trip on each statement's first run on a connection)."""
+
+    def execute(self, query, params=None, *, prepare=True, binary=None):  # type: ignore[no-untyped-def, override]
+        if self.connection.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+            return super().execute(query, params, prepare=prepare, binary=binary)
+        with self.connection.pipeline():
+            super().execute(query, params, prepare=prepare, binary=binary)
+        return self
+
+
+def prepares(connection: Any) -> bool:
+    """Whether the Django ``connection`` may hold prepared statements: its database's
+    ``OPTIONS`` set psycopg's ``prepare_threshold`` (Django leaves it ``None``, and a
+    transaction pooler before PgBouncer 1.21 cannot carry them)."""
+    raw = connection.connection
+    return raw is not None and raw.prepare_threshold is not None
+
+
+class _DebugCursor(CursorDebugWrapper):
+    """Django's query log for a prepared statement: psycopg keeps no text of what it sent
+    (the statement is named), so the log holds the statement as it was written."""
+
+    def debug_sql(self, sql=None, params=None, use_last_executed_query=False, many=False):  # type: ignore[no-untyped-def]
+        return super().debug_sql(sql, params, use_last_executed_query=False, many=many)
+
+
+def preparing_cursor(connection: Any) -> Any:
+    """A cursor of the Django ``connection`` (its execute wrappers and query log intact)
+    whose statements are bound on the server and prepared on their first run: the server
+    parses and plans a large statement once per connection. Only where :func:`prepares`;
+    Django's own cursors bind on the client and never prepare."""
+    connection.ensure_connection()
+    cursor = _PreparingCursor(connection.connection)
+    if connection.queries_logged:
+        return _DebugCursor(cursor, connection)
+    return connection.make_cursor(cursor)
+
+
+def statement_cursor(connection: Any) -> Any:
+    """The cursor for one of the framework's hot named statements on the Django
+    ``connection``: :func:`preparing_cursor` where :func:`prepares`, else Django's own."""
+    connection.ensure_connection()
+    return preparing_cursor(connection) if prepares(connection) else connection.cursor()

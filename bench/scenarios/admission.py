@@ -6,7 +6,10 @@
   for the scaling.
 * the storm: S threads released together, each admitting once for the same user, each call
   timed on its own thread; p99 (nearest rank) over every call of the repetition's storms.
-  The baseline: S threads, one plain defer each.
+  The baseline: S threads, one plain defer each. Each thread's session has made one call
+  of its side before the release (an admit for a user of its own; a defer), as a web
+  thread's persistent connection (``CONN_MAX_AGE``) has: a session's first statement of a
+  kind is parsed and planned, or its SQL function compiled, afresh.
 * round trips: admits through a counting proxy (``bench.wire``): for a user whose slot is
   free (born ``pending``, its ``process_job`` enqueued) and for a user with an active job
   (born ``queued``); a plain defer the same way.
@@ -40,6 +43,7 @@ from bench.scenarios.common import (
 from bench.tasks import noop
 from bench.waits import WaitSampler
 from bench.wire import Counts, WireCounter
+from queueing import sql
 from queueing.serial import SerialQueue
 
 QUEUE = "bench_admit"
@@ -108,15 +112,23 @@ def _defer_rate(waits: _Waits, *, threads: int, total: int) -> float:
 def _storm_admits(ctx: Context, waits: _Waits) -> list[float]:
     size, storms = ctx.sizes.storm, ctx.sizes.storms
     tenant = bench_tenant("storm")
+    # A tenant per thread for the warm-up admits, so they wait on no budget row.
+    warm_tenants = [bench_tenant(f"storm-warm{t}") for t in range(size)]
     latencies: list[float] = []
     try:
-        for user in funded_users(tenant, storms, credits=size):
+        warm_users = [funded_users(t, storms, credits=1) for t in warm_tenants]
+        for storm, user in enumerate(funded_users(tenant, storms, credits=size)):
             with waits.sampler() as sampler:
-                released = released_together(lambda _i, user=user: admit(user), [[0]] * size)
+                released = released_together(
+                    lambda _i, user=user: admit(user),
+                    [[0]] * size,
+                    warm_up=lambda t, storm=storm: admit(warm_users[t][storm]),
+                )
             waits.add("pgstage", sampler)
             latencies += released.latencies
     finally:
-        database.purge_tenant(tenant.pk)
+        for purged in (tenant, *warm_tenants):
+            database.purge_tenant(purged.pk)
     return latencies
 
 
@@ -124,7 +136,9 @@ def _storm_defers(ctx: Context, waits: _Waits) -> list[float]:
     latencies: list[float] = []
     for _ in range(ctx.sizes.storms):
         with waits.sampler() as sampler:
-            released = released_together(_defer, [[i] for i in range(ctx.sizes.storm)])
+            released = released_together(
+                _defer, [[i] for i in range(ctx.sizes.storm)], warm_up=lambda i: _defer(-1 - i)
+            )
         waits.add("plain", sampler)
         latencies += released.latencies
     database.delete_bench_jobs()
@@ -138,11 +152,12 @@ def _floor(ctx: Context) -> dict[str, float]:
     WAL flush included, in one pipeline); the server's time from BEGIN to the statement's
     end (``server``: ``clock_timestamp() - now()`` read right after the same admit in a
     transaction then rolled back, so no flush); the server's parsing and planning of the
-    statement (``planning``: its EXPLAIN, without running it, less a bare round trip); a
-    bare round trip (``network``:
-    ``SELECT 1``) and a plain defer (``defer``). Derived: ``client`` (admit - round_trip,
-    Python before the round trip) and ``under_lock`` (round_trip - network: the lock's
-    holding time, an upper estimate that includes binding the parameters)."""
+    statement (``planning``: its EXPLAIN, without running it, less a bare round trip:
+    what each admit pays when the statement is not prepared; ``prepared``: 1 when it is);
+    a bare round trip (``network``: ``SELECT 1``) and a plain defer (``defer``). Derived:
+    ``client`` (admit - round_trip, Python before the round trip) and ``under_lock``
+    (round_trip - network: the lock's holding time, an upper estimate that includes
+    binding the parameters)."""
     k = ctx.sizes.storm
     samples: dict[str, list[float]] = {
         name: [] for name in ("admit", "round_trip", "server", "network", "defer", "planning")
@@ -192,6 +207,7 @@ def _floor(ctx: Context) -> dict[str, float]:
         database.delete_bench_jobs()
     ms = {name: Series(tuple(v)).median * 1000 for name, v in samples.items()}
     ms["planning"] -= ms["network"]
+    ms["prepared"] = float(sql.prepares(connection))
     ms["client"] = ms["admit"] - ms["round_trip"]
     ms["under_lock"] = ms["round_trip"] - ms["network"]
     return {name: round(value, 3) for name, value in ms.items()}
@@ -398,11 +414,19 @@ def _split(floor: dict[str, float]) -> str:
         f"ms: {floor['client']:.2f} ms of Python, then {floor['round_trip']:.2f} ms for its "
         "one round trip (binding the parameters, the lock, the statement, the COMMIT and "
         f"its WAL flush), of which the server spends {floor['server']:.2f} ms from BEGIN to "
-        f"the statement's end, {floor['planning']:.2f} ms of it parsing and planning the "
-        "statement (sent each time, never prepared: the web reaches the database through a "
-        f"transaction pooler); a bare round trip takes {floor['network']:.2f} ms, a plain "
-        f"defer {floor['defer']:.2f} ms"
+        f"the statement's end; {_planning(floor)}; a bare round trip takes "
+        f"{floor['network']:.2f} ms, a plain defer {floor['defer']:.2f} ms"
     )
+
+
+def _planning(floor: dict[str, float]) -> str:
+    cost = f"{floor['planning']:.2f} ms"
+    if floor.get("prepared"):
+        return (
+            "the statement is prepared, planned once per connection (unprepared, as behind "
+            f"a transaction pooler, parsing and planning it costs {cost} each time)"
+        )
+    return f"{cost} of it parsing and planning the statement (not prepared: sent each time)"
 
 
 def _tenant_floor(floor: dict[str, float], *, needed: float) -> str:

@@ -82,9 +82,16 @@ class Released:
     wall: float
 
 
-def released_together(work: Callable[[Any], object], plans: Sequence[Sequence[Any]]) -> Released:
-    """One thread per plan, each with its own database session opened beforehand; all
-    start at one barrier and call ``work(item)`` for each item of their plan."""
+def released_together(
+    work: Callable[[Any], object],
+    plans: Sequence[Sequence[Any]],
+    *,
+    warm_up: Callable[[int], object] | None = None,
+) -> Released:
+    """One thread per plan, each with its own database session opened beforehand (and,
+    with ``warm_up``, used once by ``warm_up(thread index)``, as a web thread's persistent
+    connection has been); all start at one barrier and call ``work(item)`` for each item
+    of their plan."""
     barrier = threading.Barrier(len(plans) + 1)
     latencies: list[list[float]] = [[] for _ in plans]
     ends = [0.0] * len(plans)
@@ -93,6 +100,8 @@ def released_together(work: Callable[[Any], object], plans: Sequence[Sequence[An
     def body(index: int) -> None:
         try:
             connections[DEFAULT_DB_ALIAS].ensure_connection()
+            if warm_up is not None:
+                warm_up(index)
             barrier.wait(timeout=120)
             for item in plans[index]:
                 started = time.perf_counter()

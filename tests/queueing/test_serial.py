@@ -214,3 +214,36 @@ def test_an_admit_whose_statement_fails_leaves_nothing_and_its_session_usable():
         QUEUE.admit(key="kim", values={}, guard="1 / 0 = 1")
     assert statuses("kim") == []
     assert QUEUE.admit(key="kim", values={}).status == "pending"
+
+
+def _prepared_admits() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%WITH siblings AS%"],
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize("threshold", [5, None])
+def test_an_admit_is_prepared_once_where_the_connection_allows_it(threshold, monkeypatch):
+    """A connection whose database allows prepared statements (``prepare_threshold``)
+    plans an admit of one shape once, however often it runs; NULLs, a child and a refusal
+    admit as before. One that does not (behind a transaction pooler) prepares nothing."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    monkeypatch.setattr(connection.connection, "prepare_threshold", threshold)
+    admitted = [QUEUE.admit(key="lea", values={"label": f"a{i}"}) for i in range(5)]
+    assert [a.position for a in admitted] == [0, 1, 2, 3, 4]
+    assert _prepared_admits() == (0 if threshold is None else 1)
+    nulls = QUEUE.admit(key="lea", values={"deleted_at": None})
+    child = QUEUE.admit(key="lea", values={"parent_id": admitted[0].id})
+    refused = QUEUE.admit(key="lea", values={}, guard="false", report="(SELECT 7)")
+    assert (nulls.status, nulls.position) == ("queued", 5)
+    assert child.status == "pending" and refused.report == (7,)
+    assert statuses("lea") == ["pending"] + ["queued"] * 5 + ["pending"]
+    if threshold is None:
+        assert _prepared_admits() == 0
