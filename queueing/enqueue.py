@@ -30,6 +30,7 @@ from django.utils import timezone
 from procrastinate import tasks as procrastinate_tasks
 from psycopg.types.json import Jsonb
 
+from queueing import sql
 from queueing.exceptions import QueueingError, UnknownTask
 from queueing.keys import KeyFormat, validate_key
 from queueing.sql import queries
@@ -149,7 +150,7 @@ def enqueue(
         schedule_in=schedule_in,
     )
     queueing_lock = params["queueing_lock"]
-    with connections[using].cursor() as cursor:
+    with sql.statement_cursor(connections[using]) as cursor:
         for _ in range(_MAX_ROUNDS):
             cursor.execute(queries["enqueue"], params)
             row = cursor.fetchone()

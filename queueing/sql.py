@@ -8,6 +8,7 @@ columns use ``{placeholders}``; :func:`render` fills them with quoted identifier
 from __future__ import annotations
 
 import re
+import weakref
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -57,18 +58,26 @@ def render(template: str, **identifiers: str | tuple[str, ...] | psql.Composable
     return psql.SQL(template).format(**parts).as_string(None)
 
 
+#: The statements each connection has run through a :class:`_PreparingCursor`.
+_seen: weakref.WeakKeyDictionary[Any, set[Any]] = weakref.WeakKeyDictionary()
+
+
 class _PreparingCursor(psycopg.Cursor):
     """Server-side binding, each statement prepared on its first run on the connection.
 
-    Outside a pipeline a statement runs in one of its own: psycopg would otherwise wait
-    for the server to prepare a new statement before it sends the execution (a second
-    round trip on each statement's first run on a connection)."""
+    A statement's first run on a connection, outside a pipeline, runs in one of its own:
+    psycopg would otherwise wait for the server to prepare it before it sends the
+    execution (a second round trip). Later runs need no pipeline (its bookkeeping costs
+    the client more than the one round trip it would save)."""
 
     def execute(self, query, params=None, *, prepare=True, binary=None):  # type: ignore[no-untyped-def, override]
-        if self.connection.pgconn.pipeline_status != pq.PipelineStatus.OFF:
-            return super().execute(query, params, prepare=prepare, binary=binary)
-        with self.connection.pipeline():
+        seen = _seen.setdefault(self.connection, set())
+        if query in seen or self.connection.pgconn.pipeline_status != pq.PipelineStatus.OFF:
             super().execute(query, params, prepare=prepare, binary=binary)
+        else:
+            with self.connection.pipeline():
+                super().execute(query, params, prepare=prepare, binary=binary)
+        seen.add(query)
         return self
 
 
