@@ -70,7 +70,7 @@ class _PreparingCursor(psycopg.Cursor):
     execution (a second round trip). Later runs need no pipeline (its bookkeeping costs
     the client more than the one round trip it would save)."""
 
-    def execute(self, query, params=None, *, prepare=True, binary=None):  # type: ignore[no-untyped-def, override]
+    def execute(self, query, params=None, *, prepare=True, binary=None):
         seen = _seen.setdefault(self.connection, set())
         if query in seen or self.connection.pgconn.pipeline_status != pq.PipelineStatus.OFF:
             super().execute(query, params, prepare=prepare, binary=binary)
@@ -93,7 +93,7 @@ class _DebugCursor(CursorDebugWrapper):
     """Django's query log for a prepared statement: psycopg keeps no text of what it sent
     (the statement is named), so the log holds the statement as it was written."""
 
-    def debug_sql(self, sql=None, params=None, use_last_executed_query=False, many=False):  # type: ignore[no-untyped-def]
+    def debug_sql(self, sql=None, params=None, use_last_executed_query=False, many=False):
         return super().debug_sql(sql, params, use_last_executed_query=False, many=many)
 
 
