@@ -26,6 +26,11 @@ statements cost one:
   pool (LISTEN needs a session, see docs/deploy.md), where a prepared statement stays
   with its connection. ``OPTIONS["prepare_threshold"]`` of the database, when set, is
   taken as it is (``None``: never).
+  A deploy's migration that changes the type of a column a prepared statement returns
+  makes PostgreSQL refuse that statement on every connection that prepared it ("cached
+  plan must not change result type"); the pool's cursors (:class:`ReplanningCursor`)
+  then forget the connection's prepared statements and run the statement again, once:
+  it had not run.
 * **A start that waits for the database.** The pool (:class:`queueing.outage.WorkerPool`)
   opens once the database answers, trying for the outage window
   (``QUEUEING_DATABASE_OUTAGE_SECONDS``), where procrastinate's gives up after 30 s.
@@ -45,8 +50,26 @@ from procrastinate import psycopg_connector
 from procrastinate.contrib.django.utils import connector_params
 
 from queueing.outage import WorkerPool
+from queueing.sql import FORGET_PREPARED, may_replan
 
 __all__ = ["worker_connector"]
+
+
+class ReplanningCursor(psycopg.AsyncCursor):
+    """psycopg's async cursor, for an autocommit connection that prepares statements: a
+    statement refused because its plan went stale (``queueing.sql.plan_went_stale``: a
+    migration changed a column it returns) runs again, once, after the connection
+    forgets its prepared statements. Without it the refusal repeats on that connection
+    until it is closed (a worker's fetch would fail for the pool connection's life)."""
+
+    async def execute(self, query, params=None, *, prepare=None, binary=None):
+        try:
+            return await super().execute(query, params, prepare=prepare, binary=binary)
+        except psycopg.errors.FeatureNotSupported as error:
+            if not may_replan(self.connection, error):
+                raise
+            await self.connection.execute(FORGET_PREPARED)
+            return await super().execute(query, params, prepare=prepare, binary=binary)
 
 
 def ended_by_server(connection: Any) -> bool:
@@ -73,8 +96,10 @@ async def _check(connection: psycopg.AsyncConnection) -> None:
 
 
 async def _autocommit(connection: psycopg.AsyncConnection) -> None:
-    """Every new pooled connection runs in autocommit (a local setting: no round trip)."""
+    """Every new pooled connection runs in autocommit (a local setting: no round trip),
+    its cursors replanning a statement whose plan went stale."""
     await connection.set_autocommit(True)
+    connection.cursor_factory = ReplanningCursor
 
 
 def _pool(**kwargs: Any) -> psycopg_pool.AsyncConnectionPool:

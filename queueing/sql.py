@@ -58,6 +58,35 @@ def render(template: str, **identifiers: str | tuple[str, ...] | psql.Composable
     return psql.SQL(template).format(**parts).as_string(None)
 
 
+def plan_went_stale(error: BaseException) -> bool:
+    """Whether ``error`` is PostgreSQL refusing to run a prepared statement whose result
+    columns changed since it was prepared ("cached plan must not change result type",
+    0A000): another session altered the type of a column the statement returns, or added
+    one a ``*`` returns (a deploy's migration). The statement did not run; the same name
+    fails so on this connection until it is prepared again."""
+    if not isinstance(error, psycopg.errors.FeatureNotSupported):
+        return False
+    # The function is the server's, in every language; the message a fallback.
+    return error.diag.source_function == "RevalidateCachedQuery" or (
+        "cached plan must not change result type" in str(error)
+    )
+
+
+def may_replan(connection: Any, error: BaseException) -> bool:
+    """Whether the statement that failed with ``error`` on the psycopg ``connection`` can
+    run again at once on new plans: its plan went stale and no transaction holds the
+    connection (autocommit: the statement was its own). Inside a transaction the error
+    aborted it; its rollback makes psycopg forget the connection's prepared statements,
+    and the next transaction prepares them again."""
+    return (
+        plan_went_stale(error) and connection.info.transaction_status == pq.TransactionStatus.IDLE
+    )
+
+
+#: What makes psycopg forget its prepared statements along with the server (psycopg
+#: recognises the command and clears its own names).
+FORGET_PREPARED = "DEALLOCATE ALL"
+
 #: The statements each connection has run through a :class:`_PreparingCursor`.
 _seen: weakref.WeakKeyDictionary[Any, set[Any]] = weakref.WeakKeyDictionary()
 
@@ -68,9 +97,22 @@ class _PreparingCursor(psycopg.Cursor):
     A statement's first run on a connection, outside a pipeline, runs in one of its own:
     psycopg would otherwise wait for the server to prepare it before it sends the
     execution (a second round trip). Later runs need no pipeline (its bookkeeping costs
-    the client more than the one round trip it would save)."""
+    the client more than the one round trip it would save).
+
+    A statement refused because its plan went stale (:func:`plan_went_stale`) outside a
+    transaction runs again, once, after the connection forgets its prepared statements."""
 
     def execute(self, query, params=None, *, prepare=True, binary=None):
+        try:
+            return self._execute(query, params, prepare=prepare, binary=binary)
+        except psycopg.errors.FeatureNotSupported as error:
+            if not may_replan(self.connection, error):
+                raise
+            self.connection.execute(FORGET_PREPARED)
+            _seen.pop(self.connection, None)
+            return self._execute(query, params, prepare=prepare, binary=binary)
+
+    def _execute(self, query, params, *, prepare, binary):
         seen = _seen.setdefault(self.connection, set())
         if query in seen or self.connection.pgconn.pipeline_status != pq.PipelineStatus.OFF:
             super().execute(query, params, prepare=prepare, binary=binary)

@@ -112,7 +112,7 @@ from procrastinate.job_context import JobContext, JobResult
 from procrastinate.manager import get_channel_for_queues
 
 from queueing import current, giveup, sweeps, timeouts
-from queueing.connector import ended_by_server, worker_connector
+from queueing.connector import ReplanningCursor, ended_by_server, worker_connector
 from queueing.exceptions import JobTimedOut, PollLater
 from queueing.outage import RECONNECT_SECONDS, Failures, describe
 from queueing.sql import load
@@ -633,7 +633,9 @@ class PgstageWorker(procrastinate_worker.Worker):
                     async with asyncio.timeout_at(deadline):
                         if connection is None or connection.closed:
                             connection = await psycopg.AsyncConnection.connect(
-                                **connector_params(), autocommit=True
+                                **connector_params(),
+                                autocommit=True,
+                                cursor_factory=ReplanningCursor,
                             )
                     rows = await _within(
                         connection, _beat_on(connection, self._beat_params()), deadline=deadline
@@ -798,7 +800,7 @@ class PgstageWorker(procrastinate_worker.Worker):
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
-                    **connector_params(), autocommit=True
+                    **connector_params(), autocommit=True, cursor_factory=ReplanningCursor
                 ) as connection:
                     for channel in channels:
                         await connection.execute(

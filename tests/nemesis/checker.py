@@ -61,6 +61,13 @@ Liveness, timed from the end of the last fault (every fault heals what it did):
   within 2 s of the database's or its link's return counts as one while it was away). How
   long the database had been away when a worker gave up is measured: the framework
   promises an exit only after ``QUEUEING_DATABASE_OUTAGE_SECONDS``.
+- **L4 a live worker fetches again within the bound** once no fault stands in its way:
+  a worker whose fetches keep failing (its log's "database error while fetching jobs",
+  :mod:`tests.nemesis.worker_logs`) for :data:`RESTART_BOUND_SECONDS` after the last
+  fault that could explain it ended is stuck while it looks alive. Explaining faults: an
+  outage, a storm of terminated sessions, a lock on ``procrastinate_jobs``, a reset or
+  partition of that worker, and a deploy's migration while it runs. The longest such
+  stretch is measured (``fetch_unexplained_seconds_max``).
 """
 
 from __future__ import annotations
@@ -218,6 +225,7 @@ def check(history: list[dict]) -> Report:
     _check_generic(report, history, final, runs, partitioned, outcome_at_risk, exited)
     _check_domains(report, history, final)
     _check_liveness(report, history, final, windows, runs)
+    _check_fetching(report, history, windows)
     report.measures["runs"] = sum(len(r) for r in runs.values())
     report.measures["faults"] = _count(w.kind for w in windows)
     return report
@@ -450,6 +458,59 @@ def _check_liveness(report, history, final, windows, runs) -> None:
             code=line["code"],
         )
     report.measures["exits_while_unreachable_after_seconds"] = unreachable_exits
+
+
+def _explains_failed_fetches(window: Window, worker: int) -> tuple[float, float] | None:
+    """When ``window`` could make ``worker``'s fetches fail, or None."""
+    if window.kind in DATABASE_FAULTS or window.kind == "terminate":
+        return window.start, window.end
+    if window.kind == "statement_timeout" and window.detail.get("table") == "procrastinate_jobs":
+        return window.start, window.end
+    if window.kind in ("partition", "reset") and window.worker == worker:
+        return window.start, window.end
+    if window.kind == "deploy":
+        outcome = window.detail.get("outcome")
+        seconds = outcome.get("migration_seconds") if isinstance(outcome, dict) else None
+        if seconds is not None:
+            return window.start, window.start + seconds
+    return None
+
+
+def _check_fetching(report, history, windows) -> None:
+    failures: dict[int, list[dict]] = defaultdict(list)
+    for line in history:
+        if line["type"] == "fetch_failing":
+            failures[line["pid"]].append(line)
+    longest = 0.0
+    for lines in failures.values():
+        # A stretch of failing fetches: each attempt after the first of its stretch.
+        stretches: list[list[dict]] = []
+        for line in lines:
+            if not stretches or line["attempt"] <= stretches[-1][-1]["attempt"]:
+                stretches.append([])
+            stretches[-1].append(line)
+        for stretch in stretches:
+            first, last = stretch[0], stretch[-1]
+            began = first["mono"] - first["failing_seconds"]
+            explained = [
+                span
+                for w in windows
+                if (span := _explains_failed_fetches(w, first["worker"]))
+                and span[0] <= last["mono"]
+            ]
+            since = max([began, *(end for _, end in explained)])
+            unexplained = last["mono"] - since
+            longest = max(longest, unexplained)
+            if unexplained >= RESTART_BOUND_SECONDS:
+                report.violate(
+                    f"L4 a worker's fetches failed for {unexplained:.1f} s after any fault "
+                    f"that explains it (bound {RESTART_BOUND_SECONDS:.0f} s)",
+                    worker=first["worker"],
+                    pid=first["pid"],
+                    attempts=last["attempt"],
+                    error=last["error"],
+                )
+    report.measures["fetch_unexplained_seconds_max"] = round(longest, 1)
 
 
 def main(argv: list[str]) -> int:

@@ -8,8 +8,10 @@ of one fault at a time. Durations are the issue's ranges times ``scale`` (at lea
 Kinds (:data:`KINDS`):
 
 - ``kill`` / ``term``: SIGKILL or SIGTERM a worker, then start it again;
-- ``deploy``: a rolling deploy — one worker after the other is drained (SIGTERM) and
-  started in the other release (old → new; once all are new, back to the old one);
+- ``deploy``: a rolling deploy — its migration first (:data:`MIGRATIONS`: it changes the
+  type of a column the workers' prepared fetch returns), then, :data:`MIGRATION_LEAD`
+  later, one worker after the other is drained (SIGTERM) and started in the other
+  release (old → new; once all are new, back to the old one);
 - ``pg_restart``: a fast restart of PostgreSQL;
 - ``pg_down``: PostgreSQL stopped (refusing connections) for 1 to 150 s; after it and
   after a restart, half the time, an operator's sweep (``sweep stalled_jobs`` or
@@ -57,6 +59,16 @@ KINDS = (
 )
 DATABASE_KINDS = {"pg_restart", "pg_down"}
 LOCKED_TABLES = ("pipeline_runs", "analysis_jobs", "credit_ledger", "procrastinate_jobs")
+#: Each release's migration, run as a deploy to it begins: the new one widens a column
+#: procrastinate's fetch returns, the old one (a rollback) narrows it again. Every worker
+#: still running has its fetch prepared against the other type.
+MIGRATIONS = {
+    "new": "ALTER TABLE procrastinate_jobs ALTER COLUMN attempts TYPE bigint",
+    "old": "ALTER TABLE procrastinate_jobs ALTER COLUMN attempts TYPE integer",
+}
+#: Seconds between a deploy's migration and its first drained worker (no draw: a replay
+#: of an older seed meets the same faults).
+MIGRATION_LEAD = 3.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,6 +278,10 @@ class Nemesis:
     def _deploy(self, release: str, pauses: list[float]) -> dict[str, Any]:
         """Drain each worker in turn and start it in ``release`` (a rolling deploy), pausing
         after each as ``pauses`` says."""
+        began = time.monotonic()
+        migration = self._migrate(release)
+        migration_seconds = round(time.monotonic() - began, 3)
+        time.sleep(MIGRATION_LEAD)
         rolled = []
         for worker, pause in zip(self.cluster.workers, pauses, strict=True):
             if worker.release == release:
@@ -279,7 +295,18 @@ class Nemesis:
                 {"worker": worker.index, "code": code, "stopped": stopped, "started": worker.pid}
             )
             time.sleep(pause)
-        return {"rolled": rolled}
+        return {"migration": migration, "migration_seconds": migration_seconds, "rolled": rolled}
+
+    def _migrate(self, release: str) -> str:
+        """``release``'s migration (:data:`MIGRATIONS`), as its deploy runs it: done, or why
+        not (the database away, or the table's lock not had within 10 s)."""
+        try:
+            with psycopg.connect(self.server.url, autocommit=True, connect_timeout=3) as conn:
+                conn.execute("SET lock_timeout = '10s'")
+                conn.execute(MIGRATIONS[release])
+        except psycopg.Error as exc:
+            return f"not run: {type(exc).__name__}: {str(exc).strip()[:200]}"
+        return "done"
 
     def _partition(self, worker: Worker, seconds: float) -> None:
         worker.proxy.partition()

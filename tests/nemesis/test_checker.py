@@ -329,3 +329,51 @@ def test_slots_busy_up_to_the_bound_do_not_excuse_a_start_long_after_they_freed(
     # Partitioned up to a bound before the start: it could fetch nothing.
     cut = fault("partition", 12.0, 67.0, 5, worker=2)
     assert properties(late(60.0, *busy(80.0), third, *cut)) == []
+
+
+def failed_fetch(pid: int, worker: int, mono: float, attempt: int, failing: float) -> dict:
+    return {
+        "type": "fetch_failing",
+        "mono": mono,
+        "worker": worker,
+        "pid": pid,
+        "attempt": attempt,
+        "failing_seconds": failing,
+        "error": "FeatureNotSupported: cached plan must not change result type",
+    }
+
+
+def test_fetches_failing_past_the_bound_with_no_fault_to_explain_them_are_stuck():
+    """A worker failing to fetch for 6 s with the database up is stuck (L4); failures
+    during an outage and up to the bound after it are not; a deploy's migration explains
+    only its own seconds."""
+    stuck = [failed_fetch(100, 0, 10.0 + t, t + 1, t) for t in range(7)]
+    assert properties([*WORKERS, *stuck, *final()]) == ["L4"]
+    outage = fault("pg_down", 8.0, 14.0, 1, seconds=6.0)
+    assert properties([*WORKERS, *outage, *stuck, *final()]) == []
+    after = [failed_fetch(100, 0, 10.0 + t, t + 1, t) for t in range(11)]
+    assert properties([*WORKERS, *outage, *after, *final()]) == ["L4"]
+    other = fault("reset", 9.0, 16.0, 2, worker=1)
+    assert properties([*WORKERS, *other, *stuck, *final()]) == ["L4"]
+    deploy = fault("deploy", 9.5, 30.0, 3, to="new")
+    deploy[1]["value"] = {"migration": "done", "migration_seconds": 0.2}
+    assert properties([*WORKERS, *deploy, *stuck, *final()]) == ["L4"]
+    deploy[1]["value"]["migration_seconds"] = 12.0
+    assert properties([*WORKERS, *deploy, *stuck, *final()]) == []
+
+
+def test_the_workers_log_lines_of_failed_fetches_are_read_back():
+    from tests.nemesis.worker_logs import failed_fetches
+
+    log = (
+        "2026-12-02 14:30:07,202 INFO procrastinate.worker: job succeeded id=92\\n"
+        "2026-12-02 14:30:07,676 ERROR queueing.worker: database error while fetching jobs"
+        " (attempt 1, failing for 0 s): FeatureNotSupported: cached plan must not change"
+        " result type; next attempt in 0.2 s\\n"
+        "2026-12-02 14:30:13,682 ERROR queueing.worker: database error while fetching jobs"
+        " (attempt 5, failing for 6 s): OperationalError: gone; next attempt in 5.9 s\\n"
+    ).replace("\\n", "\n")
+    found = failed_fetches(log)
+    assert [(attempt, failing) for _, attempt, failing, _ in found] == [(1, 0.0), (5, 6.0)]
+    assert round(found[1][0] - found[0][0], 3) == 6.006
+    assert found[0][3] == "FeatureNotSupported: cached plan must not change result type"
