@@ -30,7 +30,7 @@ statements cost one:
   makes PostgreSQL refuse that statement on every connection that prepared it ("cached
   plan must not change result type"); the pool's cursors (:class:`ReplanningCursor`)
   then forget the connection's prepared statements and run the statement again, once:
-  it had not run.
+  it had not run. So does a prepared statement the server lost behind psycopg's back.
 * **A start that waits for the database.** The pool (:class:`queueing.outage.WorkerPool`)
   opens once the database answers, trying for the outage window
   (``QUEUEING_DATABASE_OUTAGE_SECONDS``), where procrastinate's gives up after 30 s.
@@ -50,7 +50,7 @@ from procrastinate import psycopg_connector
 from procrastinate.contrib.django.utils import connector_params
 
 from queueing.outage import WorkerPool
-from queueing.sql import FORGET_PREPARED, may_replan
+from queueing.sql import may_replan
 
 __all__ = ["worker_connector"]
 
@@ -65,10 +65,16 @@ class ReplanningCursor(psycopg.AsyncCursor):
     async def execute(self, query, params=None, *, prepare=None, binary=None):
         try:
             return await super().execute(query, params, prepare=prepare, binary=binary)
-        except psycopg.errors.FeatureNotSupported as error:
+        except (
+            psycopg.errors.FeatureNotSupported,
+            psycopg.errors.InvalidSqlStatementName,
+        ) as error:
             if not may_replan(self.connection, error):
                 raise
-            await self.connection.execute(FORGET_PREPARED)
+            # An empty transaction rolled back: psycopg then always forgets its names
+            # and sends DEALLOCATE ALL (queueing.sql.forget_prepared).
+            async with self.connection.transaction(force_rollback=True):
+                pass
             return await super().execute(query, params, prepare=prepare, binary=binary)
 
 

@@ -268,7 +268,9 @@ class SerialQueue:
         round trip, and the key's lock is held for the server's time only. Inside the
         caller's transaction, it is ``lock; statement`` (the caller commits). When the
         statement fails, the server skips the rest (the COMMIT too) and the block is
-        rolled back here before the error propagates."""
+        rolled back here before the error propagates; a block refused because the
+        statement's prepared plan went stale (``queueing.sql.plan_went_stale``) runs
+        again, once."""
         connection = connections[self.using]
         connection.ensure_connection()
         own = not connection.in_atomic_block
@@ -291,21 +293,30 @@ class SerialQueue:
                         bound = (mogrify(statement, params), None)
                     if lock is not None:
                         lock = (mogrify(*lock), {})
-            try:
-                # Errors surface at an execute or at the pipeline's end: Django's either way.
-                with connection.wrap_database_errors, raw.pipeline():
-                    if own:
-                        cursor.execute("BEGIN")
-                    if lock is not None:
-                        cursor.execute(lock[0], lock[1] or None)
-                    statement_cursor.execute(*bound)
-                    if own:
-                        cursor.execute("COMMIT")
-            except BaseException:
-                if own and raw.info.transaction_status in _IN_BLOCK:
-                    cursor.execute("ROLLBACK")
-                raise
-            return statement_cursor.fetchone()
+            for attempt in (1, 2):
+                try:
+                    # Errors surface at an execute or at the pipeline's end: Django's
+                    # either way.
+                    with connection.wrap_database_errors, raw.pipeline():
+                        if own:
+                            cursor.execute("BEGIN")
+                        if lock is not None:
+                            cursor.execute(lock[0], lock[1] or None)
+                        statement_cursor.execute(*bound)
+                        if own:
+                            cursor.execute("COMMIT")
+                except BaseException as exc:
+                    if own and raw.info.transaction_status in _IN_BLOCK:
+                        # psycopg's rollback (not a ROLLBACK statement, which it honours
+                        # once per connection) also forgets its prepared statements.
+                        raw.rollback()
+                    if own and attempt == 1 and sql.plan_went_stale(exc):
+                        # Refused before it ran (a migration changed what it returns):
+                        # the block was rolled back whole, so it runs again, once.
+                        continue
+                    raise
+                return statement_cursor.fetchone()
+            raise AssertionError("unreachable")
 
     def promote(self, *, key: Any) -> int | None:
         """Under the key's lock, start the oldest queued row if no sibling is active;

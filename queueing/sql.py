@@ -58,18 +58,26 @@ def render(template: str, **identifiers: str | tuple[str, ...] | psql.Composable
     return psql.SQL(template).format(**parts).as_string(None)
 
 
-def plan_went_stale(error: BaseException) -> bool:
-    """Whether ``error`` is PostgreSQL refusing to run a prepared statement whose result
-    columns changed since it was prepared ("cached plan must not change result type",
-    0A000): another session altered the type of a column the statement returns, or added
-    one a ``*`` returns (a deploy's migration). The statement did not run; the same name
-    fails so on this connection until it is prepared again."""
-    if not isinstance(error, psycopg.errors.FeatureNotSupported):
-        return False
-    # The function is the server's, in every language; the message a fallback.
-    return error.diag.source_function == "RevalidateCachedQuery" or (
-        "cached plan must not change result type" in str(error)
-    )
+def plan_went_stale(error: BaseException | None) -> bool:
+    """Whether ``error`` (a psycopg error, or Django's wrapping one) is PostgreSQL refusing
+    to run a prepared statement of psycopg's that cannot run as prepared any more, before
+    it ran:
+
+    * its result columns changed since it was prepared ("cached plan must not change
+      result type", 0A000): another session altered the type of a column the statement
+      returns, or added one a ``*`` returns (a deploy's migration). The same name fails
+      so on this connection until it is prepared again;
+    * the server no longer has it (26000 on one of psycopg's ``_pg3_`` names): something
+      dropped the session's prepared statements behind psycopg's back (a ``DISCARD ALL``
+      or ``DEALLOCATE ALL`` it did not see)."""
+    if error is not None and not isinstance(error, psycopg.Error):
+        error = error.__cause__
+    if isinstance(error, psycopg.errors.FeatureNotSupported):
+        # The function is the server's, in every language; the message a fallback.
+        return error.diag.source_function == "RevalidateCachedQuery" or (
+            "cached plan must not change result type" in str(error)
+        )
+    return isinstance(error, psycopg.errors.InvalidSqlStatementName) and '"_pg3_' in str(error)
 
 
 def may_replan(connection: Any, error: BaseException) -> bool:
@@ -83,9 +91,14 @@ def may_replan(connection: Any, error: BaseException) -> bool:
     )
 
 
-#: What makes psycopg forget its prepared statements along with the server (psycopg
-#: recognises the command and clears its own names).
-FORGET_PREPARED = "DEALLOCATE ALL"
+def forget_prepared(connection: psycopg.Connection) -> None:
+    """Make the psycopg ``connection`` (idle, autocommit) and its server session forget
+    every prepared statement: an empty transaction rolled back, after which psycopg
+    always clears its names and sends ``DEALLOCATE ALL`` (a ``DEALLOCATE ALL`` of our
+    own is honoured only the first time psycopg meets its text on the connection)."""
+    with connection.transaction(force_rollback=True):
+        pass
+
 
 #: The statements each connection has run through a :class:`_PreparingCursor`.
 _seen: weakref.WeakKeyDictionary[Any, set[Any]] = weakref.WeakKeyDictionary()
@@ -105,10 +118,13 @@ class _PreparingCursor(psycopg.Cursor):
     def execute(self, query, params=None, *, prepare=True, binary=None):
         try:
             return self._execute(query, params, prepare=prepare, binary=binary)
-        except psycopg.errors.FeatureNotSupported as error:
+        except (
+            psycopg.errors.FeatureNotSupported,
+            psycopg.errors.InvalidSqlStatementName,
+        ) as error:
             if not may_replan(self.connection, error):
                 raise
-            self.connection.execute(FORGET_PREPARED)
+            forget_prepared(self.connection)
             _seen.pop(self.connection, None)
             return self._execute(query, params, prepare=prepare, binary=binary)
 

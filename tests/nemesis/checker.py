@@ -66,8 +66,11 @@ Liveness, timed from the end of the last fault (every fault heals what it did):
   :mod:`tests.nemesis.worker_logs`) for :data:`RESTART_BOUND_SECONDS` after the last
   fault that could explain it ended is stuck while it looks alive. Explaining faults: an
   outage, a storm of terminated sessions, a lock on ``procrastinate_jobs``, a reset or
-  partition of that worker, and a deploy's migration while it runs. The longest such
-  stretch is measured (``fetch_unexplained_seconds_max``).
+  partition of that worker, and a deploy's migration while it runs. Any part of a
+  failing stretch no such fault covers counts, not only its end; and a worker whose
+  fetches fail :data:`UNEXPLAINED_FETCH_FAILURES` times outside every such fault (and a
+  bound after it), however short each stretch, is stuck as well. The longest
+  unexplained stretch is measured (``fetch_unexplained_seconds_max``).
 """
 
 from __future__ import annotations
@@ -476,6 +479,25 @@ def _explains_failed_fetches(window: Window, worker: int) -> tuple[float, float]
     return None
 
 
+#: Failed fetches of one worker process outside every explaining fault (and the bound
+#: after it) that make it stuck even when each stretch of them is short: a worker that
+#: fails now and then (some of its pooled connections broken) is not healthy either.
+UNEXPLAINED_FETCH_FAILURES = 5
+
+
+def _uncovered(start: float, end: float, spans: list[tuple[float, float]]) -> float:
+    """The longest stretch of ``[start, end]`` no span covers."""
+    longest, at = 0.0, start
+    for span_start, span_end in sorted(spans):
+        if span_end <= at:
+            continue
+        if span_start >= end:
+            break
+        longest = max(longest, min(span_start, end) - at)
+        at = max(at, span_end)
+    return max(longest, end - at)
+
+
 def _check_fetching(report, history, windows) -> None:
     failures: dict[int, list[dict]] = defaultdict(list)
     for line in history:
@@ -483,6 +505,8 @@ def _check_fetching(report, history, windows) -> None:
             failures[line["pid"]].append(line)
     longest = 0.0
     for lines in failures.values():
+        worker = lines[0]["worker"]
+        spans = [span for w in windows if (span := _explains_failed_fetches(w, worker))]
         # A stretch of failing fetches: each attempt after the first of its stretch.
         stretches: list[list[dict]] = []
         for line in lines:
@@ -492,24 +516,30 @@ def _check_fetching(report, history, windows) -> None:
         for stretch in stretches:
             first, last = stretch[0], stretch[-1]
             began = first["mono"] - first["failing_seconds"]
-            explained = [
-                span
-                for w in windows
-                if (span := _explains_failed_fetches(w, first["worker"]))
-                and span[0] <= last["mono"]
-            ]
-            since = max([began, *(end for _, end in explained)])
-            unexplained = last["mono"] - since
+            unexplained = _uncovered(began, last["mono"], spans)
             longest = max(longest, unexplained)
             if unexplained >= RESTART_BOUND_SECONDS:
                 report.violate(
-                    f"L4 a worker's fetches failed for {unexplained:.1f} s after any fault "
+                    f"L4 a worker's fetches failed for {unexplained:.1f} s with no fault "
                     f"that explains it (bound {RESTART_BOUND_SECONDS:.0f} s)",
-                    worker=first["worker"],
+                    worker=worker,
                     pid=first["pid"],
                     attempts=last["attempt"],
                     error=last["error"],
                 )
+        unexplained_lines = [
+            line
+            for line in lines
+            if not any(s <= line["mono"] <= e + RESTART_BOUND_SECONDS for s, e in spans)
+        ]
+        if len(unexplained_lines) >= UNEXPLAINED_FETCH_FAILURES:
+            report.violate(
+                f"L4 a worker's fetches failed {len(unexplained_lines)} times with no fault "
+                f"that explains them (at most {UNEXPLAINED_FETCH_FAILURES - 1})",
+                worker=worker,
+                pid=lines[0]["pid"],
+                error=unexplained_lines[-1]["error"],
+            )
     report.measures["fetch_unexplained_seconds_max"] = round(longest, 1)
 
 

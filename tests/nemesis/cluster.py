@@ -119,6 +119,8 @@ class Cluster:
             "PYTHONUNBUFFERED": "1",
             "LOG_LEVEL": "INFO",
             "PROCRASTINATE_LOG_LEVEL": "INFO",
+            # The checker reads the failed fetches back from these lines (worker_logs).
+            "LOG_FORMAT": "plain",
         }
 
     def start(self, worker: Worker) -> None:

@@ -24,7 +24,9 @@ FAILED_FETCH = re.compile(
 
 def failed_fetches(text: str) -> list[tuple[float, int, float, str]]:
     """``(wall time, attempt, seconds failing, error)`` of each failed fetch in a worker's
-    log (its timestamps are local time, as the logging module writes them)."""
+    plain-format log (the cluster pins ``LOG_FORMAT=plain``). Its timestamps are local
+    time in the worker's time zone, which Django's setup sets (``TIME_ZONE``) in the
+    workers and in the runner alike, so ``time.mktime`` here reads them back."""
     found = []
     for line in text.splitlines():
         match = FAILED_FETCH.match(line)

@@ -156,3 +156,68 @@ def test_the_workers_fetch_survives_a_migration_that_widens_a_column_it_returns(
     finally:
         _ddl("ALTER TABLE procrastinate_jobs ALTER COLUMN attempts TYPE integer")
     assert None not in taken and len(set(taken)) == 7
+
+
+class TestTheSerialAdmit:
+    """The serial queue's admit outside a transaction (``BEGIN; lock; admit; COMMIT`` in
+    one pipeline, the admit prepared) after another session widens a column it returns
+    (``status`` varchar(20) to varchar(40), a Django ``max_length`` change): the refused
+    block was rolled back whole and runs again, so no admit fails — also on a connection
+    whose first admit had failed (psycopg honours a ROLLBACK *statement* once per
+    connection; the admit now rolls back through psycopg, which always forgets)."""
+
+    pytestmark = pytest.mark.django_db(transaction=True)
+
+    @pytest.fixture(autouse=True)
+    def narrow_again(self):
+        yield
+        _ddl("ALTER TABLE test_items ALTER COLUMN status TYPE varchar(20)")
+
+    @staticmethod
+    def _admits(n: int) -> list[str]:
+        from django.db import DatabaseError
+
+        from tests.queueing.test_serial import QUEUE
+
+        outcomes = []
+        for i in range(n):
+            try:
+                QUEUE.admit(key="replan", values={"label": f"admit {i}"})
+                outcomes.append("ok")
+            except DatabaseError as exc:
+                outcomes.append(type(exc).__name__)
+        return outcomes
+
+    def test_no_admit_fails_after_the_widening(self):
+        connection.close()
+        assert self._admits(3) == ["ok"] * 3
+        _ddl("ALTER TABLE test_items ALTER COLUMN status TYPE varchar(40)")
+        assert self._admits(4) == ["ok"] * 4
+
+    def test_nor_on_a_connection_whose_first_admit_failed(self):
+        from django.db import DatabaseError
+
+        from tests.queueing.test_serial import QUEUE
+
+        connection.close()
+        with pytest.raises(DatabaseError):
+            QUEUE.admit(key="replan", values={"label": "y" * 60})  # too long: refused
+        assert self._admits(3) == ["ok"] * 3
+        _ddl("ALTER TABLE test_items ALTER COLUMN status TYPE varchar(40)")
+        assert self._admits(6) == ["ok"] * 6
+
+
+def test_a_prepared_statement_the_server_lost_runs_again(probe):
+    """psycopg believes a statement prepared that the session no longer has (a
+    ``DEALLOCATE ALL`` whose text psycopg had met before, or a pooler's ``DISCARD ALL``):
+    26000 on its ``_pg3_`` name; the statement cursor forgets and runs it again."""
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")  # psycopg meets the text while nothing is prepared
+    for _ in range(2):
+        with statement_cursor(connection) as cursor:
+            cursor.execute(PROBE)
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")  # counted, not honoured: psycopg keeps its name
+    with statement_cursor(connection) as cursor:
+        cursor.execute(PROBE)
+        assert cursor.fetchall() == [(1, 10), (2, 20)]
