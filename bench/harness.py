@@ -30,6 +30,8 @@ class Sizes:
     storm: int
     storms: int
     counted_admits: int
+    #: Ledger entries of the user whose admits are timed against a fresh user's.
+    ledger_entries: int
     sweep_small: int
     sweep_large: int
     sweep_calls: int
@@ -56,6 +58,7 @@ FULL = Sizes(
     storm=50,
     storms=3,
     counted_admits=5,
+    ledger_entries=100_000,
     sweep_small=10_000,
     sweep_large=1_000_000,
     sweep_calls=5,
@@ -99,6 +102,7 @@ SMOKE = Sizes(
     storm=4,
     storms=1,
     counted_admits=1,
+    ledger_entries=1000,
     sweep_small=200,
     sweep_large=1000,
     sweep_calls=1,

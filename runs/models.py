@@ -335,8 +335,13 @@ class CreditBalance(models.Model):
     release, the ORM, raw SQL): the admission reads one row, not the user's whole
     history. A user with no entry has no row (balance 0)."""
 
+    #: The foreign key is the migration's, ``ON DELETE CASCADE`` in the database.
     user = models.OneToOneField(
-        User, on_delete=models.CASCADE, primary_key=True, related_name="credit_balance"
+        User,
+        on_delete=models.CASCADE,
+        primary_key=True,
+        related_name="credit_balance",
+        db_constraint=False,
     )
     balance = models.BigIntegerField(default=0)
 

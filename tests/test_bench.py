@@ -25,6 +25,7 @@ EXPECTED = {
     "admit_throughput_single",
     "admit_scaling",
     "admit_storm_p99",
+    "admit_long_ledger",
     "admit_round_trips_free",
     "admit_round_trips_queued",
     "resume_sweep_idle",

@@ -248,6 +248,27 @@ def _counted(ctx: Context) -> dict[str, tuple[Counts, int]]:
     return totals
 
 
+def _long_ledger(ctx: Context) -> dict[str, float]:
+    """One admit's time (median ms, one thread, nothing contended) for a user with
+    ``ledger_entries`` credit ledger entries (``long``) and for a fresh user (``fresh``),
+    in turns: the same admits (each user's first is born pending, the rest queued
+    behind it), so only the ledger differs. The long one's entries are grants written
+    in SQL before the timing."""
+    k = ctx.sizes.storm
+    tenant = bench_tenant("ledger")
+    samples: dict[str, list[float]] = {"long": [], "fresh": []}
+    try:
+        long_user, fresh_user = funded_users(tenant, 2, credits=k)
+        database.execute("ledger_entries", user=long_user.pk, entries=ctx.sizes.ledger_entries)
+        for _ in range(k):
+            samples["long"].append(timed(lambda: admit(long_user)))
+            samples["fresh"].append(timed(lambda: admit(fresh_user)))
+    finally:
+        database.purge_tenant(tenant.pk)
+        database.delete_bench_jobs()
+    return {name: Series(tuple(v)).median * 1000 for name, v in samples.items()}
+
+
 def run(ctx: Context) -> list[Row]:
     sizes = ctx.sizes
     threads, total = sizes.admit_threads, sizes.admits
@@ -261,6 +282,7 @@ def run(ctx: Context) -> list[Row]:
     django: dict[str, list[float]] = {"free": [], "queued": [], "defer": []}
     single_waits = _Waits(ctx)
     floors: list[dict[str, float]] = []
+    ledgers: list[dict[str, float]] = []
     for rep in range(sizes.repetitions):
         say(f"admission: repetition {rep + 1}/{sizes.repetitions}, {threads} threads")
         rates["plain_t"].append(_defer_rate(waits, threads=threads, total=total))
@@ -280,6 +302,8 @@ def run(ctx: Context) -> list[Row]:
             django[case].append(captured / n)
         say(f"admission: repetition {rep + 1}/{sizes.repetitions}, one admit's time")
         floors.append(_floor(ctx))
+        say(f"admission: repetition {rep + 1}/{sizes.repetitions}, a long credit ledger")
+        ledgers.append(_long_ledger(ctx))
 
     scaling = [t / one for t, one in zip(rates["pg_t"], rates["pg_1"], strict=True)]
     plain_scaling = [t / one for t, one in zip(rates["plain_t"], rates["plain_1"], strict=True)]
@@ -348,6 +372,22 @@ def run(ctx: Context) -> list[Row]:
                 "waits": storm_waits.merged("pgstage"),
                 "baseline_waits": storm_waits.merged("plain"),
             },
+        ),
+        Row(
+            key="admit_long_ledger",
+            scenario=f"one admit, user with {sizes.ledger_entries:,} ledger entries",
+            unit="ms",
+            measures=(
+                f"median of {sizes.storm} admits on one thread for a user with "
+                f"{sizes.ledger_entries:,} credit ledger entries, in turns with the same "
+                "admits of a fresh user (the baseline); the balance is one row the "
+                "ledger's triggers keep"
+            ),
+            parameters={"ledger_entries": sizes.ledger_entries, "admits": sizes.storm},
+            result=series([ledger["long"] for ledger in ledgers]),
+            baseline_label="the same admits of a fresh user",
+            baseline=series([ledger["fresh"] for ledger in ledgers]),
+            target=Target(on="ratio", op="<=", value=1.2),
         ),
     ]
     for case, label in (

@@ -118,6 +118,11 @@ UPDATE analysis_jobs
    SET updated_at = updated_at - %(seconds)s * interval '1 second'
  WHERE user_id = ANY(%(users)s);
 
+-- analyze_queue_tables --
+-- Fresh planner statistics for the tables the resume sweep reads, as autovacuum keeps
+-- them in a steady production (a table just filled has none: the planner guesses).
+ANALYZE analysis_jobs, core_runs, users, procrastinate_jobs;
+
 -- purge_procrastinate_jobs --
 -- The jobs that name a bench tenant's analysis jobs or inquiries.
 DELETE FROM procrastinate_jobs
@@ -182,3 +187,9 @@ SELECT %(queue)s, %(task)s, l.lock, jsonb_build_object('unit', l.unit)
 -- doing_after --
 -- Jobs after the mark that a worker is running.
 SELECT count(*) FROM procrastinate_jobs WHERE id > %(after)s AND status = 'doing';
+
+-- ledger_entries --
+-- %(entries)s grants of one credit for user %(user)s, as a long-lived account's history.
+INSERT INTO credit_ledger (user_id, kind, amount, note, created_at)
+SELECT %(user)s, 'grant', 1, 'bench history', now() - n * interval '1 second'
+  FROM generate_series(1, %(entries)s) AS n;

@@ -34,6 +34,13 @@ BEGIN
 END
 $$;
 
+-- The row is derived data: it goes with its user in the database too (Django's own
+-- CASCADE runs in the ORM only, and the model declares no constraint of its own), so a
+-- user deleted by SQL is not held back by it.
+ALTER TABLE credit_balances ADD CONSTRAINT credit_balances_user_id_fk_users_id
+    FOREIGN KEY (user_id) REFERENCES users (id) ON DELETE CASCADE
+    DEFERRABLE INITIALLY DEFERRED;
+
 CREATE TRIGGER credit_balances_follow
     AFTER INSERT OR DELETE OR UPDATE OF user_id, amount ON credit_ledger
     FOR EACH ROW EXECUTE FUNCTION credit_balances_follow();
@@ -67,6 +74,7 @@ class Migration(migrations.Migration):
                 (
                     "user",
                     models.OneToOneField(
+                        db_constraint=False,
                         on_delete=models.deletion.CASCADE,
                         primary_key=True,
                         related_name="credit_balance",

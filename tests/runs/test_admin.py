@@ -87,6 +87,7 @@ def test_every_runs_table_is_registered():
         "jobcitation",
         "corerun",
         "coredailyusage",
+        "creditbalance",
         "creditentry",
     }
 

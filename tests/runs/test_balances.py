@@ -110,3 +110,16 @@ def test_the_balance_row_refuses_a_sum_past_64_bits():
         _raw_grant(alice.pk, 1)
     assert _rows() == {alice.pk: 2**63 - 1}
     assert CreditEntry.objects.filter(user=alice, kind=CreditKind.GRANT).count() == 1
+
+
+@pytest.mark.django_db
+def test_a_user_deleted_by_sql_takes_their_balance_row_along():
+    """The row is derived data: deleting a user's ledger and then the user in SQL (as a
+    purge does) is not refused for the balance row's sake."""
+    alice = UserFactory()
+    credit_grant(user_id=alice.pk, amount=3)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM credit_ledger WHERE user_id = %s", [alice.pk])
+        cursor.execute("DELETE FROM users WHERE id = %s", [alice.pk])
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    assert _rows() == {}
