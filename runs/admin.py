@@ -30,7 +30,6 @@ from runs.models import (
     AnalysisRun,
     CoreDailyUsage,
     CoreRun,
-    CreditBalance,
     CreditEntry,
     JobCitation,
     JobStatus,
@@ -391,18 +390,6 @@ class CoreDailyUsageAdmin(ReadOnlyModelAdmin):
     list_filter = ("tenant",)
     list_select_related = ("tenant",)
     date_hierarchy = "day"
-
-
-@admin.register(CreditBalance)
-class CreditBalanceAdmin(ReadOnlyModelAdmin):
-    """Each user's balance, as the ledger's triggers keep it (read-only: it follows the
-    credit ledger)."""
-
-    list_display = ("user", "balance")
-    list_filter = ("user__tenant",)
-    list_select_related = ("user",)
-    search_fields = ("user__username",)
-    ordering = ("user_id",)
 
 
 @admin.register(CreditEntry)

@@ -303,8 +303,6 @@ def analysis_job_cancel(*, job_id: int, reason: str = "cancelled by an operator"
             finished_at=now,
             updated_at=now,
         )
-        # The tenant's budget row before the user's balance row (the refund's), the
-        # admission's order.
-        held_run_give_back(core_run_id=job.core_run_id)
         credit_refund(job, note=f"analysis job {job.pk} cancelled")
+        held_run_give_back(core_run_id=job.core_run_id)
     return True

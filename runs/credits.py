@@ -1,7 +1,6 @@
 """Credits: grants, and the charge's refund, each exactly once per job.
 
-A balance is the sum of a user's ledger entries (kept as a row by the ledger's triggers,
-``CreditBalance``). Charges and refunds name their job and
+A balance is the sum of a user's ledger entries. Charges and refunds name their job and
 are unique per (job, kind), so a retried task, a second worker or an operator can never
 refund twice; grants are plain inserts.
 """
@@ -55,12 +54,7 @@ def credit_grant(*, user_id: int, amount: int, note: str = "") -> int:
 
 
 def credit_refund(job: AnalysisJob, *, note: str) -> bool:
-    """Refund the job's charge; the unique (job, kind) makes a second refund a no-op.
-
-    The entry moves the user's balance row (``CreditBalance``), the last row an
-    admission of the user locks (after the user's queue lock and the tenant's budget
-    row): a caller that takes either of those refunds after them, never before
-    (``runs.processing.job_fail``), or it deadlocks with an admission."""
+    """Refund the job's charge; the unique (job, kind) makes a second refund a no-op."""
     _, created = insert_or_get(
         CreditEntry,
         values={

@@ -327,31 +327,6 @@ class CreditEntry(models.Model):
         return f"{self.kind} {self.amount:+d} for {self.user_id}"
 
 
-class CreditBalance(models.Model):
-    """A user's balance: the sum of their ledger entries, kept by the database.
-
-    Triggers on ``credit_ledger`` (migration ``runs.0009``) add each entry's amount as it
-    is inserted, updated or deleted, in the writing transaction, whoever writes it (any
-    release, the ORM, raw SQL): the admission reads one row, not the user's whole
-    history. A user with no entry has no row (balance 0)."""
-
-    #: The foreign key is the migration's, ``ON DELETE CASCADE`` in the database.
-    user = models.OneToOneField(
-        User,
-        on_delete=models.CASCADE,
-        primary_key=True,
-        related_name="credit_balance",
-        db_constraint=False,
-    )
-    balance = models.BigIntegerField(default=0)
-
-    class Meta:
-        db_table = "credit_balances"
-
-    def __str__(self) -> str:
-        return f"{self.balance} for {self.user_id}"
-
-
 class AuditAction(models.TextChoices):
     RETRY = "retry"
 

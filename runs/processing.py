@@ -127,16 +127,15 @@ def job_fail(job: AnalysisJob, *, reason: str) -> None:
     AnalysisJob.objects.filter(pk=job.pk).update(
         status=JobStatus.FAILED, error=reason, finished_at=now, updated_at=now
     )
-    # The user's lock, then the tenant's budget row (the give-back's), then the user's
-    # balance row (the refund's): the order the admission takes them in (the refund is
-    # always last), as any other order deadlocks with an admit of this user.
+    credit_refund(job, note=f"analysis job {job.pk} failed")
+    # The user's lock before the tenant's budget row (the give-back's), the order the
+    # admission takes them in: the other order deadlocks with an admit of this user.
     if not job.is_delta:
         promote_next(job.user_id, tenant_id=job.tenant_id)
     if job.released_at is None:
         held_run_give_back(core_run_id=job.core_run_id)
     else:
         released_run_fail(core_run_id=job.core_run_id, detail=reason)
-    credit_refund(job, note=f"analysis job {job.pk} failed")
 
 
 def _release_failed_reason(job: AnalysisJob, exc: Exception) -> str:
@@ -256,11 +255,10 @@ def _cancel_deactivated(job: AnalysisJob) -> None:
     AnalysisJob.objects.filter(pk=job.pk).update(
         status=JobStatus.CANCELLED, error=DEACTIVATED_REASON, finished_at=now, updated_at=now
     )
-    # The user's lock (each queued job's cancel), the tenant's budget row, then the
-    # user's balance row (the refund's, always last: the admission's order).
+    credit_refund(job, note=f"analysis job {job.pk} cancelled: its user was deactivated")
+    # The user's lock (each queued job's cancel) before the tenant's budget row.
     analysis_jobs_cancel_deactivated(user_id=job.user_id)
     held_run_give_back(core_run_id=job.core_run_id)
-    credit_refund(job, note=f"analysis job {job.pk} cancelled: its user was deactivated")
 
 
 def analysis_jobs_cancel_deactivated(*, user_id: int | None = None, limit: int = 500) -> int:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -21,7 +21,7 @@ from runs.models import (
     AnalysisJob,
     AnalysisRun,
     AuditAction,
-    CreditBalance,
+    CreditEntry,
     JobCitation,
     JobStatus,
 )
@@ -51,10 +51,9 @@ class QueueRow:
 
 
 def credit_balance(*, user_id: int) -> int:
-    """The user's balance: the sum of their signed ledger entries, as the ledger's
-    triggers keep it (``CreditBalance``)."""
-    balance = CreditBalance.objects.filter(user_id=user_id).values_list("balance", flat=True)
-    return int(balance.first() or 0)
+    """The user's balance: the sum of their signed ledger entries."""
+    total = CreditEntry.objects.filter(user_id=user_id).aggregate(total=Sum("amount"))["total"]
+    return int(total or 0)
 
 
 def analysis_job_for_user(*, user: User, job_id: int) -> AnalysisJob:
@@ -267,7 +266,12 @@ def queue_overview(*, user_id: int | None = None, live_only: bool = False) -> li
         .annotate(n=Count("pk"))
         .order_by()
     )
-    balances = dict(CreditBalance.objects.filter(user_id__in=ids).values_list("user_id", "balance"))
+    balances = dict(
+        CreditEntry.objects.filter(user_id__in=ids)
+        .values_list("user")
+        .annotate(total=Sum("amount"))
+        .order_by()
+    )
     return [
         QueueRow(
             user_id=user.pk,

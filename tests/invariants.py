@@ -45,11 +45,6 @@ ALWAYS = {
          GROUP BY 1 HAVING count(*) > 1""",
     "5c. no balance is negative": """
         SELECT user_id, sum(amount) FROM credit_ledger GROUP BY 1 HAVING sum(amount) < 0""",
-    "5d. each user's balance row is the sum of their ledger": """
-        SELECT coalesce(l.user_id, b.user_id), l.total, b.balance
-          FROM (SELECT user_id, sum(amount) AS total FROM credit_ledger GROUP BY 1) l
-          FULL JOIN credit_balances b ON b.user_id = l.user_id
-         WHERE coalesce(l.total, 0) <> coalesce(b.balance, 0)""",
     "6a. at most one run per run id (one row per job's run)": """
         SELECT job_id, count(*) FROM analysis_runs WHERE job_id IS NOT NULL
          GROUP BY 1 HAVING count(*) > 1""",

@@ -103,14 +103,13 @@ UPDATE core_runs
 
 -- admit_checks --
 -- The admission's checks, a CTE of the serial queue's admit statement (under the user's
--- lock, so two admits of one user cannot both pass): the balance (one row, which the
--- ledger's triggers keep) covers the price, the
+-- lock, so two admits of one user cannot both pass): the balance covers the price, the
 -- user has fewer than %(open_limit)s analyses queued, pending or running (0: no bound; one
 -- indexed probe of the limit-th, however long the queue), and the user is still active
 -- (a deactivation committed while this admission waited for the lock refuses it).
 checks AS (
-    SELECT coalesce((SELECT b.balance FROM credit_balances b
-                      WHERE b.user_id = %(user_id)s), 0) >= %(price)s AS funded,
+    SELECT (SELECT coalesce(sum(c.amount), 0) FROM credit_ledger c
+             WHERE c.user_id = %(user_id)s) >= %(price)s AS funded,
            (%(open_limit)s <= 0
             OR NOT EXISTS (SELECT 1 FROM analysis_jobs o
                             WHERE o.user_id = %(user_id)s

@@ -87,7 +87,6 @@ def test_every_runs_table_is_registered():
         "jobcitation",
         "corerun",
         "coredailyusage",
-        "creditbalance",
         "creditentry",
     }
 

@@ -108,7 +108,6 @@ EXPECTED: dict[tuple[str, str], tuple[str, ...] | None] = {
     ("runs.jobcitation", "delete_selected"): None,
     ("runs.corerun", "delete_selected"): None,
     ("runs.coredailyusage", "delete_selected"): None,
-    ("runs.creditbalance", "delete_selected"): None,
     ("runs.creditentry", "delete_selected"): None,
 }
 #: The seeded row each action runs on (the others run on any row of their table).
