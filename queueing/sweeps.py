@@ -388,15 +388,23 @@ def sweep_rows(
     params: Mapping[str, Any],
     process: Callable[[Sequence[Any]], bool | str],
     using: str = "default",
+    commit_each: bool = False,
 ) -> SweepResult:
     """Select a batch (``select_sql`` must end ``FOR UPDATE … SKIP LOCKED``) and process
     each row in its own savepoint; the row locks are held until the batch commits.
 
     ``process(row)`` returns True (changed), False (nothing to do: a re-check failed) or a
     note name to count. An exception in one row is logged and counted as failed.
+
+    ``commit_each``: each row is processed in a bounded transaction of its own, after
+    the select's has committed (its row locks are gone, so ``process`` locks and
+    re-checks its row itself). For processing that takes locks of more than one key —
+    a row's user and the tenant's budget, say — which other paths take in their own
+    order: in one batch, the locks of the rows done would be held while the next row's
+    are taken, and that would deadlock with a path that holds the next row's key and
+    wants one of them.
     """
-    changed = failed = 0
-    notes: dict[str, int] = {}
+    outcomes: list[bool | str | None] = []
     with transaction.atomic(using=using):
         bound_transaction(using=using)
         with connections[using].cursor() as cursor:
@@ -404,16 +412,36 @@ def sweep_rows(
             rows = cursor.fetchall()
         if ctx.dry_run:
             return SweepResult(selected=len(rows))
+        if not commit_each:
+            outcomes = [_process_row(ctx, process, row, using=using) for row in rows]
+    if commit_each:
         for row in rows:
-            try:
-                with transaction.atomic(using=using):
-                    outcome = process(row)
-            except Exception:
-                failed += 1
-                logger.exception("sweep %s: row %r failed; the batch goes on", ctx.name, row[0])
-                continue
-            if outcome is True:
-                changed += 1
-            elif isinstance(outcome, str):
-                notes[outcome] = notes.get(outcome, 0) + 1
-    return SweepResult(selected=len(rows), changed=changed, failed=failed, notes=notes)
+            with transaction.atomic(using=using):
+                bound_transaction(using=using)
+                outcomes.append(_process_row(ctx, process, row, using=using))
+    notes: dict[str, int] = {}
+    for outcome in outcomes:
+        if isinstance(outcome, str):
+            notes[outcome] = notes.get(outcome, 0) + 1
+    return SweepResult(
+        selected=len(rows),
+        changed=sum(outcome is True for outcome in outcomes),
+        failed=sum(outcome is None for outcome in outcomes),
+        notes=notes,
+    )
+
+
+def _process_row(
+    ctx: SweepContext,
+    process: Callable[[Sequence[Any]], bool | str],
+    row: Sequence[Any],
+    *,
+    using: str,
+) -> bool | str | None:
+    """``process(row)`` in a savepoint: its outcome, or None when it raised (logged)."""
+    try:
+        with transaction.atomic(using=using):
+            return process(row)
+    except Exception:
+        logger.exception("sweep %s: row %r failed; the batch goes on", ctx.name, row[0])
+        return None

@@ -77,9 +77,11 @@ def enqueue_process(job_id: int, *, tenant_id: int) -> Enqueued:
     )
 
 
-def lock_job(job_id: int) -> AnalysisJob | None:
+def lock_job(job_id: int, *, skip_locked: bool = False) -> AnalysisJob | None:
+    """The job's row, locked (``FOR UPDATE``) until the transaction ends; None when it is
+    missing, deleted or (``skip_locked``) locked by another transaction."""
     return (
-        AnalysisJob.objects.select_for_update()
+        AnalysisJob.objects.select_for_update(skip_locked=skip_locked)
         .defer("doc_html")
         .filter(pk=job_id, deleted_at__isnull=True)
         .first()

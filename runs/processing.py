@@ -299,12 +299,13 @@ def _finish_core(core, job: AnalysisJob, *, ok: bool, detail: str = "") -> None:
         raise RetryLater(f"core unreachable closing analysis job {job.pk}") from exc
 
 
-def analysis_job_give_up(*, job_id: int) -> bool:
+def analysis_job_give_up(*, job_id: int, skip_locked: bool = False) -> bool:
     """Fail a running job whose release window closed without a release, refunding its
     credit once (the resume tick's safety net for a retry that never came back).
-    Compare-and-set on the locked row: False when the job moved on meanwhile."""
+    Compare-and-set on the locked row: False when the job moved on meanwhile, or (with
+    ``skip_locked``) when another transaction holds the row."""
     with transaction.atomic():
-        job = lock_job(job_id)
+        job = lock_job(job_id, skip_locked=skip_locked)
         if (
             job is None
             or job.status != JobStatus.RUNNING

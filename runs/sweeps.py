@@ -42,7 +42,9 @@ def record_unsaved_runs(ctx: SweepContext) -> SweepResult:
 
 
 def _give_up(row) -> bool:
-    return processing.analysis_job_give_up(job_id=row[0])
+    # Its own transaction (``commit_each``), passing over a job whose process_job holds
+    # it (attempting the release right now: it decides itself).
+    return processing.analysis_job_give_up(job_id=row[0], skip_locked=True)
 
 
 @declare_sweep(name="analysis_resume", cron="* * * * * */30", batch_size=100, grace_default=60)
@@ -51,7 +53,17 @@ def resume_analysis_queue(ctx: SweepContext) -> SweepResult:
     (refunded), promote stuck queues, re-enqueue lost jobs, cancel held core runs no live
     job needs and fail released ones whose jobs all ended (both counted as
     ``held_expired``)."""
-    expired = sweep_rows(ctx, select_sql=queries["expired_releases"], params={}, process=_give_up)
+    # Each give-up commits on its own: it takes its user's queue lock (promoting the next
+    # job) and its tenant's budget row (giving the held run back), and a batch holding
+    # one user's budget row while it takes the next user's lock deadlocks with that
+    # user's admission, which takes them the other way round.
+    expired = sweep_rows(
+        ctx,
+        select_sql=queries["expired_releases"],
+        params={},
+        process=_give_up,
+        commit_each=True,
+    )
     if ctx.dry_run:
         return expired
     # Before promoting: a deactivated user's queued job must not start.

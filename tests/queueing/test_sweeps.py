@@ -157,3 +157,49 @@ def test_every_sweep_is_described_by_its_docstrings_whole_first_paragraph():
     cut = {name: s.description for name, s in sweeps().items() if not s.description.endswith(".")}
 
     assert cut == {}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_commit_each_a_rows_locks_are_gone_before_the_next_row():
+    """In one batch, the first row's locks are still held while the second is processed;
+    with ``commit_each`` its transaction has committed, and another session can take
+    them. A failing row still stops nothing."""
+    from queueing import locks
+
+    namespace = locks.namespace("test_commit_each")
+    make_rows(3, boom_at={2})
+
+    def free_elsewhere(key: str) -> bool:
+        import psycopg
+
+        from tests.conftest import database_url
+
+        with psycopg.connect(database_url(), autocommit=True) as other:
+            statement, params = locks.xact_lock_statement(namespace, key)
+            try_statement = statement.replace("pg_advisory_xact_lock", "pg_try_advisory_xact_lock")
+            other.execute("BEGIN")
+            (taken,) = other.execute(try_statement, params).fetchone()
+            other.execute("ROLLBACK")
+            return taken
+
+    def first_lock_free_at_the_second_row(commit_each: bool) -> bool:
+        Swept.objects.update(state="new")
+        observed: list[bool] = []
+
+        def process(row) -> bool:
+            if not observed and row[0] == first_id:
+                locks.xact_lock(namespace, "first")
+            elif len(observed) == 0:
+                observed.append(free_elsewhere("first"))
+            return mark(row)
+
+        ctx = SweepContext(name="test_swept", batch_size=5, grace_seconds=60)
+        result = sweep_rows(
+            ctx, select_sql=SELECT, params={"grace": 60}, process=process, commit_each=commit_each
+        )
+        assert (result.selected, result.changed, result.failed) == (3, 2, 1)
+        return observed[0]
+
+    first_id = Swept.objects.order_by("touched_at").values_list("pk", flat=True).first()
+    assert first_lock_free_at_the_second_row(commit_each=False) is False
+    assert first_lock_free_at_the_second_row(commit_each=True) is True

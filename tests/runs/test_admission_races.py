@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 
+import psycopg
 import pytest
 from django.db import connection, connections, transaction
 
@@ -30,6 +31,7 @@ from runs.exceptions import HoldExpired, InsufficientCredits, RunsError
 from runs.models import AnalysisJob, CoreRun
 from runs.queue import ANALYSIS_QUEUE_LOCK
 from runs.selectors import credit_balance
+from tests.conftest import database_url
 from tests.runs.factories import DOC_HTML, SOURCES, funded_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -337,3 +339,58 @@ def test_a_failing_job_and_an_admit_of_its_user_take_their_locks_in_one_order(
     assert isinstance(outcome["admit"], admission.Admission), outcome["admit"]
     assert outcome["fail"] is True, outcome["fail"]
     assert AnalysisJob.objects.get(pk=running.id).status == "failed"
+
+
+def _stuck_running(job_id: int, settings) -> None:
+    """The job running, its held core run never released, its release window closed (the
+    core was unreachable all along)."""
+    from queueing.exceptions import RetryLater
+    from tests.runs.factories import backdate
+
+    settings.CORE_AVAILABLE = False
+    with pytest.raises(RetryLater):
+        processing.analysis_job_process(job_id=job_id)
+    settings.CORE_AVAILABLE = True
+    backdate("analysis_jobs", [job_id], seconds=32 * 60, columns=("release_deadline",))
+
+
+def test_the_resume_sweeps_give_ups_never_deadlock_with_an_admission(clean_queue, settings):
+    """After an outage of the core, two users of one tenant have expired releases. The
+    resume sweep gives each up (the user's lock to promote the next, the tenant's budget
+    row to give the held run back); an admission of the second user takes its lock, then
+    the budget row. In one batch, the sweep held the budget row from the first give-up
+    while it waited for the second user's lock: 40P01, and the admission failed. Each
+    give-up now commits on its own: both give-ups and the admission go through."""
+    from queueing.sweeps import run_sweep
+
+    first = funded_user(credits=5)
+    second = funded_user(credits=5, tenant=first.tenant)
+    jobs = [admit(first), admit(second)]
+    for job in jobs:
+        _stuck_running(job.id, settings)
+    # Something else of the tenant holds today's budget row (another admission), so the
+    # sweep's first give-back waits for it, and the second user's admission starts
+    # meanwhile: it takes its user's lock and queues for the row behind the sweep.
+    holder = psycopg.connect(database_url(), autocommit=True)
+    holder.execute("BEGIN")
+    holder.execute(
+        "SELECT used FROM core_daily_usage WHERE tenant_id = %s"
+        " AND day = (now() AT TIME ZONE 'UTC')::date FOR UPDATE",
+        [first.tenant_id],
+    )
+    outcome: dict[str, object] = {}
+    sweep = in_thread("sweep", outcome, lambda: run_sweep("analysis_resume"))
+    assert wait_for(lambda: waiting_on_locks() >= 1), "the sweep never waited"
+    admitting = in_thread("admit", outcome, lambda: admit(second))
+    assert wait_for(lambda: waiting_on_locks() >= 2), "the admission never waited"
+    holder.execute("COMMIT")
+    holder.close()
+    sweep.join(60)
+    admitting.join(60)
+    assert not isinstance(outcome["admit"], BaseException), outcome["admit"]
+    result = outcome["sweep"]
+    assert not isinstance(result, BaseException), result
+    assert (result.changed, result.failed) == (2, 0), result
+    assert set(
+        AnalysisJob.objects.filter(pk__in=[j.id for j in jobs]).values_list("status", flat=True)
+    ) == {"failed"}
