@@ -402,7 +402,8 @@ def sweep_rows(
     a row's user and the tenant's budget, say — which other paths take in their own
     order: in one batch, the locks of the rows done would be held while the next row's
     are taken, and that would deadlock with a path that holds the next row's key and
-    wants one of them.
+    wants one of them. Only outside a transaction does each row commit: inside the
+    caller's, each is a savepoint of it.
     """
     outcomes: list[bool | str | None] = []
     with transaction.atomic(using=using):

@@ -295,6 +295,12 @@ def analysis_job_cancel(*, job_id: int, reason: str = "cancelled by an operator"
     user_id = row[0]
     with transaction.atomic():
         locks.xact_lock(ANALYSIS_QUEUE_LOCK, user_id)
+        # Still queued, read again under the user's lock: only a promotion (which takes
+        # that lock) starts it, so it stays queued and no process_job holds its row. One
+        # promoted while this waited for the lock may have a process_job that holds the
+        # row and wants the lock: locking the row then would deadlock with it.
+        if not AnalysisJob.objects.filter(pk=job_id, status=JobStatus.QUEUED).exists():
+            return False
         job = lock_job(job_id)
         if job is None or job.status != JobStatus.QUEUED:
             return False

@@ -225,6 +225,16 @@ class LocalCore:
         )
 
 
+def _connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` lost this process's own database connection (not the core's):
+    then nothing of the caller's transaction will commit, so the best-effort give-back
+    must not swallow it and let the caller report success."""
+    if not isinstance(exc, DatabaseError):
+        return False
+    raw = connection.connection
+    return raw is None or raw.closed or raw.broken
+
+
 def held_run_give_back(*, core_run_id: int | None) -> None:
     """Cancel the held run of a job that just ended without releasing it, giving the
     tenant's budget unit back (the provider did no work). Call it in the transaction
@@ -237,7 +247,9 @@ def held_run_give_back(*, core_run_id: int | None) -> None:
     try:
         with transaction.atomic():
             get_core().cancel_held(core_run_id=core_run_id)
-    except (CoreError, DatabaseError):
+    except (CoreError, DatabaseError) as exc:
+        if _connection_lost(exc):
+            raise
         logger.warning(
             "could not cancel held core run %s now; the resume tick will",
             core_run_id,
@@ -259,7 +271,9 @@ def released_run_fail(*, core_run_id: int | None, detail: str) -> None:
         with transaction.atomic():
             core.start(core_run_id=core_run_id)
             core.finish(core_run_id=core_run_id, ok=False, detail=detail)
-    except (CoreError, DatabaseError):
+    except (CoreError, DatabaseError) as exc:
+        if _connection_lost(exc):
+            raise
         logger.warning(
             "could not fail released core run %s now; the resume tick will",
             core_run_id,

@@ -189,7 +189,7 @@ SELECT %(queue)s, %(task)s, l.lock, jsonb_build_object('unit', l.unit)
 SELECT count(*) FROM procrastinate_jobs WHERE id > %(after)s AND status = 'doing';
 
 -- ledger_entries --
--- %(entries)s grants of one credit for user %(user)s, as a long-lived account's history.
+-- %(entries)s grants of one credit for user %(user)s: a long history, written at once.
 INSERT INTO credit_ledger (user_id, kind, amount, note, created_at)
 SELECT %(user)s, 'grant', 1, 'bench history', now() - n * interval '1 second'
   FROM generate_series(1, %(entries)s) AS n;

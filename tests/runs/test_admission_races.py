@@ -394,3 +394,66 @@ def test_the_resume_sweeps_give_ups_never_deadlock_with_an_admission(clean_queue
     assert set(
         AnalysisJob.objects.filter(pk__in=[j.id for j in jobs]).values_list("status", flat=True)
     ) == {"failed"}
+
+
+class _LockHolder:
+    """A session of its own that takes the user's queue lock (waiting if need be) and
+    holds it until :meth:`done` (another path of the user: an admission, a cancel)."""
+
+    def __init__(self, user_id: int) -> None:
+        self.statement, self.params = locks.xact_lock_statement(ANALYSIS_QUEUE_LOCK, user_id)
+        self.got, self.release = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._hold)
+        self.thread.start()
+
+    def _hold(self) -> None:
+        with psycopg.connect(database_url(), autocommit=True) as session:
+            session.execute("BEGIN")
+            session.execute(self.statement, self.params)
+            self.got.set()
+            self.release.wait(30)
+            session.execute("COMMIT")
+
+    def done(self) -> None:
+        self.release.set()
+        self.thread.join(30)
+
+
+def test_a_cancel_of_a_job_promoted_while_it_waited_for_the_users_lock_never_deadlocks(
+    clean_queue,
+):
+    """An operator cancels the user's queued job B while another path holds the user's
+    lock; meanwhile A fails and promotes B, and B's process_job locks B's row and then
+    wants the user's lock. The cancel read 'queued' before its lock and then locked B's
+    row: 40P01 with B's process_job. It now reads B again under the user's lock (only a
+    promotion, which takes that lock, starts a queued job) and leaves a promoted B alone."""
+    user = funded_user(credits=5)
+    first, second = admit(user), admit(user)
+    assert (first.status, second.status) == ("pending", "queued")
+    outcome: dict[str, object] = {}
+    holder = _LockHolder(user.pk)
+    assert holder.got.wait(10)
+    failing = in_thread(
+        "fail", outcome, lambda: processing.analysis_job_abandon(job_id=first.id, reason="r")
+    )
+    assert wait_for(lambda: waiting_on_locks() >= 1)
+    queued_behind = _LockHolder(user.pk)
+    assert wait_for(lambda: waiting_on_locks() >= 2)
+    cancelling = in_thread(
+        "cancel", outcome, lambda: admission.analysis_job_cancel(job_id=second.id)
+    )
+    assert wait_for(lambda: waiting_on_locks() >= 3)
+    holder.done()  # the failure promotes B and commits; the second holder gets the lock
+    failing.join(30)
+    assert queued_behind.got.wait(10)
+    assert AnalysisJob.objects.get(pk=second.id).status == "pending"
+    processing_b = in_thread(
+        "process", outcome, lambda: processing.analysis_job_process(job_id=second.id)
+    )
+    assert wait_for(lambda: waiting_on_locks() >= 2)
+    queued_behind.done()
+    cancelling.join(30)
+    processing_b.join(30)
+    assert outcome["cancel"] is False, outcome
+    assert not any(isinstance(value, BaseException) for value in outcome.values()), outcome
+    assert AnalysisJob.objects.get(pk=second.id).status == "complete"

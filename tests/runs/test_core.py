@@ -104,3 +104,38 @@ def test_a_zero_budget_is_no_bound_and_still_counts(settings):
 
     assert CoreRun.objects.count() == 3
     assert CoreDailyUsage.objects.get().used == 3
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("step", ["give_back", "fail_released"])
+def test_a_best_effort_core_step_never_hides_a_lost_database_connection(step):
+    """The give-back of a held run (and the failing of a released one) is best effort:
+    an unreachable core is logged and left to the resume tick. A lost connection of this
+    process is no such failure: nothing of the caller's transaction will commit, so it
+    must reach the caller (a sweep then counts the row failed instead of changed)."""
+    import psycopg
+    from django.db import OperationalError, connection, transaction
+
+    from runs.core import held_run_give_back, released_run_fail
+    from tests.conftest import database_url
+
+    core = LocalCore()
+    user = UserFactory()
+    run = core.create_held(
+        user_id=user.pk, sources=[{"key": "a", "title": "A"}], run_id=uuid.uuid4()
+    )
+    reached_the_caller = False
+    with pytest.raises(OperationalError), transaction.atomic():
+        pid = connection.cursor().connection.info.backend_pid
+        with psycopg.connect(database_url(), autocommit=True) as other:
+            other.execute("SELECT pg_terminate_backend(%s)", [pid])
+        try:
+            if step == "give_back":
+                held_run_give_back(core_run_id=run)
+            else:
+                released_run_fail(core_run_id=run, detail="x")
+        except OperationalError:
+            reached_the_caller = True
+            raise
+    assert reached_the_caller
+    connection.close()
