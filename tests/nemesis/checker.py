@@ -53,7 +53,8 @@ Liveness, timed from the end of the last fault (every fault heals what it did):
   A kill, drain, reset or partition takes one worker: the others must start jobs — unless
   every slot of each of them (started before the return, neither draining nor
   partitioned) stayed held by a run begun before the return until a bound before the
-  first start at the earliest: then the workers were busy, not stuck. A slot that freed,
+  first start at the earliest, or until a fault that holds every worker back began
+  within a bound of the slot's freeing: then the workers were busy, not stuck. A slot that freed,
   or a partition that healed, more than a bound before the start excuses nothing. Each
   excused late start is listed
   (``late_restarts_excused``).
@@ -341,7 +342,10 @@ def _slots_held(
     slots with runs begun before the return, or was partitioned, until a bound before
     that start at the earliest (or until its drain's start, or its exit). A slot that freed, or a
     partition that healed, more than a bound before the start left the worker idle for
-    longer than it may be: stuck, not busy. A worker started after the return is booting,
+    longer than it may be: stuck, not busy. So does a fault that holds every worker back
+    (the next outage …) and begins before a bound of free time has passed: busy until
+    +10 s, then the database away until +51 s, is no stuck worker. A worker started after
+    the return is booting,
     not recovering. Runs are the generic jobs' (the domains' jobs last a fraction of a
     second)."""
     run_line = next((line for line in history if line["type"] == "run"), {})
@@ -370,9 +374,18 @@ def _slots_held(
             if r.pid == pid and r.start < returned and (r.end is None or r.end > returned)
         )
         free_at = returned if len(ends) < slots else ends[len(ends) - slots]
-        # ... or cut off by a partition that began before it had a bound of free time.
+        # ... or cut off by a partition of it, or by a fault that holds every worker back
+        # (the next outage, a storm of terminated sessions, a lock on procrastinate_jobs),
+        # that began before it had a bound of free time: busy, then cut off, is not stuck.
         for w in sorted(
-            (w for w in windows if w.kind == "partition" and w.worker == index[pid]),
+            (
+                w
+                for w in windows
+                if (w.kind == "partition" and w.worker == index[pid])
+                or (w.kind in DATABASE_FAULTS and w.start > returned)
+                or w.kind == "terminate"
+                or (w.kind == "statement_timeout" and w.detail.get("table") == "procrastinate_jobs")
+            ),
             key=lambda w: w.start,
         ):
             if w.start < free_at + RESTART_BOUND_SECONDS and w.end > free_at:

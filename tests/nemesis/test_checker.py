@@ -389,3 +389,34 @@ def test_a_stuck_stretch_is_not_excused_by_a_fault_at_its_end_nor_short_failures
     now_and_then = [failed_fetch(100, 0, 10.0 + 10 * n, 1, 0.0) for n in range(5)]
     assert properties([*WORKERS, *now_and_then, *final()]) == ["L4"]
     assert properties([*WORKERS, *now_and_then[:4], *final()]) == []
+
+
+def test_busy_slots_and_then_the_next_outage_together_excuse_a_late_start():
+    """Seed 41 (300 s, every kind) found it: after a restart every slot stayed busy for
+    10 s, and 0.1 s after the first slot freed the database went away for 41 s; jobs
+    started as it returned, 51 s after the restart. Neither cause alone covers the 51 s
+    (the outage began after the bound; the slots freed long before the start): together
+    they left no free, connected stretch of a bound. A gap of a bound between them does."""
+    run = {"type": "run", "mono": 0.0, "concurrency": 2}
+
+    def late(slots_free_at: float) -> list[dict]:
+        return [
+            run,
+            *WORKERS,
+            *fault("pg_restart", 8.0, 10.0, 3),
+            {"type": "database", "event": "up", "mono": 10.0, "after": 0.2},
+            effect("start", 11, 100, 1.0),
+            effect("start", 12, 100, 2.0),
+            effect("start", 21, 200, 3.0),
+            effect("start", 22, 200, 4.0),
+            effect("end", 11, 100, slots_free_at),
+            effect("end", 12, 100, slots_free_at + 3),
+            effect("end", 21, 200, slots_free_at),
+            effect("end", 22, 200, slots_free_at + 3),
+            *fault("pg_down", 20.2, 61.4, 4, seconds=41.0),
+            {"type": "database", "event": "up", "mono": 61.4, "after": 41.0},
+            *final(restarts=[{"wall": 0, "seconds": 51.3, "jobs": 10}], generic_jobs=[]),
+        ]
+
+    assert properties(late(slots_free_at=20.1)) == []
+    assert properties(late(slots_free_at=14.0)) == ["L2"]
