@@ -23,7 +23,10 @@ Generic jobs (their effects are lines outside the database, :mod:`tests.nemesis.
   retry is no such fault.
 - **G3 nothing lost**: every job without a hook that was enqueued (the enqueue answered)
   and is over ended ``succeeded``, with at least one completed run; and no job ends
-  ``failed`` without a single run (a worker that lacks its task must leave it waiting). A
+  ``failed`` without a single run (a worker that lacks its task must leave it waiting).
+  One that ran more than :data:`STALL_RECOVERIES` times, each time on a worker that died
+  or was cut off under it, may end ``failed``: stalled recovery's poison-pill bound
+  (listed as ``failed_after_stalls``). A
   job still waiting or running at the end is unfinished: L1 says so.
 - **G4 every owed hook runs once**: a job with a give-up hook that ends ``failed`` or
   ``cancelled`` has its hook committed exactly once (``hook_committed``: the hook's
@@ -102,6 +105,9 @@ HOOKED_TASKS = ("nemesis.settled", "nemesis.new_effect")
 #: Fault kinds that can keep any running job's outcome from being saved.
 GLOBAL_FAULTS = {"pg_restart", "pg_down", "terminate"}
 DATABASE_FAULTS = {"pg_restart", "pg_down"}
+#: Stalled recoveries a job gets before it fails (the workers'
+#: ``STALLED_JOB_MAX_RECOVERIES``, ``tests.nemesis.cluster.WORKER_SETTINGS``).
+STALL_RECOVERIES = 3
 #: Each worker's slots (``--concurrency``), when the history does not say.
 DEFAULT_CONCURRENCY = 2
 #: Fault kinds that can keep the outcome of a job of *their* worker from being saved.
@@ -279,6 +285,7 @@ def _check_generic(report, history, final, runs, partitioned, outcome_at_risk, e
     report.measures["completed_runs"] = sum(
         1 for job_runs in runs.values() for r in job_runs if r.ok
     )
+    stalled_out: list[int] = []
     for job_id, task, status, key, attempts in final["generic_jobs"]:
         done = [r for r in runs.get(job_id, []) if r.ok]
         if status == "failed" and not runs.get(job_id):
@@ -297,6 +304,12 @@ def _check_generic(report, history, final, runs, partitioned, outcome_at_risk, e
                     hooks=hooks.get(key, 0),
                     runs=len(runs.get(job_id, [])),
                 )
+        elif status == "failed" and _worker_died_each_time(
+            runs.get(job_id, []), exited, partitioned
+        ):
+            # Stalled recovery's poison-pill bound: a job whose worker died under it more
+            # than STALL_RECOVERIES times fails (docs/reliability.md), faults or not.
+            stalled_out.append(job_id)
         elif (
             job_id in enqueued
             and status not in ("todo", "doing")  # unfinished: L1 says so
@@ -311,6 +324,21 @@ def _check_generic(report, history, final, runs, partitioned, outcome_at_risk, e
                 attempts=attempts,
                 runs=len(runs.get(job_id, [])),
             )
+
+    report.measures["failed_after_stalls"] = stalled_out
+
+
+def _worker_died_each_time(job_runs: list[Run], exited, partitioned) -> bool:
+    """Whether the job ran more than :data:`STALL_RECOVERIES` times, none of them to its
+    end, each on a worker process that died (or was cut off) during it: stalled recovery
+    then fails it by design, as it would a job that kills its worker."""
+    if len(job_runs) <= STALL_RECOVERIES or any(run.ok for run in job_runs):
+        return False
+    return all(
+        (run.pid in exited and exited[run.pid] >= run.start)
+        or partitioned(run.pid, run.start, run.end if run.end is not None else float("inf"))
+        for run in job_runs
+    )
 
 
 _GENERIC_OPS = ("effect", "settled", "new_effect")

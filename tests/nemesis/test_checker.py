@@ -420,3 +420,37 @@ def test_busy_slots_and_then_the_next_outage_together_excuse_a_late_start():
 
     assert properties(late(slots_free_at=20.1)) == []
     assert properties(late(slots_free_at=14.0)) == ["L2"]
+
+
+def test_a_job_whose_worker_died_under_it_past_the_stall_bound_may_fail():
+    """Seed 42 (300 s, every kind) found it: job 288's worker was SIGKILLed during each
+    of its four runs, and stalled recovery failed it after three recoveries ("its worker
+    died 4 times"), its poison-pill bound. Not lost: one completed run, or one run whose
+    worker lived, makes such a failure a lost job again."""
+    from tests.nemesis.checker import STALL_RECOVERIES
+    from tests.nemesis.cluster import WORKER_SETTINGS
+
+    assert int(WORKER_SETTINGS["STALLED_JOB_MAX_RECOVERIES"]) == STALL_RECOVERIES
+    pids = [100, 101, 102, 103]
+    lives = [
+        {"type": "worker", "event": "start", "worker": 0, "pid": pid, "mono": 10.0 * n}
+        for n, pid in enumerate(pids)
+    ]
+    deaths = [
+        {
+            "type": "worker",
+            "event": "exit",
+            "worker": 0,
+            "pid": pid,
+            "mono": 10.0 * n + 5,
+            "code": -9,
+            "expected": True,
+        }
+        for n, pid in enumerate(pids)
+    ]
+    enqueue = [{"type": "op", "op": "effect", "phase": "ok", "value": 1, "mono": 0.5}]
+    starts = [effect("start", 1, pid, 10.0 * n + 1) for n, pid in enumerate(pids)]
+    failed = final(generic_jobs=[[1, "nemesis.effect", "failed", "k", 1]])
+    assert properties([*lives, *deaths, *enqueue, *starts, *failed]) == []
+    assert properties([*lives, *deaths[:3], *enqueue, *starts, *failed]) == ["G3"]
+    assert properties([*lives, *deaths, *enqueue, *starts[:3], *failed]) == ["G3"]
