@@ -202,6 +202,17 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = _sizes(args)
     json_path, doc_path = _outputs(args, sizes.mode)
+    try:
+        connection.ensure_connection()
+    except django.db.OperationalError as exc:
+        name = connection.settings_dict["NAME"]
+        reason = str(exc).strip().splitlines()[-1]
+        print(
+            f"python -m bench: cannot reach the database {name!r} ({reason}). Create it "
+            f"(createdb {name}), or unset DATABASE_URL to run on the embedded PostgreSQL.",
+            file=sys.stderr,
+        )
+        return 2
     call_command("migrate", verbosity=0)
     with connection.schema_editor() as editor:
         if "bench_steps" in connection.introspection.table_names():

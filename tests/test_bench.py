@@ -83,3 +83,24 @@ def test_smoke_run_writes_every_scenario(clean_queue, tmp_path):
     assert "| scenario | today |" in text
     for row in rows.values():
         assert row["scenario"].replace("|", "\\|") in text
+
+
+def test_a_database_that_does_not_exist_is_named_with_what_to_do(tmp_path):
+    """``DATABASE_URL`` naming a database that is not there: one line saying which and
+    what to do, exit status 2, no traceback."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(database_url())
+    missing = urlunsplit(parts._replace(path="/pgstage_bench_not_created"))
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--json", str(tmp_path / "r.json"), "--no-doc"],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": missing},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "createdb pgstage_bench_not_created" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert not (tmp_path / "r.json").exists()
