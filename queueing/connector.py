@@ -50,7 +50,7 @@ from procrastinate import psycopg_connector
 from procrastinate.contrib.django.utils import connector_params
 
 from queueing.outage import WorkerPool
-from queueing.sql import may_replan
+from queueing.sql import STALE_PLAN_ERRORS, may_replan
 
 __all__ = ["worker_connector"]
 
@@ -65,10 +65,7 @@ class ReplanningCursor(psycopg.AsyncCursor):
     async def execute(self, query, params=None, *, prepare=None, binary=None):
         try:
             return await super().execute(query, params, prepare=prepare, binary=binary)
-        except (
-            psycopg.errors.FeatureNotSupported,
-            psycopg.errors.InvalidSqlStatementName,
-        ) as error:
+        except STALE_PLAN_ERRORS as error:
             if not may_replan(self.connection, error):
                 raise
             # An empty transaction rolled back: psycopg then always forgets its names

@@ -80,6 +80,10 @@ def plan_went_stale(error: BaseException | None) -> bool:
     return isinstance(error, psycopg.errors.InvalidSqlStatementName) and '"_pg3_' in str(error)
 
 
+#: The errors :func:`plan_went_stale` can recognise (a cursor catches these, then asks).
+STALE_PLAN_ERRORS = (psycopg.errors.FeatureNotSupported, psycopg.errors.InvalidSqlStatementName)
+
+
 def may_replan(connection: Any, error: BaseException) -> bool:
     """Whether the statement that failed with ``error`` on the psycopg ``connection`` can
     run again at once on new plans: its plan went stale and no transaction holds the
@@ -118,10 +122,7 @@ class _PreparingCursor(psycopg.Cursor):
     def execute(self, query, params=None, *, prepare=True, binary=None):
         try:
             return self._execute(query, params, prepare=prepare, binary=binary)
-        except (
-            psycopg.errors.FeatureNotSupported,
-            psycopg.errors.InvalidSqlStatementName,
-        ) as error:
+        except STALE_PLAN_ERRORS as error:
             if not may_replan(self.connection, error):
                 raise
             forget_prepared(self.connection)

@@ -358,6 +358,19 @@ def _check_domains(report, history, final) -> None:
     report.measures["domain"] = final["domain_counts"]
 
 
+def _holds_every_worker(window: Window) -> bool:
+    """Whether ``window`` is a fault that keeps every worker from fetching: an outage, a
+    storm of terminated sessions, or a lock on ``procrastinate_jobs``."""
+    return (
+        window.kind in DATABASE_FAULTS
+        or window.kind == "terminate"
+        or (
+            window.kind == "statement_timeout"
+            and window.detail.get("table") == "procrastinate_jobs"
+        )
+    )
+
+
 def _slots_held(
     history: list[dict],
     runs: dict[int, list[Run]],
@@ -410,9 +423,9 @@ def _slots_held(
                 w
                 for w in windows
                 if (w.kind == "partition" and w.worker == index[pid])
-                or (w.kind in DATABASE_FAULTS and w.start > returned)
-                or w.kind == "terminate"
-                or (w.kind == "statement_timeout" and w.detail.get("table") == "procrastinate_jobs")
+                or (
+                    _holds_every_worker(w) and (w.kind not in DATABASE_FAULTS or w.start > returned)
+                )
             ),
             key=lambda w: w.start,
         ):
@@ -455,9 +468,8 @@ def _check_liveness(report, history, final, windows, runs) -> None:
             if w.start <= bound
             and w.end > returned
             and (
-                (w.kind in DATABASE_FAULTS and w.start > returned)  # the next outage
-                or w.kind == "terminate"
-                or (w.kind == "statement_timeout" and w.detail.get("table") == "procrastinate_jobs")
+                # the next outage, a storm, a lock on procrastinate_jobs
+                _holds_every_worker(w) and (w.kind not in DATABASE_FAULTS or w.start > returned)
             )
         ]
         if stopped_all:
@@ -506,9 +518,7 @@ def _check_liveness(report, history, final, windows, runs) -> None:
 
 def _explains_failed_fetches(window: Window, worker: int) -> tuple[float, float] | None:
     """When ``window`` could make ``worker``'s fetches fail, or None."""
-    if window.kind in DATABASE_FAULTS or window.kind == "terminate":
-        return window.start, window.end
-    if window.kind == "statement_timeout" and window.detail.get("table") == "procrastinate_jobs":
+    if _holds_every_worker(window):
         return window.start, window.end
     if window.kind in ("partition", "reset") and window.worker == worker:
         return window.start, window.end
