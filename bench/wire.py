@@ -165,6 +165,18 @@ class _Session:
         self.status = status
 
 
+async def open_server(
+    params: Mapping[str, Any],
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A stream to the PostgreSQL server of libpq ``params``: over its Unix socket when
+    ``host`` is a directory (as libpq reads it; the embedded server's), else over TCP."""
+    host = str(params.get("host") or "/var/run/postgresql")
+    port = int(params.get("port") or 5432)
+    if host.startswith("/"):
+        return await asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}")
+    return await asyncio.open_connection(host, port)
+
+
 class WireCounter:
     """A counting proxy on ``127.0.0.1:<port>`` in front of the server of ``params``
     (psycopg connection parameters: host — a name or a socket directory — port, user,
@@ -254,11 +266,7 @@ class WireCounter:
         return self._server.sockets[0].getsockname()[1]
 
     async def _open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        host = str(self._params.get("host") or "/var/run/postgresql")
-        port = int(self._params.get("port") or 5432)
-        if host.startswith("/"):
-            return await asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}")
-        return await asyncio.open_connection(host, port)
+        return await open_server(self._params)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         session = _Session(self)

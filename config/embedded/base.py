@@ -16,7 +16,12 @@ from config.embedded import ensure_started
 class DatabaseWrapper(base.DatabaseWrapper):
     def get_connection_params(self) -> dict[str, Any]:
         info = conninfo_to_dict(ensure_started(Path(settings.DATA_DIR) / "pg"))
-        self.settings_dict["HOST"] = info.get("host") or ""
-        self.settings_dict["PORT"] = info.get("port") or ""
+        host = info.get("host") or ""
+        # A HOST someone set on this connection (a proxy in front of the server, as the
+        # round-trip tests put one) is kept: only an empty HOST, or the one filled in here
+        # before, is the embedded server's.
+        if self.settings_dict.get("HOST") in ("", None, host):
+            self.settings_dict["HOST"] = host
+            self.settings_dict["PORT"] = info.get("port") or ""
         self.settings_dict["USER"] = info.get("user") or "postgres"
         return super().get_connection_params()

@@ -141,9 +141,9 @@ async def database_back_after(seconds: float):
     port = free_port()
 
     async def forward(reader, writer) -> None:
-        upstream_reader, upstream_writer = await asyncio.open_connection(
-            params.get("host") or "127.0.0.1", int(params.get("port") or 5432)
-        )
+        from bench.wire import open_server
+
+        upstream_reader, upstream_writer = await open_server(params)
 
         async def pipe(source, sink) -> None:
             with contextlib.suppress(OSError):

@@ -42,6 +42,7 @@ Recovery runs, and
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 from django.core.management import call_command
@@ -164,8 +165,17 @@ def test_an_owed_hook_waits_for_a_worker_that_has_it_across_an_outage(clean_queu
     job = enqueue("tests.record", args={"label": "hook-elsewhere"})
     make_doing(job.job_id)
     assert run_sweep("stalled_jobs").notes == {"gave_up": 1}
+    # Dead for certain after the outage window and four thresholds: 4 + 4 * 2 = 12 s. A
+    # silence counts from no earlier than the server's start, so the server must have run
+    # longer than that (it has, but for a server just started for this test alone).
+    settings.QUEUEING_DATABASE_OUTAGE_SECONDS = 4
+    settings.QUEUEING_STALLED_WORKER_SECONDS = 2
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extract(epoch FROM now() - pg_postmaster_start_time())")
+        (uptime,) = cursor.fetchone()
+    time.sleep(max(0.0, 13 - float(uptime)))
     hooked = registered_worker(
-        task_names=["tests.record"], hooks=["tests.record"], heartbeat_age_s=40
+        task_names=["tests.record"], hooks=["tests.record"], heartbeat_age_s=10
     )
     recovery_ran(last_run_ago=0, resumed_ago=0)  # recovery saw the gap: it just resumed
     assert giveup.settle_owed() == 0 and owed() == [job.job_id]
@@ -173,7 +183,7 @@ def test_an_owed_hook_waits_for_a_worker_that_has_it_across_an_outage(clean_queu
     # any live worker can be: its outage window and four thresholds), the row goes.
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE procrastinate_workers SET last_heartbeat = now() - interval '421 seconds' "
+            "UPDATE procrastinate_workers SET last_heartbeat = now() - interval '13 seconds' "
             "WHERE id = %s",
             [hooked],
         )
