@@ -3,8 +3,10 @@ statistics say. Its search for lost ``process_job`` tasks (``lost_process_jobs``
 the EXCLUSIVE key's partial unique index once per active job: it never scans the waiting
 jobs (nor, with stale statistics, the whole table and its dead rows) to find that nothing
 is lost. Its held-run expiry reads the unfinished core runs through their partial index,
-never every run ever made. Checked on the plans (their shape, not their time), with the
-tables never analysed and after ANALYZE, beside 5,000 finished jobs or core runs."""
+never every run ever made, and asks whether a job references a held run with one probe
+per run, never a hash of every job that ever had one. Checked on the plans (their shape,
+not their time), with the tables never analysed and after ANALYZE, beside 5,000 finished
+jobs or core runs (20,000 jobs with their runs, most of them deleted, for the probe)."""
 
 from __future__ import annotations
 
@@ -120,6 +122,68 @@ def test_the_held_run_sweeps_read_only_unfinished_core_runs(finished_core_runs, 
     # A run is found through the partial index; the primary key only fetches one by id.
     assert UNFINISHED_RUNS & {n.get("Index Name") for n in plan}, plan
     assert all("Index Cond" in n for n in reads if n.get("Index Name") == "core_runs_pkey"), reads
+
+
+@pytest.fixture
+def held_runs_beside_history():
+    """300 held core runs (admissions in flight, none referenced yet) beside finished
+    analysis jobs, each with its finished core run. Most of that history then deleted and
+    not yet vacuumed (a tenant purged): the statistics see few jobs with a run, the index
+    still holds them all."""
+    user = funded_user(credits=0)
+    params = {"user": user.pk, "tenant": user.tenant_id}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO core_runs (run_id, user_id, state, sources, error, created_at)"
+            " SELECT gen_random_uuid(), %(user)s, 'held', '[]', '', now()"
+            "   FROM generate_series(1, 300)",
+            params,
+        )
+        cursor.execute(
+            "WITH runs AS (INSERT INTO core_runs (run_id, user_id, state, sources, error,"
+            "                                     created_at)"
+            "  SELECT gen_random_uuid(), %(user)s, 'done', '[]', '', now() - interval '1 day'"
+            "    FROM generate_series(1, 20000) RETURNING id, run_id)"
+            " INSERT INTO analysis_jobs (tenant_id, user_id, run_id, core_run_id, status,"
+            "        title, sources, error, release_attempts, requeues, run_saved,"
+            "        created_at, updated_at)"
+            " SELECT %(tenant)s, %(user)s, run_id, id, 'complete', 'h', '[]', '', 0, 0, true,"
+            "        now() - interval '1 day', now() - interval '1 day' FROM runs",
+            params,
+        )
+        cursor.execute("ANALYZE analysis_jobs")
+        cursor.execute("ANALYZE core_runs")
+        cursor.execute("DELETE FROM analysis_jobs WHERE id % 100 <> 0")
+        cursor.execute("ANALYZE analysis_jobs")
+
+
+@pytest.mark.django_db
+def test_the_held_run_expiry_probes_a_held_runs_jobs_never_the_history(held_runs_beside_history):
+    """Whether any job references a held run is one index probe per held run: never a
+    hashed subplan that reads every job that ever had a run (the planner's pick for an
+    EXISTS under an OR, at these statistics), nor a scan of the table."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN (FORMAT JSON) " + queries["core_stale_held"], {"seconds": 60, "limit": 500}
+        )
+        (document,) = cursor.fetchone()
+    if isinstance(document, str):
+        document = json.loads(document)
+    plan = list(nodes(document[0]["Plan"]))
+    assert not [n for n in plan if "hashed SubPlan" in n.get("Filter", "")], plan
+    jobs = [n for n in plan if n.get("Relation Name") == "analysis_jobs"]
+    assert jobs and not [n for n in jobs if n["Node Type"] == "Seq Scan"], jobs
+    probes = [
+        n
+        for sub in plan
+        if sub.get("Parent Relationship") == "SubPlan"
+        for n in nodes(sub)
+        if n.get("Relation Name") == "analysis_jobs"
+    ]
+    assert probes and all(
+        "(core_run_id = c.id)" in (n.get("Index Cond", "") + n.get("Recheck Cond", ""))
+        for n in probes
+    ), probes
 
 
 @pytest.mark.django_db
