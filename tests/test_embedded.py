@@ -159,3 +159,39 @@ def test_make_test_stops_the_embedded_server_it_started_and_only_that(checkout_t
         assert running_pid(data_dir) == before
     finally:
         stop(data_dir)
+
+
+def test_the_embedded_backend_fills_in_its_server_and_keeps_a_host_set_on_the_connection(
+    monkeypatch,
+):
+    """An empty HOST (or the one it filled in before) is the embedded server's socket; a
+    HOST set on the connection (a proxy in front of the server: the round-trip tests put
+    one there) is kept, with its port. Parameters only: no server is started."""
+    from config.embedded import base
+
+    url = "postgresql://postgres@/pgstage?host=/srv/pg/run&port=5433"
+    monkeypatch.setattr(base, "ensure_started", lambda data_dir: url)
+
+    def params(host: str, port: str) -> dict:
+        wrapper = base.DatabaseWrapper(
+            {
+                "NAME": "pgstage",
+                "USER": "",
+                "PASSWORD": "",
+                "HOST": host,
+                "PORT": port,
+                "OPTIONS": {},
+                "CONN_MAX_AGE": 0,
+                "CONN_HEALTH_CHECKS": False,
+                "AUTOCOMMIT": True,
+                "ATOMIC_REQUESTS": False,
+                "TIME_ZONE": None,
+            },
+            alias="embedded-params",
+        )
+        got = wrapper.get_connection_params()
+        return {"host": got.get("host"), "port": got.get("port")}
+
+    assert params("", "") == {"host": "/srv/pg/run", "port": "5433"}
+    assert params("/srv/pg/run", "5433") == {"host": "/srv/pg/run", "port": "5433"}
+    assert params("127.0.0.1", "40001") == {"host": "127.0.0.1", "port": "40001"}
