@@ -72,8 +72,9 @@ def chain_hop(context, chain: str, hop: int) -> None:
 
 @task(name=STAGE)
 def stage(unit: str) -> str:
-    """Claim, no work, then complete and enqueue the next hop in one statement
-    (``Ledger.complete(then=...)``, as ``pipeline_stage_run`` closes a stage)."""
+    """Claim, no work, then complete, enqueue the next hop and save the job's success in
+    one statement (``Ledger.complete(then=..., finish_job=True)``, as
+    ``pipeline_stage_run`` closes a stage)."""
     claim = LEDGER.claim(unit=unit, stage="s")
     if not claim.claimed:
         return claim.outcome.value
@@ -86,5 +87,6 @@ def stage(unit: str) -> str:
             key=STAGE_KEY.build(hop="next", unit=unit),
             policy=Policy.EXCLUSIVE,
         ),
+        finish_job=True,
     )
     return "completed"

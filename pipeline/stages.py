@@ -497,10 +497,11 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
         with transaction.atomic():
             _check_inputs_unchanged(stage, prerequisite)
             work.write(anfrage, result)
-            # Success and the next stage's job: one statement.
+            # Success, the next stage's job and this job's own success: one statement.
             LEDGER.complete(
                 claim,
                 then=_stage_job(anfrage=anfrage, stage=stage.next) if stage.next else None,
+                finish_job=True,
             )
     except LeaseLost:
         logger.warning("%s of inquiry %s: lease lost, result discarded", stage, anfrage.id)

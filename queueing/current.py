@@ -1,6 +1,7 @@
 """The job the current code runs in, for pieces that tie their state to it (a stage
 ledger's claim records its holder's job, so that a holder stalled recovery took back
-loses its lease at once; ``queueing.ledger``).
+loses its lease at once; its ``complete`` may save the job's success in the same
+statement; ``queueing.ledger``).
 
 The worker sets it around each job (``queueing.worker``); outside a job it is None.
 A context variable: each job's thread (sync tasks) or task (async ones) sees its own.
@@ -8,11 +9,28 @@ A context variable: each job's thread (sync tasks) or task (async ones) sees its
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRun:
+    """One run of a job on a pgstage worker: what saving its outcome is fenced on (the
+    job is still ``doing`` under ``worker_id`` at ``attempts``), whether a success
+    deletes it, and the worker's note that the run's code saved its success itself (in
+    a transaction that committed), so the worker saves nothing after it."""
+
+    job_id: int
+    attempts: int
+    worker_id: int | None
+    delete_on_success: bool
+    saved: Callable[[], None]
+
 
 _job_id: ContextVar[int | None] = ContextVar("pgstage_current_job_id", default=None)
+_run: ContextVar[JobRun | None] = ContextVar("pgstage_current_job_run", default=None)
 
 
 def job_id() -> int | None:
@@ -20,11 +38,19 @@ def job_id() -> int | None:
     return _job_id.get()
 
 
+def run() -> JobRun | None:
+    """The run this code is, when a pgstage worker runs it; else None."""
+    return _run.get()
+
+
 @contextmanager
-def running(job_id: int | None) -> Iterator[None]:
-    """Mark the block as running job ``job_id`` (the worker's job middleware)."""
+def running(job_id: int | None, *, run: JobRun | None = None) -> Iterator[None]:
+    """Mark the block as running job ``job_id`` (the worker's job middleware, which also
+    passes the ``run``)."""
     token = _job_id.set(job_id)
+    run_token = _run.set(run)
     try:
         yield
     finally:
+        _run.reset(run_token)
         _job_id.reset(token)

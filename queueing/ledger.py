@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from django.db import DatabaseError, connections, models
+from django.db import DatabaseError, connections, models, transaction
 from django.db.transaction import TransactionManagementError
 
 from queueing import current, sql
@@ -196,6 +196,21 @@ class _Starter:
 
 _STARTER = _Starter()
 
+#: ``ledger_complete``'s parameters when it enqueues nothing and finishes no job.
+_NO_JOB: dict[str, Any] = {
+    "queue": None,
+    "task_name": None,
+    "priority": None,
+    "queueing_lock": None,
+    "args": None,
+    "scheduled_at": None,
+    "finish": False,
+    "job_id": None,
+    "worker_id": None,
+    "attempts": None,
+    "delete_job": False,
+}
+
 
 @dataclass(frozen=True)
 class Ledger:
@@ -222,9 +237,6 @@ class Ledger:
                 values=sql.placeholders(names),
             ),
             "complete": sql.render(sql.queries["ledger_complete"], table=table),
-            "complete_and_enqueue": sql.render(
-                sql.queries["ledger_complete_and_enqueue"], table=table
-            ),
             "prerequisite": sql.render(
                 sql.queries["ledger_prerequisite"],
                 table=table,
@@ -262,17 +274,42 @@ class Ledger:
             token=attempts if outcome is Outcome.CLAIMED else None,
         )
 
-    def complete(self, claim: Claim, *, then: dict[str, Any] | None = None) -> None:
+    def complete(
+        self, claim: Claim, *, then: dict[str, Any] | None = None, finish_job: bool = False
+    ) -> None:
         """Mark the claimed stage ``success``; raises :class:`LeaseLost` when another
         worker re-claimed it meanwhile (so the caller's transaction rolls back).
 
         ``then`` (``queueing.enqueue.job_params(...)``) enqueues the next job in the same
         statement, only when the row was closed: one round trip for both. A job already
-        holding its key is left as it is, as ``enqueue`` would deduplicate."""
-        if then is None:
-            self._close("complete", claim, {})
-        else:
-            self._close("complete_and_enqueue", claim, then)
+        holding its key is left as it is, as ``enqueue`` would deduplicate.
+
+        ``finish_job=True`` says this complete is the last thing the job does: on a pgstage
+        worker, the same statement also saves the job ``succeeded`` (fenced as the worker's
+        own save: only while the job is still this run's), and once the caller's
+        transaction commits the worker saves nothing more — one round trip and one commit
+        fewer per job. Should the task raise after that commit, the saved success stands
+        (the worker says so). Outside a pgstage worker's job it changes nothing."""
+        run = current.run() if finish_job else None
+        params: dict[str, Any] = {
+            "id": claim.entry_id,
+            "token": claim.token,
+            **_NO_JOB,
+            **(then or {}),
+            "enqueue": then is not None,
+        }
+        if run is not None and run.worker_id is not None:
+            params.update(
+                finish=True,
+                job_id=run.job_id,
+                worker_id=run.worker_id,
+                attempts=run.attempts,
+                delete_job=run.delete_on_success,
+            )
+        row = self._close("complete", claim, params)
+        if row[2]:
+            assert run is not None
+            transaction.on_commit(run.saved, using=self.using)
 
     def hold(self, prerequisite: Prerequisite) -> None:
         """In the caller's transaction, one statement: share-lock the row ``prerequisite``
@@ -396,14 +433,14 @@ class Ledger:
         finally:
             connections[self.using].close()
 
-    def _close(self, statement: str, claim: Claim, extra: dict[str, Any]) -> None:
+    def _close(self, statement: str, claim: Claim, extra: dict[str, Any]) -> tuple[Any, ...]:
         if not claim.claimed:
             raise LeaseLost(f"cannot {statement} a claim that is {claim.outcome}")
         with sql.statement_cursor(connections[self.using]) as cursor:
             cursor.execute(
                 self._statements[statement], {"id": claim.entry_id, "token": claim.token, **extra}
             )
-            if cursor.fetchone() is None:
-                raise LeaseLost(
-                    f"{self.model.__name__} {claim.entry_id}: token {claim.token} is stale"
-                )
+            row = cursor.fetchone()
+        if row is None:
+            raise LeaseLost(f"{self.model.__name__} {claim.entry_id}: token {claim.token} is stale")
+        return tuple(row)

@@ -7,6 +7,7 @@ columns use ``{placeholders}``; :func:`render` fills them with quoted identifier
 
 from __future__ import annotations
 
+import functools
 import re
 import weakref
 from functools import cache
@@ -56,6 +57,17 @@ def render(template: str, **identifiers: str | tuple[str, ...] | psql.Composable
     composed fragments such as :func:`placeholders`."""
     parts = {name: _part(value) for name, value in identifiers.items()}
     return psql.SQL(template).format(**parts).as_string(None)
+
+
+@functools.lru_cache(maxsize=64)
+def array_literal(values: tuple[str | float, ...]) -> str:
+    """``values`` as PostgreSQL's array input text (``{"a","b"}``), for a parameter cast to
+    an array type in the statement (``%(names)s::varchar[]``). psycopg sends a ``str`` as
+    text of unknown type, which the cast parses on the server; a list it would dump
+    element by element on every call. Cached: a worker's fetch sends the same arrays
+    each time."""
+    quoted = (str(v).replace("\\", "\\\\").replace('"', '\\"') for v in values)
+    return "{" + ",".join(f'"{v}"' for v in quoted) + "}"
 
 
 def plan_went_stale(error: BaseException | None) -> bool:

@@ -115,7 +115,7 @@ from queueing import current, giveup, sweeps, timeouts
 from queueing.connector import ReplanningCursor, ended_by_server, worker_connector
 from queueing.exceptions import JobTimedOut, PollLater
 from queueing.outage import RECONNECT_SECONDS, Failures, describe
-from queueing.sql import load
+from queueing.sql import array_literal, load
 from queueing.sql import queries as queueing_queries
 from queueing.stalled import STALLED_SWEEP
 
@@ -250,14 +250,16 @@ class TaskNameJobManager(manager.JobManager):
         return sorted(self._tasks())
 
     async def fetch_job(self, queues: Iterable[str] | None, worker_id: int) -> jobs.Job | None:
+        # The arrays go as array literals (cached): dumping them element by element on
+        # every fetch was a third of the fetch's client time.
         timeout_tasks, timeout_seconds = timeouts.for_tasks(self._tasks())
         row = await self.connector.execute_query_one_async(
             query=queries["fetch_job"],
-            queues=list(queues) if queues is not None else None,
+            queues=array_literal(tuple(queues)) if queues is not None else None,
             worker_id=worker_id,
-            task_names=self.task_names(),
-            timeout_tasks=timeout_tasks,
-            timeout_seconds=timeout_seconds,
+            task_names=array_literal(tuple(self.task_names())),
+            timeout_tasks=array_literal(tuple(timeout_tasks)),
+            timeout_seconds=array_literal(tuple(timeout_seconds)),
         )
         return None if row["id"] is None else jobs.Job.from_row(row)
 
@@ -312,6 +314,9 @@ class PgstageWorker(procrastinate_worker.Worker):
         self._probe: asyncio.Task[None] | None = None
         self._registering = asyncio.Lock()
         self._errors: dict[int, BaseException] = {}
+        #: Runs (job id, attempts) whose code saved their own success in a transaction
+        #: that committed (``queueing.current.JobRun.saved``): nothing more to save.
+        self._saved_by_task: set[tuple[int, int]] = set()
         # Two threads for the worker's own Django work, each with one Django connection,
         # never taking a job's slot: maintenance (stalled recovery), and give-up hooks —
         # apart, so a burst of slow hooks never delays recovery.
@@ -352,9 +357,23 @@ class PgstageWorker(procrastinate_worker.Worker):
             _drop_if_ended_by_server()
         return call_next()
 
+    def _job_run(self, job: jobs.Job) -> current.JobRun:
+        """What the job's code knows of its run (``queueing.current``): enough to save its
+        own success, fenced as :meth:`_persist_job_status` saves it, in the transaction of
+        its last write (``Ledger.complete(..., finish_job=True)``)."""
+        assert job.id is not None
+        return current.JobRun(
+            job_id=job.id,
+            attempts=job.attempts,
+            worker_id=self.worker_id,
+            delete_on_success=self.delete_jobs
+            in (jobs.DeleteJobCondition.ALWAYS, jobs.DeleteJobCondition.SUCCESSFUL),
+            saved=functools.partial(self._saved_by_task.add, (job.id, job.attempts)),
+        )
+
     def _in_job(self, call_next: Callable[[], Any], context: Any, worker: Any) -> Any:
         """Sync task middleware: the job's code knows its job (``queueing.current``)."""
-        with current.running(context.job.id):
+        with current.running(context.job.id, run=self._job_run(context.job)):
             return call_next()
 
     async def _in_async_job(
@@ -366,7 +385,7 @@ class PgstageWorker(procrastinate_worker.Worker):
         recovery), so it never holds its slot past it (``queueing.timeouts``)."""
         bound = timeouts.timeout_seconds(context.task.name)
         scope = asyncio.timeout(bound if bound > 0 else None)
-        with current.running(context.job.id):
+        with current.running(context.job.id, run=self._job_run(context.job)):
             try:
                 async with scope:
                     return await call_next()
@@ -895,6 +914,18 @@ class PgstageWorker(procrastinate_worker.Worker):
         assert job.id
         connector = self.app.connector
         error = self._errors.pop(job.id, None)
+        if (job.id, job.attempts) in self._saved_by_task:
+            self._saved_by_task.discard((job.id, job.attempts))
+            self._job_ids_to_abort.pop(job.id, None)
+            if status != jobs.Status.SUCCEEDED:
+                logger.warning(
+                    "job %s (%s) ended %s after its code had saved its success (with its "
+                    "ledger's complete): the saved success stands",
+                    job.id,
+                    job.task_name,
+                    status.value,
+                )
+            return
         owes_hook = giveup.owes(job.task_name)
         owed_reason = None
         if status in GIVE_UPS and owes_hook:

@@ -185,17 +185,17 @@ SELECT CASE WHEN status = 'success' THEN 'done' ELSE 'busy' END, id, attempts
    AND NOT EXISTS (SELECT 1 FROM claimed);
 
 -- ledger_complete --
--- Compare-and-set on the fencing token: only the current holder closes the row.
-UPDATE {table}
-   SET status = 'success', finished_at = now(), lease_expires_at = NULL, error = ''
- WHERE id = %(id)s AND attempts = %(token)s AND status = 'running'
-RETURNING id;
-
--- ledger_complete_and_enqueue --
--- ledger_complete, and only when it closed the row, the next job's INSERT — one statement,
--- one round trip, for a stage that hands on to the next. The INSERT is enqueue's (the
--- columns procrastinate's defer inserts; a test keeps all of them equal); a job that
--- already holds the key is left as it is (ON CONFLICT DO NOTHING: never an error).
+-- Compare-and-set on the fencing token: only the current holder closes the row. Only when
+-- it closed the row, in the same statement (one round trip, one commit):
+--   * %(enqueue)s: the next job's INSERT, enqueue's (the columns procrastinate's defer
+--     inserts; a test keeps all of them equal); a job that already holds the key is left
+--     as it is (ON CONFLICT DO NOTHING: never an error);
+--   * %(finish)s: the holder's own job saved 'succeeded', as the worker would save it after
+--     the task returned (procrastinate's finish, fenced as finish_job_fenced is: only while
+--     the job is still this worker's run, %(worker_id)s at %(attempts)s). A job recovery
+--     took back meanwhile is left to its new run, which finds the stage done.
+-- Back come the row's id, the enqueued job's id (NULL: none, or deduplicated) and whether
+-- the holder's job was finished here. No row: the token is stale.
 WITH completed AS (
     UPDATE {table}
        SET status = 'success', finished_at = now(), lease_expires_at = NULL, error = ''
@@ -205,10 +205,25 @@ WITH completed AS (
     INSERT INTO procrastinate_jobs (queue_name, task_name, priority, queueing_lock, args, scheduled_at)
     SELECT %(queue)s, %(task_name)s, %(priority)s, %(queueing_lock)s, %(args)s, %(scheduled_at)s
       FROM completed
+     WHERE %(enqueue)s
     ON CONFLICT DO NOTHING
     RETURNING id
+), mine AS (
+    SELECT j.id
+      FROM procrastinate_jobs j
+     WHERE %(finish)s
+       AND j.id = %(job_id)s
+       AND j.status = 'doing'
+       AND (j.worker_id = %(worker_id)s OR j.worker_id IS NULL)
+       AND j.attempts = %(attempts)s
+       AND EXISTS (SELECT 1 FROM completed)
+       FOR UPDATE OF j
+), finished AS (
+    SELECT id, procrastinate_finish_job_v1(id, 'succeeded', %(delete_job)s) AS done
+      FROM mine
 )
-SELECT c.id, (SELECT id FROM enqueued) FROM completed c;
+SELECT c.id, (SELECT id FROM enqueued), EXISTS (SELECT 1 FROM finished)
+  FROM completed c;
 
 -- ledger_prerequisite --
 -- The status and token of the row a unit of work builds on (e.g. the stage before, of the

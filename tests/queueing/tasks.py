@@ -130,8 +130,8 @@ def stage(unit: str, hold: str) -> None:
 
 @task(name="tests.stage_hop")
 def stage_hop(unit: str) -> None:
-    """A stage with no work: claim, then complete and enqueue the next hop (to a queue no
-    test worker takes) in one statement."""
+    """A stage with no work: claim, then complete, enqueue the next hop (to a queue no
+    test worker takes) and save this job's success in one statement."""
     claim = STEPS.claim(unit=unit, stage="hop")
     if claim.claimed:
         STEPS.complete(
@@ -143,7 +143,21 @@ def stage_hop(unit: str) -> None:
                 key=f"hop:{unit}",
                 policy=Policy.EXCLUSIVE,
             ),
+            finish_job=True,
         )
+
+
+@task(name="tests.stage_saved", retry=JitteredBackoff(max_attempts=3))
+def stage_saved(unit: str, raise_after: bool = False) -> None:
+    """A stage that saves its job's success with its complete, then (``raise_after``)
+    raises anyway: the saved success must stand, never be retried."""
+    claim = STEPS.claim(unit=unit, stage="saved")
+    if claim.claimed:
+        with transaction.atomic():
+            record(f"{unit}:completed")
+            STEPS.complete(claim, finish_job=True)
+    if raise_after:
+        raise RuntimeError("raised after the job's success was saved")
 
 
 @task(name="tests.hang", timeout=60)

@@ -153,7 +153,7 @@ def test_enqueue_inserts_what_procrastinates_defer_inserts():
 
     theirs = columns(source)
     inserting = [name for name, sql in queries.items() if "INSERT INTO procrastinate_jobs" in sql]
-    assert {"enqueue", "ledger_complete_and_enqueue"} <= set(inserting)
+    assert {"enqueue", "ledger_complete"} <= set(inserting)
     for name in inserting:
         ours = columns(queries[name])
         assert theirs - ours == {"lock"}, name

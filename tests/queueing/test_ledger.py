@@ -38,6 +38,15 @@ hold
     (test_hold_outside_a_transaction_is_refused)
   - a reopening of the prerequisite waits for the holder's transaction
     (test_a_held_prerequisite_is_reopened_only_after_the_holder_commits)
+complete, saving the holder's job (``finish_job=True``)
+  - it commits: the job is ``succeeded`` in the same statement, and the worker is told it
+    has nothing more to save (test_complete_with_finish_job_saves_the_jobs_success_at_its_commit)
+  - the caller's transaction rolls back: the job is still ``doing``, the worker saves it
+    as ever (test_a_rolled_back_complete_saves_no_job)
+  - recovery took the job back (or ended its run) meanwhile: the stage completes, the job
+    is left to its new run (test_a_job_no_longer_this_runs_is_not_finished_by_complete)
+  - the stale token: nothing at all (test_a_stale_complete_finishes_no_job)
+  - outside a worker's job: an ordinary complete (test_finish_job_outside_a_job_is_a_plain_complete)
 fail
   - the work raised: ``failed`` with the error, claimable again
     (test_failed_row_stays_claimable_and_keeps_the_error)
@@ -368,3 +377,90 @@ def test_a_claim_outside_a_job_is_held_by_its_lease_alone(clean_queue):
     assert held.claimed and Step.objects.get(pk=held.entry_id).holder_job_id is None
     with current.running(_job_doing()):
         assert LEDGER.claim(unit="lease", stage="s").outcome is Outcome.BUSY
+
+
+def _run_of(job_id: int, worker_id: int, saved: list, *, attempts: int = 0) -> current.JobRun:
+    return current.JobRun(
+        job_id=job_id,
+        attempts=attempts,
+        worker_id=worker_id,
+        delete_on_success=False,
+        saved=lambda: saved.append(job_id),
+    )
+
+
+def _job_status(job_id: int) -> str | None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT status FROM procrastinate_jobs WHERE id = %s", [job_id])
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def test_complete_with_finish_job_saves_the_jobs_success_at_its_commit(clean_queue):
+    job = enqueue("tests.record", args={"label": "finish"}).job_id
+    worker = make_doing(job, heartbeat_age_s=0)
+    saved: list[int] = []
+    with current.running(job, run=_run_of(job, worker, saved)):
+        claim = LEDGER.claim(unit="fin", stage="s")
+        with transaction.atomic():
+            LEDGER.complete(claim, finish_job=True)
+            assert saved == []  # told only once the transaction commits
+            assert _job_status(job) == "succeeded"  # in this transaction
+    assert saved == [job]
+    assert _job_status(job) == "succeeded"
+    assert Step.objects.get(pk=claim.entry_id).status == "success"
+
+
+def test_a_rolled_back_complete_saves_no_job(clean_queue):
+    job = enqueue("tests.record", args={"label": "rollback"}).job_id
+    worker = make_doing(job, heartbeat_age_s=0)
+    saved: list[int] = []
+    with current.running(job, run=_run_of(job, worker, saved)):
+        claim = LEDGER.claim(unit="rb", stage="s")
+        with pytest.raises(RuntimeError), transaction.atomic():
+            LEDGER.complete(claim, finish_job=True)
+            raise RuntimeError("the write after the complete failed")
+    assert saved == []
+    assert _job_status(job) == "doing"
+    assert Step.objects.get(pk=claim.entry_id).status == "running"
+
+
+@pytest.mark.parametrize("taken", ["recovered", "other worker", "next attempt"])
+def test_a_job_no_longer_this_runs_is_not_finished_by_complete(clean_queue, taken):
+    job = enqueue("tests.record", args={"label": "taken"}).job_id
+    worker = make_doing(job, heartbeat_age_s=0)
+    saved: list[int] = []
+    with current.running(job, run=_run_of(job, worker, saved)):
+        claim = LEDGER.claim(unit=f"tk-{taken}", stage="s")
+        change = {
+            "recovered": "status = 'todo', worker_id = NULL",
+            "other worker": f"worker_id = {make_doing(_job_doing(), heartbeat_age_s=0)}",
+            "next attempt": "attempts = attempts + 1",
+        }[taken]
+        with connection.cursor() as cursor:
+            cursor.execute(f"UPDATE procrastinate_jobs SET {change} WHERE id = %s", [job])
+        LEDGER.complete(claim, finish_job=True)
+    assert saved == []
+    assert _job_status(job) == ("todo" if taken == "recovered" else "doing")
+    assert Step.objects.get(pk=claim.entry_id).status == "success"
+
+
+def test_a_stale_complete_finishes_no_job(clean_queue):
+    job = enqueue("tests.record", args={"label": "stale"}).job_id
+    worker = make_doing(job, heartbeat_age_s=0)
+    saved: list[int] = []
+    with current.running(job, run=_run_of(job, worker, saved)):
+        old = LEDGER.claim(unit="st", stage="s")
+        expire_lease("st", "s")
+        with current.running(None):
+            LEDGER.claim(unit="st", stage="s")
+        with pytest.raises(LeaseLost):
+            LEDGER.complete(old, finish_job=True)
+    assert saved == []
+    assert _job_status(job) == "doing"
+
+
+def test_finish_job_outside_a_job_is_a_plain_complete(clean_queue):
+    claim = LEDGER.claim(unit="plain", stage="s")
+    LEDGER.complete(claim, finish_job=True)
+    assert Step.objects.get(pk=claim.entry_id).status == "success"

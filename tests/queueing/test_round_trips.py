@@ -1,6 +1,7 @@
 """The hot path is lean: enqueue, claim and complete are one statement each; a serial
 queue's admit is one round trip; the worker's fetch, outcome and defer are one round trip
-each, and a stage job on a real worker at most five (counted on the wire)."""
+each, and a stage job on a real worker three: fetch, claim, and complete with the next hop and
+the job's success (counted on the wire)."""
 
 from __future__ import annotations
 
@@ -242,10 +243,10 @@ QUIET = {
 
 
 @pytest.mark.slow
-def test_a_stage_job_on_a_real_worker_costs_at_most_five_round_trips(clean_queue, task_worker):
-    """fetch, claim, complete with the next hop's enqueue, the outcome: one round trip each,
-    counted on the wire between a real worker and the server (whatever else the worker
-    sends meanwhile counts too)."""
+def test_a_stage_job_on_a_real_worker_costs_three_round_trips(clean_queue, task_worker):
+    """fetch, claim, complete with the next hop's enqueue and the job's own success: one
+    round trip each, counted on the wire between a real worker and the server (whatever
+    else the worker sends meanwhile counts too); the worker saves no outcome after it."""
     from bench.wire import WireCounter
     from tests.conftest import jobs, wait_for
 
@@ -264,7 +265,9 @@ def test_a_stage_job_on_a_real_worker_costs_at_most_five_round_trips(clean_queue
         spent = counter.snapshot() - before
     assert len([j for j in jobs() if j["task_name"] == "tests.record"]) == n
     per_job = spent.per(n)
-    assert per_job["round_trips"] <= 5, per_job
+    # Three per job; what the worker sends meanwhile (periodic defers, heartbeats) rides on
+    # top, more of it the slower the machine.
+    assert per_job["round_trips"] <= 4, per_job
 
 
 def _params() -> dict:

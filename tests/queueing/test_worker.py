@@ -433,3 +433,31 @@ def test_a_worker_that_does_not_take_the_sweeps_queue_says_so(caplog, queues, wa
         assert "'sweeps' queue" in line and "finished_jobs" in line and "--queues" in line
     else:
         assert lines == []
+
+
+def test_a_job_whose_code_saved_its_success_is_saved_once_and_never_retried(effects, task_worker):
+    """``Ledger.complete(..., finish_job=True)`` saves the job's success in the stage's
+    closing transaction; the worker then saves nothing, and a raise after it changes
+    nothing (said in the log)."""
+    worker = task_worker("--delete-jobs=never")
+    kept = enqueue("tests.stage_saved", args={"unit": "kept"}).job_id
+    raised = enqueue("tests.stage_saved", args={"unit": "raised", "raise_after": True}).job_id
+    wait_for(
+        lambda: finished("tests.stage_saved") == 2,
+        timeout=30,
+        message=f"the stage jobs\n{worker.log()}",
+    )
+    wait_for(lambda: "the saved success stands" in worker.log(), message=worker.log())
+    by_id = {j["id"]: j for j in jobs(task_name="tests.stage_saved")}
+    assert by_id[kept]["status"] == by_id[raised]["status"] == "succeeded"
+    assert by_id[kept]["attempts"] == by_id[raised]["attempts"] == 1
+    assert sorted(effects()) == ["kept:completed", "raised:completed"]
+    assert "is no longer this worker's" not in worker.log()
+
+
+def test_a_job_whose_code_saved_its_success_is_deleted_as_the_worker_would(effects, task_worker):
+    worker = task_worker("--delete-jobs=successful")
+    job = enqueue("tests.stage_saved", args={"unit": "deleted"}).job_id
+    wait_for(lambda: effects() == ["deleted:completed"], message=worker.log())
+    wait_for(lambda: not [j for j in jobs() if j["id"] == job], message=worker.log())
+    assert "is no longer this worker's" not in worker.log()
