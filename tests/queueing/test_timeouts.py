@@ -269,11 +269,14 @@ def test_an_async_run_past_its_timeout_is_cancelled(monkeypatch):
         job=types.SimpleNamespace(id=1), task=types.SimpleNamespace(name="t")
     )
 
+    # The worker itself is not needed: only what its job's code would know of the run.
+    worker = types.SimpleNamespace(_job_run=lambda job: None)
+
     async def forever() -> None:
         await asyncio.sleep(60)
 
     async def run() -> None:
-        await PgstageWorker._in_async_job(None, forever, context, None)
+        await PgstageWorker._in_async_job(worker, forever, context, None)
 
     started = datetime.datetime.now()
     with pytest.raises(JobTimedOut, match="outlived its timeout"):
@@ -284,7 +287,7 @@ def test_an_async_run_past_its_timeout_is_cancelled(monkeypatch):
         raise TimeoutError("the task's own")
 
     with pytest.raises(TimeoutError, match="the task's own"):
-        asyncio.run(PgstageWorker._in_async_job(None, own_timeout, context, None))
+        asyncio.run(PgstageWorker._in_async_job(worker, own_timeout, context, None))
 
 
 # -- real workers ---------------------------------------------------------------------
