@@ -13,11 +13,16 @@
 --   loose index scan; PostgreSQL has no skip scan);
 -- mine: those this worker takes (its task names, its queues);
 -- tops: each one's first ready job in procrastinate's order, read without a lock;
--- candidate: the first of those in that order, locked (SKIP LOCKED);
+-- candidate: the first of those in that order, locked (SKIP LOCKED), each looked up by
+--   its whole key in the waiting jobs' index, the next only when one is taken;
 -- contended: only when another fetch in flight holds every such top: each pair's first
 --   job that is free, locked, then the first of those.
 -- Jobs of other tasks or queues are never read. Within a pair, jobs scheduled for later
 -- or held behind a lock are walked past, as procrastinate's fetch walks past them.
+-- procrastinate's lock check is guarded (CASE WHEN jobs.lock IS NULL THEN true ELSE NOT
+-- EXISTS … END: the same condition, which the planner cannot turn into an anti-join).
+-- None of this depends on the table's statistics: a burst after a quiet spell, which the
+-- statistics still take for a handful of jobs, is fetched from as cheaply.
 -- In the same statement, the run's deadline (queueing.timeouts) for a task with a bound
 -- (%(timeout_tasks)s, %(timeout_seconds)s), on the database's clock: every run gets a
 -- fresh run_deadline, by which recovery judges it hung; deadline bounds the polls, so the
@@ -50,12 +55,13 @@ WITH RECURSIVE waiting AS (
      WHERE task_name = ANY( %(task_names)s::varchar[] )
        AND (%(queues)s::varchar[] IS NULL OR queue_name = ANY( %(queues)s::varchar[] ))
 ), tops AS (
-    SELECT top.id
+    SELECT mine.task_name, mine.queue_name, top.priority, top.id
       FROM mine
      CROSS JOIN LATERAL (
-        SELECT jobs.id
+        SELECT jobs.id, jobs.priority
             FROM procrastinate_jobs AS jobs
             WHERE
+                CASE WHEN jobs.lock IS NULL THEN true ELSE
                 NOT EXISTS (
                     SELECT 1
                         FROM procrastinate_jobs AS other_jobs
@@ -76,19 +82,24 @@ WITH RECURSIVE waiting AS (
                                     )
                                 )
                             )
-                )
+                ) END
                 AND jobs.status = 'todo'
                 AND (jobs.scheduled_at IS NULL OR jobs.scheduled_at <= now())
                 AND jobs.task_name = mine.task_name
                 AND jobs.queue_name = mine.queue_name
             ORDER BY jobs.priority DESC, jobs.id ASC LIMIT 1) AS top
 ), candidate AS (
-    SELECT jobs.*
-      FROM procrastinate_jobs AS jobs
-     WHERE jobs.id = ANY(ARRAY(SELECT id FROM tops))
-       AND jobs.status = 'todo'
-     ORDER BY jobs.priority DESC, jobs.id ASC LIMIT 1
-       FOR UPDATE OF jobs SKIP LOCKED
+    SELECT locked.*
+      FROM (SELECT * FROM tops ORDER BY priority DESC, id ASC) AS top
+     CROSS JOIN LATERAL (
+        SELECT jobs.*
+          FROM procrastinate_jobs AS jobs
+         WHERE (jobs.task_name, jobs.queue_name, jobs.priority, jobs.id)
+               = (top.task_name, top.queue_name, top.priority, top.id)
+           AND jobs.status = 'todo'
+           FOR UPDATE OF jobs SKIP LOCKED) AS locked
+     ORDER BY top.priority DESC, top.id ASC
+     LIMIT 1
 ), contended AS (
     SELECT next.*
       FROM mine
@@ -96,6 +107,7 @@ WITH RECURSIVE waiting AS (
         SELECT jobs.*
             FROM procrastinate_jobs AS jobs
             WHERE
+                CASE WHEN jobs.lock IS NULL THEN true ELSE
                 NOT EXISTS (
                     SELECT 1
                         FROM procrastinate_jobs AS other_jobs
@@ -116,7 +128,7 @@ WITH RECURSIVE waiting AS (
                                     )
                                 )
                             )
-                )
+                ) END
                 AND jobs.status = 'todo'
                 AND (jobs.scheduled_at IS NULL OR jobs.scheduled_at <= now())
                 AND jobs.task_name = mine.task_name
