@@ -164,13 +164,25 @@ def _check_recovery_period() -> list[Error]:
     ]
 
 
-def _check_stall_threshold() -> list[Warning]:
+def _check_stall_threshold() -> list[CheckMessage]:
     """A worker is declared dead after QUEUEING_STALLED_WORKER_SECONDS of silence; that
-    must outlast two heartbeats, and — unless the worker keeps beating while it drains
+    must outlast one heartbeat (an error: every live worker would be declared dead), should
+    outlast two, and — unless the worker keeps beating while it drains
     (pgstage's worker does) — the whole drain, or a deploy runs jobs twice."""
     grace = float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30))
     beat = float(getattr(settings, "QUEUEING_HEARTBEAT_SECONDS", 10))
-    warnings = []
+    warnings: list[Warning] = []
+    if grace <= beat:
+        return [
+            Error(
+                f"QUEUEING_STALLED_WORKER_SECONDS={grace:g} is no longer than one heartbeat "
+                f"(workers beat every {beat:g} s): every live worker would look dead between "
+                "two beats, and stalled recovery would run its jobs again and again.",
+                hint=f"Use {max(30, 3 * beat):g} seconds or more, or beat more often "
+                "(QUEUEING_HEARTBEAT_SECONDS).",
+                id="queueing.E007",
+            )
+        ]
     if grace < 2 * beat:
         warnings.append(
             Warning(

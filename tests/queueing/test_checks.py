@@ -6,6 +6,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
+import tests.queueing.tasks  # noqa: F401  (registers tests.hang, whose timeout is checked)
 from config.embedded import embedded_database_url
 from queueing.checks import check_database
 from tests.conftest import ROOT
@@ -20,9 +21,21 @@ def test_the_default_configuration_passes():
 
 
 def test_a_stalled_threshold_shorter_than_two_heartbeats_is_flagged(settings):
-    settings.QUEUEING_STALLED_WORKER_SECONDS = 10
+    settings.QUEUEING_STALLED_WORKER_SECONDS = 15
     settings.QUEUEING_STALLED_RECOVERY_SECONDS = 5
     assert ids(check_database(None)) == ["queueing.W001"]
+
+
+@pytest.mark.parametrize("threshold", [10, 4])
+def test_a_stalled_threshold_no_longer_than_a_heartbeat_is_an_error(settings, threshold):
+    """Between two beats every live worker would look dead: recovery's clock would even
+    run backwards (a gap of the threshold less the beats it allows goes negative)."""
+    settings.QUEUEING_HEARTBEAT_SECONDS = 10
+    settings.QUEUEING_STALLED_WORKER_SECONDS = threshold
+    settings.QUEUEING_STALLED_RECOVERY_SECONDS = 5
+    [error] = [m for m in check_database(None) if m.id.startswith("queueing.E00")]
+    assert error.id == "queueing.E007" and "look dead" in error.msg
+    assert "queueing.W001" not in ids(check_database(None))
 
 
 def test_a_worker_that_stops_beating_while_it_drains_is_flagged(settings):
@@ -59,9 +72,11 @@ def every_message(settings, monkeypatch) -> list:
     settings.PROCRASTINATE_ON_APP_READY = None
     messages = check_database(None)
     # A threshold within two heartbeats leaves no recovery period to weigh (E003).
-    settings.QUEUEING_STALLED_WORKER_SECONDS = 10
+    settings.QUEUEING_STALLED_WORKER_SECONDS = 15
     short = [m for m in check_database(None) if "two heartbeats" in m.msg]
-    return [*messages, *short]
+    settings.QUEUEING_STALLED_WORKER_SECONDS = 5
+    shorter = [m for m in check_database(None) if m.id == "queueing.E007"]
+    return [*messages, *short, *shorter]
 
 
 def test_each_message_names_only_settings_a_project_has(settings, monkeypatch):
@@ -71,6 +86,7 @@ def test_each_message_names_only_settings_a_project_has(settings, monkeypatch):
     assert sorted(ids(messages)) == [
         "queueing.E001",
         "queueing.E003",
+        "queueing.E007",
         "queueing.W001",
         "queueing.W002",
     ]
