@@ -171,7 +171,7 @@ def _check_stall_threshold() -> list[CheckMessage]:
     (pgstage's worker does) — the whole drain, or a deploy runs jobs twice."""
     grace = float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30))
     beat = float(getattr(settings, "QUEUEING_HEARTBEAT_SECONDS", 10))
-    warnings: list[Warning] = []
+    warnings: list[CheckMessage] = []
     if grace <= beat:
         return [
             Error(

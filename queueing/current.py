@@ -19,13 +19,17 @@ from dataclasses import dataclass
 class JobRun:
     """One run of a job on a pgstage worker: what saving its outcome is fenced on (the
     job is still ``doing`` under ``worker_id`` at ``attempts``), whether a success
-    deletes it, and the worker's note that the run's code saved its success itself (in
-    a transaction that committed), so the worker saves nothing after it."""
+    deletes it, how soon a transaction that saved it must commit, and the worker's note
+    that the run's code saved its success itself (in a transaction that committed), so
+    the worker saves nothing after it."""
 
     job_id: int
     attempts: int
     worker_id: int | None
     delete_on_success: bool
+    #: How long a transaction that saved the job's success may still idle before its
+    #: COMMIT (the job's row is locked meanwhile): the worker's stall threshold.
+    commit_within_seconds: float
     saved: Callable[[], None]
 
 

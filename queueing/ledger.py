@@ -209,6 +209,7 @@ _NO_JOB: dict[str, Any] = {
     "worker_id": None,
     "attempts": None,
     "delete_job": False,
+    "idle_ms": "0",
 }
 
 
@@ -288,8 +289,11 @@ class Ledger:
         worker, the same statement also saves the job ``succeeded`` (fenced as the worker's
         own save: only while the job is still this run's), and once the caller's
         transaction commits the worker saves nothing more — one round trip and one commit
-        fewer per job. Should the task raise after that commit, the saved success stands
-        (the worker says so). Outside a pgstage worker's job it changes nothing."""
+        fewer per job. The job's row stays locked until that commit, so the rest of the
+        transaction may idle no longer than the worker's stall threshold (a vanished
+        worker's session is then ended, and its job recovered as any stalled job). Should
+        the task raise after that commit, the saved success stands (the worker says so).
+        Outside a pgstage worker's job it changes nothing."""
         run = current.run() if finish_job else None
         params: dict[str, Any] = {
             "id": claim.entry_id,
@@ -305,6 +309,7 @@ class Ledger:
                 worker_id=run.worker_id,
                 attempts=run.attempts,
                 delete_job=run.delete_on_success,
+                idle_ms=str(max(1, round(run.commit_within_seconds * 1000))),
             )
         row = self._close("complete", claim, params)
         if row[2]:

@@ -128,6 +128,9 @@ queries = load("queueing", "worker.sql")
 LISTEN_KEEPALIVE_SECONDS = 30.0
 #: How long a loop waits for a pooled connection before it counts as a failed attempt.
 POOL_TIMEOUT_SECONDS = 5.0
+#: How long a starting worker's prune of dead workers waits for a lock on one of their
+#: jobs before it leaves the prune to a later start.
+PRUNE_LOCK_TIMEOUT_SECONDS = 2.0
 #: The maintenance period when no inline sweep is declared (owed give-up hooks).
 MAINTENANCE_SECONDS = 10.0
 #: Per job thread: the failure epoch its Django connection was last renewed at.
@@ -315,8 +318,12 @@ class PgstageWorker(procrastinate_worker.Worker):
         self._registering = asyncio.Lock()
         self._errors: dict[int, BaseException] = {}
         #: Runs (job id, attempts) whose code saved their own success in a transaction
-        #: that committed (``queueing.current.JobRun.saved``): nothing more to save.
+        #: that committed (``queueing.current.JobRun.saved``): nothing more to save. Only
+        #: runs not settled yet (``_unsettled``) are noted; both under ``_runs_lock``
+        #: (the job threads note, the event loop settles).
         self._saved_by_task: set[tuple[int, int]] = set()
+        self._unsettled: set[tuple[int, int]] = set()
+        self._runs_lock = threading.Lock()
         # Two threads for the worker's own Django work, each with one Django connection,
         # never taking a job's slot: maintenance (stalled recovery), and give-up hooks —
         # apart, so a burst of slow hooks never delays recovery.
@@ -368,13 +375,42 @@ class PgstageWorker(procrastinate_worker.Worker):
             worker_id=self.worker_id,
             delete_on_success=self.delete_jobs
             in (jobs.DeleteJobCondition.ALWAYS, jobs.DeleteJobCondition.SUCCESSFUL),
-            saved=functools.partial(self._saved_by_task.add, (job.id, job.attempts)),
+            commit_within_seconds=stalled_seconds(),
+            saved=functools.partial(self._note_saved_by_task, (job.id, job.attempts)),
         )
+
+    def _note_saved_by_task(self, run: tuple[int, int]) -> None:
+        """In the job's thread, once the transaction that saved the run's success
+        committed: the worker saves nothing more — unless it already settled the run (an
+        async run cancelled while its thread went on to commit), which it will not look
+        at again: noted then, the run would stay in memory for good."""
+        with self._runs_lock:
+            if run in self._unsettled:
+                self._saved_by_task.add(run)
 
     def _in_job(self, call_next: Callable[[], Any], context: Any, worker: Any) -> Any:
         """Sync task middleware: the job's code knows its job (``queueing.current``)."""
         with current.running(context.job.id, run=self._job_run(context.job)):
             return call_next()
+
+    def _unsettle(self, job: jobs.Job) -> None:
+        """The run is about to start: its outcome is not settled until
+        :meth:`_persist_job_status` looks at it."""
+        assert job.id is not None
+        with self._runs_lock:
+            self._unsettled.add((job.id, job.attempts))
+
+    def _settled_by_task(self, job: jobs.Job) -> bool:
+        """Whether the run's code saved its success (a transaction that committed); either
+        way the run is settled from now on."""
+        assert job.id is not None
+        run = (job.id, job.attempts)
+        with self._runs_lock:
+            self._unsettled.discard(run)
+            if run in self._saved_by_task:
+                self._saved_by_task.discard(run)
+                return True
+            return False
 
     async def _in_async_job(
         self, call_next: Callable[[], Awaitable[Any]], context: Any, worker: Any
@@ -474,14 +510,7 @@ class PgstageWorker(procrastinate_worker.Worker):
         # still be coming up) and the prune threshold long enough for an outage.
         self._stop_event.clear()
         connector = self.app.connector
-        pruned = await self._with_retries(
-            "pruning dead workers",
-            lambda: connector.execute_query_all_async(
-                queries["prune_dead_workers"], seconds=prune_after_seconds()
-            ),
-        )
-        if pruned:
-            logger.info("pruned dead workers: %s", ", ".join(str(r["id"]) for r in pruned))
+        await self._with_retries("pruning dead workers", self._prune_dead_workers)
         self.worker_id = await self._with_retries(
             "registering the worker",
             # TaskNameJobManager's registration also records the worker's queues
@@ -515,6 +544,29 @@ class PgstageWorker(procrastinate_worker.Worker):
             raise DatabaseUnavailable(self._gave_up)
         if self._side_task_failed is not None:
             raise WorkerStopped(self._side_task_failed)
+
+    async def _prune_dead_workers(self) -> None:
+        """Delete the rows of workers dead for certain (:func:`prune_after_seconds`). Best
+        effort: their jobs are recovered whether or not their rows go, so a prune held by
+        a lock on one of their jobs (``PRUNE_LOCK_TIMEOUT_SECONDS``) is left for a later
+        start rather than holding this one."""
+        try:
+            pruned = await self.app.connector.execute_query_all_async(
+                queries["prune_dead_workers"],
+                seconds=prune_after_seconds(),
+                lock_timeout_ms=str(round(PRUNE_LOCK_TIMEOUT_SECONDS * 1000)),
+            )
+        except procrastinate_exceptions.ConnectorException as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
+                raise
+            logger.warning(
+                "did not prune dead workers now: another transaction holds one of their "
+                "jobs (%s); a later start will",
+                describe(exc),
+            )
+            return
+        if pruned:
+            logger.info("pruned dead workers: %s", ", ".join(str(r["id"]) for r in pruned))
 
     async def _register_again(self, old: int | None) -> None:
         """Our row ``old`` is gone (pruned while we were cut off): register anew and take
@@ -630,6 +682,7 @@ class PgstageWorker(procrastinate_worker.Worker):
                 job_id,
             )
             return
+        self._unsettle(context.job)
         await super()._process_job(context)
 
     async def _update_heartbeat(self) -> None:
@@ -914,8 +967,7 @@ class PgstageWorker(procrastinate_worker.Worker):
         assert job.id
         connector = self.app.connector
         error = self._errors.pop(job.id, None)
-        if (job.id, job.attempts) in self._saved_by_task:
-            self._saved_by_task.discard((job.id, job.attempts))
+        if self._settled_by_task(job):
             self._job_ids_to_abort.pop(job.id, None)
             if status != jobs.Status.SUCCEEDED:
                 logger.warning(

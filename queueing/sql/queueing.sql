@@ -193,7 +193,11 @@ SELECT CASE WHEN status = 'success' THEN 'done' ELSE 'busy' END, id, attempts
 --   * %(finish)s: the holder's own job saved 'succeeded', as the worker would save it after
 --     the task returned (procrastinate's finish, fenced as finish_job_fenced is: only while
 --     the job is still this worker's run, %(worker_id)s at %(attempts)s). A job recovery
---     took back meanwhile is left to its new run, which finds the stage done.
+--     took back meanwhile is left to its new run, which finds the stage done. From here to
+--     the caller's COMMIT the job's row is locked (stalled recovery skips it, a prune waits
+--     for it): the rest of the transaction may idle no longer than %(idle_ms)s, so a
+--     worker that vanished before its COMMIT (a lost host, a cut network) releases it then,
+--     instead of when the server's TCP keepalive notices.
 -- Back come the row's id, the enqueued job's id (NULL: none, or deduplicated) and whether
 -- the holder's job was finished here. No row: the token is stale.
 WITH completed AS (
@@ -219,7 +223,8 @@ WITH completed AS (
        AND EXISTS (SELECT 1 FROM completed)
        FOR UPDATE OF j
 ), finished AS (
-    SELECT id, procrastinate_finish_job_v1(id, 'succeeded', %(delete_job)s) AS done
+    SELECT id, procrastinate_finish_job_v1(id, 'succeeded', %(delete_job)s) AS done,
+           set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true) AS bounded
       FROM mine
 )
 SELECT c.id, (SELECT id FROM enqueued), EXISTS (SELECT 1 FROM finished)

@@ -241,9 +241,17 @@ SELECT (SELECT id FROM registered) AS worker_id,
 -- Delete worker rows silent for far longer than any live worker can be (a worker exits
 -- once the database has been away for its outage window). Silence counts from the later
 -- of the last heartbeat and the server's start: nobody could beat while it was down.
--- Their 'doing' jobs keep worker_id NULL, which stalled recovery takes at once.
+-- Their 'doing' jobs keep worker_id NULL, which stalled recovery takes at once. A job row
+-- another transaction holds (a dead worker's session the server has not ended yet) would
+-- hold the ON DELETE SET NULL, and a starting worker with it: the statement waits at most
+-- %(lock_timeout_ms)s for a lock (lock_timeout, set before the first row is deleted), and
+-- then fails; the caller leaves the prune to a later start.
+WITH bounded AS MATERIALIZED (
+    SELECT set_config('lock_timeout', %(lock_timeout_ms)s, true) AS ms
+)
 DELETE FROM procrastinate_workers
- WHERE greatest(last_heartbeat, pg_postmaster_start_time())
+ WHERE (SELECT ms FROM bounded) IS NOT NULL
+   AND greatest(last_heartbeat, pg_postmaster_start_time())
        < now() - %(seconds)s * interval '1 second'
 RETURNING id;
 

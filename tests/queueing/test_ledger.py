@@ -41,12 +41,19 @@ hold
 complete, saving the holder's job (``finish_job=True``)
   - it commits: the job is ``succeeded`` in the same statement, and the worker is told it
     has nothing more to save (test_complete_with_finish_job_saves_the_jobs_success_at_its_commit)
-  - the caller's transaction rolls back: the job is still ``doing``, the worker saves it
-    as ever (test_a_rolled_back_complete_saves_no_job)
+  - the caller's transaction rolls back, or the savepoint around the complete: the job is
+    still ``doing``, the worker saves it as ever (test_a_rolled_back_complete_saves_no_job,
+    test_a_complete_in_a_rolled_back_savepoint_saves_no_job)
+  - the caller vanishes before its COMMIT (a lost host): the job's row, locked since the
+    complete, is released within the bound the run gave, not at the server's TCP timeout
+    (test_a_transaction_that_saved_the_job_and_never_commits_is_ended_within_its_bound)
   - recovery took the job back (or ended its run) meanwhile: the stage completes, the job
     is left to its new run (test_a_job_no_longer_this_runs_is_not_finished_by_complete)
   - the stale token: nothing at all (test_a_stale_complete_finishes_no_job)
   - outside a worker's job: an ordinary complete (test_finish_job_outside_a_job_is_a_plain_complete)
+  - the worker settled the run before the commit's notice came (an async run cancelled
+    while its thread went on to commit): the notice is dropped, nothing is kept
+    (test_a_notice_after_the_run_was_settled_is_dropped)
 fail
   - the work raised: ``failed`` with the error, claimable again
     (test_failed_row_stays_claimable_and_keeps_the_error)
@@ -59,7 +66,7 @@ import threading
 import weakref
 
 import pytest
-from django.db import OperationalError, connection, transaction
+from django.db import DatabaseError, OperationalError, connection, transaction
 from django.db.transaction import TransactionManagementError
 
 import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
@@ -379,12 +386,15 @@ def test_a_claim_outside_a_job_is_held_by_its_lease_alone(clean_queue):
         assert LEDGER.claim(unit="lease", stage="s").outcome is Outcome.BUSY
 
 
-def _run_of(job_id: int, worker_id: int, saved: list, *, attempts: int = 0) -> current.JobRun:
+def _run_of(
+    job_id: int, worker_id: int, saved: list, *, commit_within: float = 30
+) -> current.JobRun:
     return current.JobRun(
         job_id=job_id,
-        attempts=attempts,
+        attempts=0,
         worker_id=worker_id,
         delete_on_success=False,
+        commit_within_seconds=commit_within,
         saved=lambda: saved.append(job_id),
     )
 
@@ -464,3 +474,74 @@ def test_finish_job_outside_a_job_is_a_plain_complete(clean_queue):
     claim = LEDGER.claim(unit="plain", stage="s")
     LEDGER.complete(claim, finish_job=True)
     assert Step.objects.get(pk=claim.entry_id).status == "success"
+
+
+def test_a_complete_in_a_rolled_back_savepoint_saves_no_job(clean_queue):
+    job = enqueue("tests.record", args={"label": "savepoint"}).job_id
+    worker = make_doing(job, heartbeat_age_s=0)
+    saved: list[int] = []
+    with current.running(job, run=_run_of(job, worker, saved)):
+        claim = LEDGER.claim(unit="sp", stage="s")
+        with transaction.atomic(), pytest.raises(RuntimeError), transaction.atomic():
+            LEDGER.complete(claim, finish_job=True)
+            raise RuntimeError("the savepoint rolls back")
+    assert saved == []
+    assert _job_status(job) == "doing"
+    assert Step.objects.get(pk=claim.entry_id).status == "running"
+
+
+def test_a_transaction_that_saved_the_job_and_never_commits_is_ended_within_its_bound(
+    clean_queue,
+):
+    """Between the complete and the COMMIT the job's row is locked: stalled recovery skips
+    it and a starting worker's prune would wait for it. A caller that never sends its
+    COMMIT has its session ended once it idled longer than the run's bound (the worker's
+    stall threshold; 0.5 s here), which rolls the whole stage back."""
+    job = enqueue("tests.record", args={"label": "zombie"}).job_id
+    worker = make_doing(job, heartbeat_age_s=0)
+    saved: list[int] = []
+    with current.running(job, run=_run_of(job, worker, saved, commit_within=0.5)):
+        claim = LEDGER.claim(unit="zombie", stage="s")
+        with (
+            pytest.raises(DatabaseError, match="idle-in-transaction timeout"),
+            transaction.atomic(),
+        ):
+            LEDGER.complete(claim, finish_job=True)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                (pid,) = cursor.fetchone()
+            # The server, not the client, ends it: waiting out the bound is the test.
+            wait_for(lambda: not _backend_alive(pid), timeout=10, message="the session's end")
+    connection.close()
+    assert saved == []
+    assert _job_status(job) == "doing"
+    assert Step.objects.get(pk=claim.entry_id).status == "running"
+
+
+def _backend_alive(pid: int) -> bool:
+    import psycopg
+    from procrastinate.contrib.django.utils import connector_params
+
+    with psycopg.connect(**connector_params(), autocommit=True) as other:
+        row = other.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+        return row.fetchone()[0] > 0
+
+
+def test_a_notice_after_the_run_was_settled_is_dropped():
+    """The worker's bookkeeping of runs whose code saved their success: noted only while
+    the run is unsettled, so none stays in memory once the worker moved on."""
+    import types
+
+    from queueing.worker import PgstageWorker
+
+    worker = types.SimpleNamespace(
+        _runs_lock=threading.Lock(), _unsettled=set(), _saved_by_task=set()
+    )
+    job = types.SimpleNamespace(id=7, attempts=0)
+    PgstageWorker._unsettle(worker, job)
+    PgstageWorker._note_saved_by_task(worker, (7, 0))
+    assert PgstageWorker._settled_by_task(worker, job) is True
+    PgstageWorker._unsettle(worker, job)
+    assert PgstageWorker._settled_by_task(worker, job) is False  # settled first
+    PgstageWorker._note_saved_by_task(worker, (7, 0))  # the late notice
+    assert worker._saved_by_task == set() and worker._unsettled == set()

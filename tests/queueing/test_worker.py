@@ -461,3 +461,22 @@ def test_a_job_whose_code_saved_its_success_is_deleted_as_the_worker_would(effec
     wait_for(lambda: effects() == ["deleted:completed"], message=worker.log())
     wait_for(lambda: not [j for j in jobs() if j["id"] == job], message=worker.log())
     assert "is no longer this worker's" not in worker.log()
+
+
+def test_a_starting_worker_leaves_a_prune_held_by_a_locked_job_for_later(effects, task_worker):
+    """A dead worker's job row another session holds locked (a stage's closing transaction
+    whose worker vanished before its COMMIT, until the server ends it) would hold the
+    prune's ON DELETE SET NULL, and the starting worker with it: the prune gives up after
+    its lock timeout and the worker starts and works."""
+    import psycopg
+    from procrastinate.contrib.django.utils import connector_params
+
+    held = enqueue("tests.record", args={"label": "held"}).job_id
+    make_doing(held, heartbeat_age_s=100_000)  # dead for certain: due for the prune
+    with psycopg.connect(**connector_params()) as holder:
+        holder.execute("SELECT id FROM procrastinate_jobs WHERE id = %s FOR UPDATE", [held])
+        worker = task_worker()
+        enqueue("tests.record", args={"label": "after"})
+        wait_for(lambda: "after" in effects(), message=f"a job after the start\n{worker.log()}")
+        assert "did not prune dead workers now" in worker.log()
+        holder.rollback()
