@@ -225,36 +225,73 @@ def _intake_compute(anfrage: _Inquiry, manifest: list[dict]) -> list[dict]:
 
 
 def _intake_write(anfrage: _Inquiry, stored: list[dict]) -> None:
+    # The files and their audit entries in one statement (``intake_write``): the distinct
+    # files in upload order (the first upload of the same bytes names the row), and per
+    # upload its file's number and whether it is that file's first upload.
+    numbers: dict[tuple[str, str], int] = {}
+    distinct: list[dict] = []
+    upload_files, upload_first = [], []
     for entry in stored:
-        # The audit entry names the id that is in the table: a duplicate upload (or a
-        # replayed intake) gets the existing row's id, never a guessed one.
-        file_id, created = insert_or_get(
-            AnfrageFile,
-            values={
-                "tenant": anfrage.tenant_id,
-                "anfrage": anfrage.id,
-                "sha256": entry["sha256"],
-                "storage_key": entry["storage_key"],
-                "size": entry["size"],
-                "filename": entry["filename"],
-                "format": entry["format"],
-            },
-            conflict_fields=("sha256", "storage_key"),
-        )
-        audit_entry_create(
-            tenant_id=anfrage.tenant_id,
-            entity_type="anfrage_file",
-            entity_id=file_id,
-            action="file.stored",
-            actor=WORKER_ACTOR,
-            payload={
+        key = (entry["sha256"], entry["storage_key"])
+        first = key not in numbers
+        if first:
+            distinct.append(entry)
+            numbers[key] = len(distinct)
+        upload_files.append(numbers[key])
+        upload_first.append(first)
+    with sql.statement_cursor(connection) as cursor:
+        cursor.execute(
+            QUERIES["intake_write"],
+            {
+                "tenant_id": anfrage.tenant_id,
                 "anfrage_id": anfrage.id,
-                "created": created,
-                "filename": entry["filename"],
-                "sha256": entry["sha256"],
-                "storage_key": entry["storage_key"],
+                "actor": WORKER_ACTOR,
+                "sha256s": [f["sha256"] for f in distinct],
+                "storage_keys": [f["storage_key"] for f in distinct],
+                "sizes": [f["size"] for f in distinct],
+                "filenames": [f["filename"] for f in distinct],
+                "formats": [f["format"] for f in distinct],
+                "upload_files": upload_files,
+                "upload_filenames": [e["filename"] for e in stored],
+                "upload_first": upload_first,
             },
         )
+        unsettled = [n for (n,) in cursor.fetchall()]
+    for n in unsettled:
+        # Its row was committed by another transaction while the statement waited for
+        # it: a statement of its own sees it (or raises RowVanished).
+        _file_stored(anfrage, stored[n - 1])
+
+
+def _file_stored(anfrage: _Inquiry, entry: dict) -> None:
+    """One upload's file row (``insert_or_get``) and its audit entry, in two statements."""
+    file_id, created = insert_or_get(
+        AnfrageFile,
+        values={
+            "tenant": anfrage.tenant_id,
+            "anfrage": anfrage.id,
+            "sha256": entry["sha256"],
+            "storage_key": entry["storage_key"],
+            "size": entry["size"],
+            "filename": entry["filename"],
+            "format": entry["format"],
+        },
+        conflict_fields=("sha256", "storage_key"),
+    )
+    audit_entry_create(
+        tenant_id=anfrage.tenant_id,
+        entity_type="anfrage_file",
+        entity_id=file_id,
+        action="file.stored",
+        actor=WORKER_ACTOR,
+        payload={
+            "anfrage_id": anfrage.id,
+            "created": created,
+            "filename": entry["filename"],
+            "sha256": entry["sha256"],
+            "storage_key": entry["storage_key"],
+        },
+    )
 
 
 def _extract_prepare(anfrage: _Inquiry) -> tuple[list[dict], str]:

@@ -242,6 +242,48 @@ SELECT a.id, a.tenant_id, t.slug, a.uploads::text, r.status, r.attempts,
          ON r.tenant_id = a.tenant_id AND r.anfrage_id = a.id AND r.stage = %(previous)s::text
  WHERE a.id = %(anfrage_id)s::bigint;
 
+-- intake_write --
+-- Intake's closing write, one statement: the inquiry's distinct files, in the order they
+-- were uploaded (extract reads them in id order), each inserted unless its (sha256,
+-- storage_key) is in the table; and one 'file.stored' audit entry per uploaded file,
+-- naming the id that is in the table: the row just inserted (created), or the one that
+-- conflicted (a duplicate upload, a replayed intake), as this statement's snapshot holds
+-- it. A conflicting row that another transaction committed while the INSERT waited for
+-- it is not in that snapshot: its uploads get no entry here and are returned, for the
+-- caller to look up in a statement of its own, never guessed.
+WITH files AS (
+    SELECT *
+      FROM unnest(%(sha256s)s::text[], %(storage_keys)s::text[], %(sizes)s::bigint[],
+                  %(filenames)s::text[], %(formats)s::text[])
+           WITH ORDINALITY AS f(sha256, storage_key, size, filename, format, n)
+), inserted AS (
+    INSERT INTO anfrage_files (tenant_id, anfrage_id, sha256, storage_key, size, filename,
+                               format)
+    SELECT %(tenant_id)s, %(anfrage_id)s, sha256, storage_key, size, filename, format
+      FROM files
+     ORDER BY n
+        ON CONFLICT (sha256, storage_key) DO NOTHING
+    RETURNING id, sha256, storage_key
+), uploads AS (
+    SELECT u.n, u.filename, f.sha256, f.storage_key, coalesce(i.id, e.id) AS id,
+           (i.id IS NOT NULL AND u.first) AS created
+      FROM unnest(%(upload_files)s::bigint[], %(upload_filenames)s::text[],
+                  %(upload_first)s::boolean[]) WITH ORDINALITY AS u(file, filename, first, n)
+      JOIN files f ON f.n = u.file
+      LEFT JOIN inserted i ON i.sha256 = f.sha256 AND i.storage_key = f.storage_key
+      LEFT JOIN anfrage_files e ON e.sha256 = f.sha256 AND e.storage_key = f.storage_key
+), audited AS (
+    INSERT INTO audit_log (tenant_id, entity_type, entity_id, action, actor, payload)
+    SELECT %(tenant_id)s, 'anfrage_file', id, 'file.stored', %(actor)s,
+           jsonb_build_object('anfrage_id', %(anfrage_id)s::bigint, 'created', created,
+                              'filename', filename, 'sha256', sha256,
+                              'storage_key', storage_key)
+      FROM uploads
+     WHERE id IS NOT NULL
+     ORDER BY n
+)
+SELECT n FROM uploads WHERE id IS NULL ORDER BY n;
+
 -- feasibility_write --
 -- Feasibility's closing write, one statement: each position's verdict (matched by id
 -- within the inquiry; a position replaced meanwhile matches nothing), and the inquiry's

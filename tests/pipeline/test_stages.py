@@ -31,6 +31,9 @@ compute
     (test_a_worker_whose_lease_was_taken_over_commits_nothing,
     test_a_stalled_stage_taken_over_never_extends_its_successors_lease)
 close
+  - intake's file row is committed by another transaction while its INSERT waits for
+    it: the audit entry names that row
+    (test_intake_names_the_file_row_another_transaction_committed_while_it_waited)
   - readers during a retry see the old positions until the new ones commit
     (test_readers_see_the_old_positions_while_a_retry_extracts)
   - a replay racing the closing transaction: see ``test_replay.py``
@@ -40,6 +43,7 @@ close
 from __future__ import annotations
 
 import datetime
+import threading
 
 import pytest
 from django.db import connection, transaction
@@ -71,7 +75,15 @@ from pipeline.submit import Upload, anfrage_submit
 from queueing.exceptions import DoNotRetry, PollLater
 from queueing.ledger import Ledger
 from tests.conftest import jobs, run_concurrently, wait_for
-from tests.pipeline.conftest import ITEMS_CSV, ITEMS_TXT, force_replay, run_stages, submit
+from tests.pipeline.conftest import (
+    ITEMS_CSV,
+    ITEMS_TXT,
+    force_replay,
+    in_background,
+    run_stages,
+    submit,
+)
+from tests.pipeline.test_replay import wait_until_blocked_on_a_lock
 
 
 def runs(anfrage) -> dict[str, tuple[str, int]]:
@@ -255,6 +267,53 @@ def test_duplicate_upload_is_one_row_with_consistent_audit_entries(tenant):
         AuditEntry.objects.filter(entity_type="anfrage_file").values_list("entity_id", flat=True)
     )
     assert entry_ids == file_ids
+
+
+@pytest.mark.django_db(transaction=True)
+def test_intake_names_the_file_row_another_transaction_committed_while_it_waited(tenant):
+    """Intake writes its files and their audit entries in one statement, whose snapshot
+    lacks a conflicting row committed while its INSERT waited for it: that upload's entry
+    is written in a statement of its own, naming that row (invariant 3), never none."""
+    anfrage = submit(tenant)
+    [upload] = anfrage.uploads
+    key = storage.storage_key(
+        tenant_slug=tenant.slug, anfrage_id=anfrage.id, sha256=upload["sha256"]
+    )
+    inserted, release = threading.Event(), threading.Event()
+
+    def rival() -> int:
+        with transaction.atomic():
+            row = AnfrageFile.objects.create(
+                tenant=tenant,
+                anfrage=anfrage,
+                sha256=upload["sha256"],
+                storage_key=key,
+                size=upload["size"],
+                filename="rival.txt",
+                format="text",
+            )
+            inserted.set()
+            assert release.wait(timeout=30), "the test never released the rival"
+        return row.id
+
+    rival_thread, rival_outcome = in_background(rival)
+    assert inserted.wait(timeout=20)
+    intake, intake_outcome = in_background(
+        lambda: pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.INTAKE)
+    )
+    wait_until_blocked_on_a_lock()
+    release.set()
+    rival_thread.join(timeout=20)
+    intake.join(timeout=20)
+    assert intake_outcome == [StageOutcome.COMPLETED]
+    [row] = AnfrageFile.objects.filter(anfrage=anfrage)
+    assert rival_outcome == [row.id]
+    [entry] = AuditEntry.objects.filter(action="file.stored", payload__anfrage_id=anfrage.id)
+    assert (entry.entity_id, entry.payload["created"], entry.payload["filename"]) == (
+        row.id,
+        False,
+        upload["filename"],
+    )
 
 
 def test_extract_failure_keeps_the_old_positions_until_new_ones_commit(tenant, scripted_extractor):
