@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import cache
 from typing import Any
 
 from django.conf import settings
@@ -74,7 +75,7 @@ from queueing.enqueue import Enqueued, Policy, enqueue, job_params
 from queueing.exceptions import DoNotRetry, LeaseLost, PollLater, PrerequisiteChanged
 from queueing.keys import KeyFormat
 from queueing.ledger import Claim, Ledger, LedgerStatus, Outcome, Prerequisite
-from queueing.rows import insert_or_get, replace_children
+from queueing.rows import insert_or_get
 
 logger = logging.getLogger(__name__)
 
@@ -299,10 +300,38 @@ def _extract_prepare(anfrage: _Inquiry) -> tuple[list[dict], str]:
     return files, _digest([f["sha256"] for f in files])
 
 
-def _extract_compute(anfrage: _Inquiry, files: list[dict]) -> tuple[list, list]:
+@dataclass(frozen=True, slots=True)
+class _PositionRow:
+    """A position extract writes, fitted to its columns."""
+
+    position_index: int
+    source_file_id: int | None
+    source_line: int
+    label: str
+    raw: str
+    quantity: Decimal
+    unit: str
+    item: str
+    material: str
+    length_mm: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _WarningRow:
+    """A warning extract writes, fitted to its columns."""
+
+    source_file_id: int | None
+    line_no: int
+    line: str
+    message: str
+
+
+def _extract_compute(
+    anfrage: _Inquiry, files: list[dict]
+) -> tuple[list[_PositionRow], list[_WarningRow]]:
     extractor = get_extractor()
-    positions: list[Position] = []
-    warnings: list[ExtractionWarning] = []
+    positions: list[_PositionRow] = []
+    warnings: list[_WarningRow] = []
     for file in files:
         data = storage.read_stored(key=file["storage_key"], sha256=file["sha256"])
         source = read_source(
@@ -340,6 +369,7 @@ def _extract_compute(anfrage: _Inquiry, files: list[dict]) -> tuple[list, list]:
     return positions, warnings
 
 
+@cache
 def _column(model: type, name: str) -> int:
     return model._meta.get_field(name).max_length
 
@@ -354,7 +384,7 @@ def _fit(value: object, *, model: type, field: str, cut: list[str]) -> str:
     return text
 
 
-def _position_row(parsed: ParsedPosition, *, index: int) -> tuple[Position | None, list[str]]:
+def _position_row(parsed: ParsedPosition, *, index: int) -> tuple[_PositionRow | None, list[str]]:
     """The position as a row that fits its columns, and what had to give.
 
     Whatever a (plugged) extractor returns: over-long text is cut, and a quantity, unit or
@@ -374,7 +404,7 @@ def _position_row(parsed: ParsedPosition, *, index: int) -> tuple[Position | Non
     item = _fit(parsed.item, model=Position, field="item", cut=cut).strip()
     if not item:
         return None, ["position refused: it names no item"]
-    row = Position(
+    row = _PositionRow(
         position_index=index,
         source_file_id=parsed.file_id,
         source_line=max(0, min(int(parsed.line_no), MAX_STORED_INT)),
@@ -389,8 +419,8 @@ def _position_row(parsed: ParsedPosition, *, index: int) -> tuple[Position | Non
     return row, [f"position {index}: {'; '.join(cut)}"] if cut else []
 
 
-def _warning_row(file_id: int | None, line_no: int, line: str, message: str) -> ExtractionWarning:
-    return ExtractionWarning(
+def _warning_row(file_id: int | None, line_no: int, line: str, message: str) -> _WarningRow:
+    return _WarningRow(
         source_file_id=file_id,
         line_no=max(0, min(int(line_no), MAX_STORED_INT)),
         line=UNSTORABLE.sub("\ufffd", str(line))[:MAX_LINE_CHARS],
@@ -398,16 +428,34 @@ def _warning_row(file_id: int | None, line_no: int, line: str, message: str) -> 
     )
 
 
-def _extract_write(anfrage: _Inquiry, result: tuple[list, list]) -> None:
+def _extract_write(anfrage: _Inquiry, result: tuple[list[_PositionRow], list[_WarningRow]]) -> None:
     positions, warnings = result
-    parent = {"tenant_id": anfrage.tenant_id, "anfrage_id": anfrage.id}
-    # DELETE-before-INSERT in this (the closing) transaction: until it commits, readers
-    # and a failed attempt see the previous positions.
-    # No savepoints: an error fails the closing transaction as a whole.
-    replace_children(Position, parent=parent, rows=positions, savepoint=False)
-    replace_children(ExtractionWarning, parent=parent, rows=warnings, savepoint=False)
-    # New positions invalidate the old quote: the inquiry is in flight again.
-    Anfrage.objects.filter(pk=anfrage.id).update(quote_total=None, currency="", completed_at=None)
+    # One statement (``extract_write``): the positions and warnings replaced, DELETE
+    # before INSERT, in this (the closing) transaction: until it commits, readers and a
+    # failed attempt see the previous ones; and the old quote cleared, as new positions
+    # invalidate it.
+    with sql.statement_cursor(connection) as cursor:
+        cursor.execute(
+            QUERIES["extract_write"],
+            {
+                "tenant_id": anfrage.tenant_id,
+                "anfrage_id": anfrage.id,
+                "indexes": [p.position_index for p in positions],
+                "files": [p.source_file_id for p in positions],
+                "lines": [p.source_line for p in positions],
+                "labels": [p.label for p in positions],
+                "raws": [p.raw for p in positions],
+                "quantities": [p.quantity for p in positions],
+                "units": [p.unit for p in positions],
+                "items": [p.item for p in positions],
+                "materials": [p.material for p in positions],
+                "lengths": [p.length_mm for p in positions],
+                "warning_files": [w.source_file_id for w in warnings],
+                "warning_lines": [w.line_no for w in warnings],
+                "warning_texts": [w.line for w in warnings],
+                "warning_messages": [w.message for w in warnings],
+            },
+        )
 
 
 def _positions_prepare(anfrage: _Inquiry) -> tuple[list[_StagePosition], str]:

@@ -284,6 +284,53 @@ WITH files AS (
 )
 SELECT n FROM uploads WHERE id IS NULL ORDER BY n;
 
+-- extract_write --
+-- Extract's closing write, one statement: the inquiry's positions and warnings replaced,
+-- DELETE before INSERT (as replace_children does: a retry never trips the positions'
+-- unique key; until the transaction commits, readers see the old rows, and a failure
+-- keeps them), each in the order given (warnings are shown in id order); and the
+-- inquiry's old quote cleared: it is in flight again. The parts of one statement run in
+-- no set order, so each INSERT first counts the rows its DELETE returned, which runs
+-- that DELETE to its end; the rows it deletes are then no conflict (deleted by this
+-- transaction), and the rows inserted are not in the DELETE's snapshot.
+WITH old_positions AS (
+    DELETE FROM anfrage_positions
+     WHERE tenant_id = %(tenant_id)s AND anfrage_id = %(anfrage_id)s
+    RETURNING 1
+), old_warnings AS (
+    DELETE FROM anfrage_warnings
+     WHERE tenant_id = %(tenant_id)s AND anfrage_id = %(anfrage_id)s
+    RETURNING 1
+), positions AS (
+    INSERT INTO anfrage_positions (tenant_id, anfrage_id, position_index, source_file_id,
+                                   source_line, label, raw, quantity, unit, item, material,
+                                   length_mm, catalog_item, catalog_material, feasible,
+                                   reason, unit_price, total)
+    SELECT %(tenant_id)s, %(anfrage_id)s, p.position_index, p.source_file_id,
+           p.source_line, p.label, p.raw, p.quantity, p.unit, p.item, p.material,
+           p.length_mm, '', '', NULL, '', NULL, NULL
+      FROM unnest(%(indexes)s::int[], %(files)s::bigint[], %(lines)s::int[],
+                  %(labels)s::text[], %(raws)s::text[], %(quantities)s::numeric[],
+                  %(units)s::text[], %(items)s::text[], %(materials)s::text[],
+                  %(lengths)s::int[])
+           WITH ORDINALITY AS p(position_index, source_file_id, source_line, label, raw,
+                                quantity, unit, item, material, length_mm, n)
+     WHERE (SELECT count(*) FROM old_positions) >= 0
+     ORDER BY p.n
+), warnings AS (
+    INSERT INTO anfrage_warnings (tenant_id, anfrage_id, source_file_id, line_no, line,
+                                  message)
+    SELECT %(tenant_id)s, %(anfrage_id)s, w.source_file_id, w.line_no, w.line, w.message
+      FROM unnest(%(warning_files)s::bigint[], %(warning_lines)s::int[],
+                  %(warning_texts)s::text[], %(warning_messages)s::text[])
+           WITH ORDINALITY AS w(source_file_id, line_no, line, message, n)
+     WHERE (SELECT count(*) FROM old_warnings) >= 0
+     ORDER BY w.n
+)
+UPDATE anfragen
+   SET quote_total = NULL, currency = '', completed_at = NULL
+ WHERE id = %(anfrage_id)s;
+
 -- feasibility_write --
 -- Feasibility's closing write, one statement: each position's verdict (matched by id
 -- within the inquiry; a position replaced meanwhile matches nothing), and the inquiry's

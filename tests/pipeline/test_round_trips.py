@@ -23,12 +23,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 #: intake: read, claim, BEGIN, the files with their audit entries, success + next job,
 #: COMMIT.
-#: extract: read (with the files), claim, BEGIN, lock, positions (DELETE, INSERT),
-#: warnings (DELETE; none to INSERT here), the inquiry's old quote cleared, success + next
-#: job, COMMIT.
+#: extract: read (with the files), claim, BEGIN, lock, the positions and warnings
+#: replaced and the inquiry's old quote cleared (one statement), success + next job,
+#: COMMIT.
 #: feasibility, calculate: read (with the positions and the catalog), claim, BEGIN, lock,
 #: the results and the inquiry (one statement), success (+ next job), COMMIT.
-PINNED = {Stage.INTAKE: 6, Stage.EXTRACT: 10, Stage.FEASIBILITY: 7, Stage.CALCULATE: 7}
+PINNED = {Stage.INTAKE: 6, Stage.EXTRACT: 7, Stage.FEASIBILITY: 7, Stage.CALCULATE: 7}
 
 
 def spent_per_stage(anfrage) -> dict[Stage, int]:

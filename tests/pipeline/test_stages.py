@@ -34,6 +34,10 @@ close
   - intake's file row is committed by another transaction while its INSERT waits for
     it: the audit entry names that row
     (test_intake_names_the_file_row_another_transaction_committed_while_it_waited)
+  - extract's write (one statement) fails in the database: the old positions and
+    warnings stay (test_a_write_the_database_refuses_keeps_the_old_positions_and_warnings);
+    a re-extraction replaces every one of them, in order
+    (test_a_re_extraction_replaces_every_position_and_warning_in_order)
   - readers during a retry see the old positions until the new ones commit
     (test_readers_see_the_old_positions_while_a_retry_extracts)
   - a replay racing the closing transaction: see ``test_replay.py``
@@ -46,7 +50,7 @@ import datetime
 import threading
 
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from pipeline import stages, storage
@@ -65,6 +69,7 @@ from pipeline.models import (
     AnfrageFile,
     AuditEntry,
     Catalog,
+    ExtractionWarning,
     PipelineRun,
     Position,
     Stage,
@@ -334,6 +339,54 @@ def test_extract_failure_keeps_the_old_positions_until_new_ones_commit(tenant, s
     after = positions(anfrage)
     assert [p[1:] for p in after] == [before[0][1:]]
     assert after[0][0] != before[0][0]
+
+
+def warnings_of(anfrage) -> list[tuple[int, int, str]]:
+    return list(
+        ExtractionWarning.objects.filter(anfrage=anfrage)
+        .order_by("id")
+        .values_list("id", "line_no", "message")
+    )
+
+
+def test_a_re_extraction_replaces_every_position_and_warning_in_order(tenant):
+    """Extract replaces the positions and warnings in one statement, DELETE before INSERT:
+    the same indexes come back as new rows, and warnings keep the order of their lines."""
+    lines = []
+    for i in range(1, 31):
+        lines.append(f"{i} pcs steel beam HEA 200, 6 m")
+        if i % 10 == 0:
+            lines.append(f"line {i} that is no item")
+    anfrage = submit(tenant, {"items.txt": "\n".join(lines) + "\n"})
+    run_stages(anfrage.id, (Stage.INTAKE, Stage.EXTRACT))
+    before, warned = positions(anfrage), warnings_of(anfrage)
+    assert [p[1] for p in before] == list(range(1, 31)) and len(warned) == 3
+    force_replay(tenant, anfrage, Stage.EXTRACT)
+    assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT) == "completed"
+    after, rewarned = positions(anfrage), warnings_of(anfrage)
+    assert [p[1:] for p in after] == [p[1:] for p in before]
+    assert not {p[0] for p in after} & {p[0] for p in before}
+    assert [w[1:] for w in rewarned] == [w[1:] for w in warned]
+    assert [w[1] for w in rewarned] == [11, 22, 33]
+    assert not {w[0] for w in rewarned} & {w[0] for w in warned}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_the_database_refuses_keeps_the_old_positions_and_warnings(tenant, settings):
+    """The closing transaction fails as a whole (here at its COMMIT, where the database
+    checks the positions' foreign key to their file): the DELETEs of the statement that
+    replaced them are undone too."""
+    anfrage = submit(tenant, {"items.txt": ITEMS_TXT + "no item here\n"})
+    run_stages(anfrage.id)
+    before, warned = positions(anfrage), warnings_of(anfrage)
+    assert len(before) == 3 and len(warned) == 1
+    force_replay(tenant, anfrage, Stage.EXTRACT)
+    settings.PIPELINE_EXTRACTOR = "tests.pipeline.extractors.StrayExtractor"
+    with pytest.raises(IntegrityError):
+        pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT)
+    run = PipelineRun.objects.get(anfrage=anfrage, stage="extract")
+    assert run.status == "failed" and "a database error" in run.error
+    assert (positions(anfrage), warnings_of(anfrage)) == (before, warned)
 
 
 def test_a_missing_inquiry_is_not_retried(db):
