@@ -24,13 +24,14 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from functools import cache
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
+from psycopg import sql as psql
 
 from pipeline import storage
 from pipeline.audit import audit_entry_create
@@ -152,11 +153,18 @@ def _digest(value: Any) -> str:
 
 
 class _Reads(enum.Enum):
-    """What a stage's first statement reads beside the inquiry (``stage_input``)."""
+    """What a stage's first statement reads beside the inquiry: the ``stage_input_*``
+    block it completes ``stage_input`` with."""
 
     MANIFEST = "manifest"  # the upload manifest, a column of the inquiry
     FILES = "files"
     POSITIONS = "positions"  # and the tenant's catalog
+
+
+_STAGE_INPUT = {
+    reads: sql.render(QUERIES["stage_input"], input=psql.SQL(QUERIES[f"stage_input_{reads.value}"]))
+    for reads in _Reads
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,13 +175,13 @@ class _Inquiry:
     id: int
     tenant_id: int
     tenant_slug: str
-    uploads: list[dict]
     previous_status: str | None
     previous_token: int | None
-    files: list[dict] | None
-    positions: list[dict] | None
-    #: The tenant's own catalog as a JSON document (None: it has none).
-    catalog: str | None
+    uploads: list[dict] | None = None
+    files: list[dict] | None = None
+    positions: list[dict] | None = None
+    #: The tenant's own catalog as a JSON document (None: it has none, or not read).
+    catalog: str | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -204,7 +212,7 @@ class _StageWork:
 
 
 def _intake_prepare(anfrage: _Inquiry) -> tuple[list[dict], str]:
-    manifest = list(anfrage.uploads)
+    manifest = list(anfrage.uploads or [])
     return manifest, _digest([m["sha256"] for m in manifest])
 
 
@@ -695,30 +703,20 @@ def _read_input(anfrage_id: int, stage: Stage, work: _StageWork) -> _Inquiry | N
     statement (``stage_input``)."""
     previous = stage.previous[-1].value if stage.previous else None
     with sql.statement_cursor(connection) as cursor:
-        cursor.execute(
-            QUERIES["stage_input"],
-            {
-                "anfrage_id": anfrage_id,
-                "previous": previous,
-                "files": work.reads is _Reads.FILES,
-                "positions": work.reads is _Reads.POSITIONS,
-            },
-        )
+        cursor.execute(_STAGE_INPUT[work.reads], {"anfrage_id": anfrage_id, "previous": previous})
         row = cursor.fetchone()
     if row is None:
         return None
-    id_, tenant_id, slug, uploads, status, token, files, positions, catalog = row
-    return _Inquiry(
-        id=id_,
-        tenant_id=tenant_id,
-        tenant_slug=slug,
-        uploads=json.loads(uploads),
-        previous_status=status,
-        previous_token=token,
-        files=json.loads(files) if files is not None else None,
-        positions=json.loads(positions) if positions is not None else None,
-        catalog=catalog,
+    id_, tenant_id, slug, status, token, *read = row
+    inquiry = _Inquiry(
+        id=id_, tenant_id=tenant_id, tenant_slug=slug, previous_status=status, previous_token=token
     )
+    if work.reads is _Reads.MANIFEST:
+        return replace(inquiry, uploads=json.loads(read[0]))
+    if work.reads is _Reads.FILES:
+        return replace(inquiry, files=json.loads(read[0]))
+    positions, catalog = read
+    return replace(inquiry, positions=json.loads(positions), catalog=catalog)
 
 
 def _prerequisite(anfrage: _Inquiry, stage: Stage) -> Prerequisite | None:

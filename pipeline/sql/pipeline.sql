@@ -200,47 +200,57 @@ RETURNING a.id;
 
 -- stage_input --
 -- A stage's first read, one statement: the inquiry, its tenant's slug, the status and
--- token of the stage before (NULL: none, or no row yet) and the stage's input: the
--- inquiry's files in id order (%(files)s: extract), or its positions in index order and
--- the tenant's own catalog (%(positions)s: feasibility and calculate; the catalog NULL
--- when the tenant has none). Token and input come from one snapshot, so an unchanged
--- token at the close vouches that the input is the stage before's current output. JSON
--- is returned as text (how a JSON column is loaded depends on the connection), and
--- numbers that must stay exact (quantities) as strings: JSON would make them floats.
-SELECT a.id, a.tenant_id, t.slug, a.uploads::text, r.status, r.attempts,
-       CASE WHEN %(files)s::boolean THEN (
-           SELECT coalesce(json_agg(json_build_object(
-                      'id', f.id, 'filename', f.filename, 'sha256', f.sha256,
-                      'storage_key', f.storage_key, 'format', f.format) ORDER BY f.id), '[]')::text
-             FROM anfrage_files f
-            WHERE f.anfrage_id = a.id) END,
-       CASE WHEN %(positions)s::boolean THEN (
-           SELECT coalesce(json_agg(json_build_object(
-                      'id', p.id, 'position_index', p.position_index, 'item', p.item,
-                      'quantity', p.quantity::text, 'unit', p.unit, 'material', p.material,
-                      'length_mm', p.length_mm, 'catalog_item', p.catalog_item,
-                      'feasible', p.feasible) ORDER BY p.position_index), '[]')::text
-             FROM anfrage_positions p
-            WHERE p.tenant_id = a.tenant_id AND p.anfrage_id = a.id) END,
-       CASE WHEN %(positions)s::boolean THEN (
-           SELECT json_build_object(
-                      'name', c.name, 'currency', c.currency, 'materials', c.materials,
-                      'items', (SELECT coalesce(json_agg(json_build_object(
-                                          'code', i.code, 'name', i.name,
-                                          'keywords', i.keywords, 'materials', i.materials,
-                                          'unit', i.unit, 'max_length_mm', i.max_length_mm,
-                                          'min_quantity', i.min_quantity::text,
-                                          'price_breaks', i.price_breaks)
-                                          ORDER BY i.sort_order, i.id), '[]')
-                                  FROM catalog_items i
-                                 WHERE i.catalog_id = c.id))::text
-             FROM catalogs c
-            WHERE c.tenant_id = a.tenant_id) END
+-- token of the stage before (NULL: none, or no row yet) and, as {input}, the stage's
+-- input (one of the stage_input_* blocks, so a stage reads no table it does not need: a
+-- lock on a later stage's table holds up no earlier stage). Token and input come from
+-- one snapshot, so an unchanged token at the close vouches that the input is the stage
+-- before's current output.
+SELECT a.id, a.tenant_id, t.slug, r.status, r.attempts, {input}
   FROM anfragen a
   JOIN tenants t ON t.id = a.tenant_id
   LEFT JOIN pipeline_runs r
          ON r.tenant_id = a.tenant_id AND r.anfrage_id = a.id AND r.stage = %(previous)s::text
  WHERE a.id = %(anfrage_id)s::bigint;
+
+-- stage_input_manifest --
+-- Intake's input (a fragment of stage_input): the upload manifest, a column of the
+-- inquiry. JSON is returned as text: how a JSON column is loaded depends on the
+-- connection.
+a.uploads::text
+
+-- stage_input_files --
+-- Extract's input (a fragment of stage_input): the inquiry's files in id order, as JSON
+-- text.
+(SELECT coalesce(json_agg(json_build_object(
+            'id', f.id, 'filename', f.filename, 'sha256', f.sha256,
+            'storage_key', f.storage_key, 'format', f.format) ORDER BY f.id), '[]')::text
+   FROM anfrage_files f
+  WHERE f.anfrage_id = a.id)
+
+-- stage_input_positions --
+-- The input of feasibility and calculate (a fragment of stage_input): the inquiry's
+-- positions in index order, and the tenant's own catalog (NULL when it has none), each as
+-- JSON text; quantities as strings, which JSON would make floats.
+(SELECT coalesce(json_agg(json_build_object(
+            'id', p.id, 'position_index', p.position_index, 'item', p.item,
+            'quantity', p.quantity::text, 'unit', p.unit, 'material', p.material,
+            'length_mm', p.length_mm, 'catalog_item', p.catalog_item,
+            'feasible', p.feasible) ORDER BY p.position_index), '[]')::text
+   FROM anfrage_positions p
+  WHERE p.tenant_id = a.tenant_id AND p.anfrage_id = a.id),
+(SELECT json_build_object(
+            'name', c.name, 'currency', c.currency, 'materials', c.materials,
+            'items', (SELECT coalesce(json_agg(json_build_object(
+                                'code', i.code, 'name', i.name, 'keywords', i.keywords,
+                                'materials', i.materials, 'unit', i.unit,
+                                'max_length_mm', i.max_length_mm,
+                                'min_quantity', i.min_quantity::text,
+                                'price_breaks', i.price_breaks)
+                                ORDER BY i.sort_order, i.id), '[]')
+                        FROM catalog_items i
+                       WHERE i.catalog_id = c.id))::text
+   FROM catalogs c
+  WHERE c.tenant_id = a.tenant_id)
 
 -- intake_write --
 -- Intake's closing write, one statement: the inquiry's distinct files, in the order they

@@ -38,6 +38,8 @@ close
     warnings stay (test_a_write_the_database_refuses_keeps_the_old_positions_and_warnings);
     a re-extraction replaces every one of them, in order
     (test_a_re_extraction_replaces_every_position_and_warning_in_order)
+  - a migration locks a later stage's tables: an earlier stage runs on, the stage that
+    needs them waits (test_a_lock_on_a_later_stages_tables_holds_up_no_earlier_stage)
   - readers during a retry see the old positions until the new ones commit
     (test_readers_see_the_old_positions_while_a_retry_extracts)
   - a replay racing the closing transaction: see ``test_replay.py``
@@ -50,7 +52,7 @@ import datetime
 import threading
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from pipeline import stages, storage
@@ -319,6 +321,39 @@ def test_intake_names_the_file_row_another_transaction_committed_while_it_waited
         False,
         upload["filename"],
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_on_a_later_stages_tables_holds_up_no_earlier_stage(tenant):
+    """A stage's first statement reads only the tables of its input: while a migration
+    holds the positions and the catalogs, intake still runs (and extract waits)."""
+    anfrage = submit(tenant)
+    locked, release = threading.Event(), threading.Event()
+
+    def migration() -> None:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "LOCK TABLE anfrage_positions, catalogs, catalog_items IN ACCESS EXCLUSIVE MODE"
+            )
+            locked.set()
+            assert release.wait(timeout=30), "the test never released the lock"
+
+    holder, _ = in_background(migration)
+    assert locked.wait(timeout=20)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '5s'")
+        assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.INTAKE) == "completed"
+        with pytest.raises(OperationalError, match="lock timeout"):
+            with connection.cursor() as cursor:
+                cursor.execute("SET lock_timeout = '100ms'")
+            pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT)
+    finally:
+        release.set()
+        holder.join(timeout=20)
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT) == "completed"
 
 
 def test_extract_failure_keeps_the_old_positions_until_new_ones_commit(tenant, scripted_extractor):
