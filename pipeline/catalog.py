@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
-from functools import cache, lru_cache
+from functools import cache, cached_property, lru_cache
 from importlib import resources
 from typing import Any
 
@@ -72,12 +72,19 @@ class CatalogSpec:
         return next((entry for entry in self.items if entry.code == code), None)
 
     def resolve_material(self, text: str) -> str | None:
-        """The material code ``text`` names (a code or an alias, case-insensitive)."""
-        wanted = _normalise(text)
+        """The material code ``text`` names (a code or an alias, case-insensitive; the
+        first such code in catalog order)."""
+        return self._material_codes.get(_normalise(text))
+
+    @cached_property
+    def _material_codes(self) -> dict[str, str]:
+        # Every spelling, normalised, to the first code that it names: built once per
+        # catalog instead of once per position.
+        codes: dict[str, str] = {}
         for code, aliases in self.materials.items():
-            if wanted == _normalise(code) or wanted in {_normalise(a) for a in aliases}:
-                return code
-        return None
+            for spelling in (code, *aliases):
+                codes.setdefault(_normalise(spelling), code)
+        return codes
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -88,6 +88,7 @@ TASK_NAMES = {stage: f"pipeline.{stage.value}" for stage in Stage}
 MAX_STORED_QUANTITY = Decimal(10) ** 12
 MAX_STORED_INT = 2**31 - 1
 MAX_LINE_CHARS = 1000
+_UNITS = frozenset(Unit.values)
 MAX_ERROR_CHARS = 2000
 WORKER_ACTOR = "worker"
 
@@ -404,7 +405,7 @@ def _position_row(parsed: ParsedPosition, *, index: int) -> tuple[_PositionRow |
         return None, [f"position refused: quantity {quantity!r} is not a number"]
     if not 0 < quantity < MAX_STORED_QUANTITY:
         return None, [f"position refused: quantity {quantity} is out of range"]
-    if parsed.unit not in Unit.values:
+    if parsed.unit not in _UNITS:
         return None, [f"position refused: unknown unit {parsed.unit!r}"]
     length = parsed.length_mm
     if length is not None and not (isinstance(length, int) and 0 < length <= MAX_STORED_INT):

@@ -168,3 +168,24 @@ def test_a_changed_catalog_prices_the_next_run(tenant):
     )
     run_stages(anfrage.id, (Stage.CALCULATE,))
     assert Anfrage.objects.get(pk=anfrage.id).quote_total == Decimal("80.00") * 12
+
+
+def test_a_material_resolves_to_the_first_code_that_names_it():
+    spec = catalog_from_dict(
+        {
+            "materials": {"S235": ["steel", "Baustahl"], "S355": ["steel", "S355J2"]},
+            "items": [
+                {
+                    "code": "beam",
+                    "unit": "pcs",
+                    "keywords": ["beam"],
+                    "materials": ["S235"],
+                    "price_breaks": [["1", "1"]],
+                }
+            ],
+        }
+    )
+    assert spec.resolve_material(" Steel ") == "S235"
+    assert spec.resolve_material("s 355 j2") == "S355"
+    assert spec.resolve_material("s355") == "S355"
+    assert spec.resolve_material("unobtainium") is None
