@@ -202,7 +202,7 @@ RETURNING a.id;
 -- A stage's first read, one statement: the inquiry, its tenant's slug, the status and
 -- token of the stage before (NULL: none, or no row yet) and, as {input}, the stage's
 -- input (one of the stage_input_* blocks, so a stage reads no table it does not need: a
--- lock on a later stage's table holds up no earlier stage). Token and input come from
+-- migration locking the positions holds up no intake). Token and input come from
 -- one snapshot, so an unchanged token at the close vouches that the input is the stage
 -- before's current output.
 SELECT a.id, a.tenant_id, t.slug, r.status, r.attempts, {input}
