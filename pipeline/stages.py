@@ -732,7 +732,8 @@ def _prerequisite(anfrage: _Inquiry, stage: Stage) -> Prerequisite | None:
 
 def _check_inputs_unchanged(stage: Stage, prerequisite: Prerequisite | None) -> None:
     """First in the closing transaction, one statement: the stage before must still be
-    ``success`` with the token it had before this stage read its input.
+    ``success`` with the token it had when this stage read its input (in the statement,
+    and so the snapshot, that read the input).
 
     The stage before's ledger row is read ``FOR SHARE``: a replay reopening it, or the
     stage before committing new output (its claim and ``complete`` update that row), waits
