@@ -2,9 +2,10 @@
 
 A catalog comes from the tenant's ``Catalog`` rows or, for a tenant without one, from the
 default shipped as data (``pipeline/data/default_catalog.json``); ``selectors.catalog_for``
-picks. :func:`check_position` decides feasibility (item, unit, material, maximum length,
-minimum quantity) and :func:`price_position` prices a feasible position with quantity
-breaks. Nothing here touches the database.
+picks (a stage reads the rows as one JSON document with its input:
+:func:`catalog_from_document`). :func:`check_position` decides feasibility (item, unit,
+material, maximum length, minimum quantity) and :func:`price_position` prices a feasible
+position with quantity breaks. Nothing here touches the database.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
-from functools import cache
+from functools import cache, cached_property, lru_cache
 from importlib import resources
 from typing import Any
 
@@ -71,12 +72,19 @@ class CatalogSpec:
         return next((entry for entry in self.items if entry.code == code), None)
 
     def resolve_material(self, text: str) -> str | None:
-        """The material code ``text`` names (a code or an alias, case-insensitive)."""
-        wanted = _normalise(text)
+        """The material code ``text`` names (a code or an alias, case-insensitive; the
+        first such code in catalog order)."""
+        return self._material_codes.get(_normalise(text))
+
+    @cached_property
+    def _material_codes(self) -> dict[str, str]:
+        # Every spelling, normalised, to the first code that it names: built once per
+        # catalog instead of once per position.
+        codes: dict[str, str] = {}
         for code, aliases in self.materials.items():
-            if wanted == _normalise(code) or wanted in {_normalise(a) for a in aliases}:
-                return code
-        return None
+            for spelling in (code, *aliases):
+                codes.setdefault(_normalise(spelling), code)
+        return codes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +184,15 @@ def catalog_from_dict(data: Mapping[str, Any]) -> CatalogSpec:
         items=items,
         version=hashlib.sha256(canonical.encode()).hexdigest()[:16],
     )
+
+
+@lru_cache(maxsize=32)
+def catalog_from_document(document: str) -> CatalogSpec:
+    """:func:`catalog_from_dict` of a catalog as a JSON document (as a stage reads its
+    tenant's catalog), cached by the document's text: a stage reads the catalog on
+    every run, and an unchanged one is validated once per process. A changed catalog is
+    another text, so nothing stale is ever returned."""
+    return catalog_from_dict(json.loads(document))
 
 
 @cache

@@ -239,7 +239,7 @@ class ExtractionWarning(models.Model):
 
 class AuditEntry(models.Model):
     """Append-only: who did what to which row. ``entity_id`` names a row that exists
-    (file entries come from ``insert_or_get``, never from a guess)."""
+    (a file entry names the row intake inserted or found in the table, never a guess)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
     entity_type = models.CharField(max_length=32)

@@ -2,13 +2,14 @@
 
 Every stage runs the same protocol (:func:`pipeline_stage_run`):
 
-1. read its input and claim ``(tenant, anfrage, stage)`` in the ledger — one statement,
-   committed before the work starts: *done* skips, *busy* retries later;
+1. read the inquiry, the stage before's token and the stage's input in one statement,
+   then claim ``(tenant, anfrage, stage)`` in the ledger in another, committed before
+   the work starts: *done* skips, *busy* retries later;
 2. compute outside any transaction (a crash here changes nothing in the database), while
    a background thread renews the lease every third of ``PIPELINE_LEASE_SECONDS``, so a
    live worker is never taken over however long it computes;
 3. in ONE transaction: check that the stage before is still ``success`` with the token
-   it had before the input was read (share-locked, ``Ledger.hold``), write the results,
+   it had when the input was read (share-locked, ``Ledger.hold``), write the results,
    then mark the run ``success`` (compare-and-set on the fencing token) and enqueue the
    next stage (EXCLUSIVE key ``stage:tenant:anfrage``) in one statement
    (``Ledger.complete(then=...)``);
@@ -23,17 +24,24 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
+from functools import cache
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
+from psycopg import sql as psql
 
-from accounts.models import Tenant
 from pipeline import storage
 from pipeline.audit import audit_entry_create
-from pipeline.catalog import check_position, price_position
+from pipeline.catalog import (
+    CatalogSpec,
+    catalog_from_document,
+    check_position,
+    default_catalog,
+    price_position,
+)
 from pipeline.exceptions import (
     PipelineError,
     QuoteTooLarge,
@@ -62,13 +70,13 @@ from pipeline.models import (
     Unit,
 )
 from pipeline.queries import QUERIES
-from pipeline.selectors import catalog_for, parse_stage
+from pipeline.selectors import parse_stage
 from queueing import sql
 from queueing.enqueue import Enqueued, Policy, enqueue, job_params
 from queueing.exceptions import DoNotRetry, LeaseLost, PollLater, PrerequisiteChanged
 from queueing.keys import KeyFormat
 from queueing.ledger import Claim, Ledger, LedgerStatus, Outcome, Prerequisite
-from queueing.rows import insert_or_get, replace_children
+from queueing.rows import insert_or_get
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +88,7 @@ TASK_NAMES = {stage: f"pipeline.{stage.value}" for stage in Stage}
 MAX_STORED_QUANTITY = Decimal(10) ** 12
 MAX_STORED_INT = 2**31 - 1
 MAX_LINE_CHARS = 1000
+_UNITS = frozenset(Unit.values)
 MAX_ERROR_CHARS = 2000
 WORKER_ACTOR = "worker"
 
@@ -98,7 +107,11 @@ def lease_seconds() -> float:
 
 
 def stage_key(*, stage: Stage, anfrage: Anfrage) -> str:
-    return STAGE_KEY.build(stage=stage.value, tenant=anfrage.tenant.slug, anfrage=anfrage.id)
+    return _key(stage=stage, tenant_slug=anfrage.tenant.slug, anfrage_id=anfrage.id)
+
+
+def _key(*, stage: Stage, tenant_slug: str, anfrage_id: int) -> str:
+    return STAGE_KEY.build(stage=stage.value, tenant=tenant_slug, anfrage=anfrage_id)
 
 
 def pipeline_stage_enqueue(*, anfrage: Anfrage, stage: Stage) -> Enqueued:
@@ -112,13 +125,13 @@ def pipeline_stage_enqueue(*, anfrage: Anfrage, stage: Stage) -> Enqueued:
     )
 
 
-def _stage_job(*, anfrage: Anfrage, stage: Stage) -> dict[str, Any]:
+def _stage_job(*, anfrage: _Inquiry, stage: Stage) -> dict[str, Any]:
     """The next stage's job as the ledger's complete enqueues it (same task, args, key
     and policy as :func:`pipeline_stage_enqueue`)."""
     return job_params(
         TASK_NAMES[stage],
         args={"anfrage_id": anfrage.id},
-        key=stage_key(stage=stage, anfrage=anfrage),
+        key=_key(stage=stage, tenant_slug=anfrage.tenant_slug, anfrage_id=anfrage.id),
         policy=Policy.EXCLUSIVE,
     )
 
@@ -135,29 +148,82 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
-# --- the four stages: prepare (read input) / compute (no writes) / write (in the
-# --- closing transaction, beside ledger.complete and the next enqueue)
+# --- the four stages: prepare (the input, as the stage's first statement read it) /
+# --- compute (no writes) / write (in the closing transaction, beside ledger.complete and
+# --- the next enqueue)
+
+
+class _Reads(enum.Enum):
+    """What a stage's first statement reads beside the inquiry: the ``stage_input_*``
+    block it completes ``stage_input`` with."""
+
+    MANIFEST = "manifest"  # the upload manifest, a column of the inquiry
+    FILES = "files"
+    POSITIONS = "positions"  # and the tenant's catalog
+
+
+_STAGE_INPUT = {
+    reads: sql.render(QUERIES["stage_input"], input=psql.SQL(QUERIES[f"stage_input_{reads.value}"]))
+    for reads in _Reads
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Inquiry:
+    """The inquiry as a stage's first statement read it: its tenant's slug, the stage
+    before's status and token, and the stage's input (None: not this stage's)."""
+
+    id: int
+    tenant_id: int
+    tenant_slug: str
+    previous_status: str | None
+    previous_token: int | None
+    uploads: list[dict] | None = None
+    files: list[dict] | None = None
+    positions: list[dict] | None = None
+    #: The tenant's own catalog as a JSON document (None: it has none, or not read).
+    catalog: str | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class _StagePosition:
+    """A position as feasibility and calculate read it, and what they decide for it."""
+
+    id: int
+    position_index: int
+    item: str
+    quantity: Decimal
+    unit: str
+    material: str
+    length_mm: int | None
+    catalog_item: str
+    feasible: bool | None
+    reason: str = ""
+    catalog_material: str = ""
+    unit_price: Decimal | None = None
+    total: Decimal | None = None
 
 
 @dataclass(frozen=True)
 class _StageWork:
-    prepare: Callable[[Anfrage], tuple[Any, str]]
-    compute: Callable[[Anfrage, Any], Any]
-    write: Callable[[Anfrage, Any], None]
+    reads: _Reads
+    prepare: Callable[[_Inquiry], tuple[Any, str]]
+    compute: Callable[[_Inquiry, Any], Any]
+    write: Callable[[_Inquiry, Any], None]
 
 
-def _intake_prepare(anfrage: Anfrage) -> tuple[list[dict], str]:
-    manifest = list(anfrage.uploads)
+def _intake_prepare(anfrage: _Inquiry) -> tuple[list[dict], str]:
+    manifest = list(anfrage.uploads or [])
     return manifest, _digest([m["sha256"] for m in manifest])
 
 
-def _intake_compute(anfrage: Anfrage, manifest: list[dict]) -> list[dict]:
+def _intake_compute(anfrage: _Inquiry, manifest: list[dict]) -> list[dict]:
     # Decoding decides what the upload request only screened (binary, encoding, format
     # of a file without an extension): an unreadable file fails intake for good.
     stored = []
     for entry in manifest:
         key = storage.storage_key(
-            tenant_slug=anfrage.tenant.slug, anfrage_id=anfrage.id, sha256=entry["sha256"]
+            tenant_slug=anfrage.tenant_slug, anfrage_id=anfrage.id, sha256=entry["sha256"]
         )
         data = storage.read_staged(sha256=entry["sha256"], key=key)
         source = inspect_upload(entry["filename"], data)
@@ -168,56 +234,124 @@ def _intake_compute(anfrage: Anfrage, manifest: list[dict]) -> list[dict]:
     return stored
 
 
-def _intake_write(anfrage: Anfrage, stored: list[dict]) -> None:
+def _intake_write(anfrage: _Inquiry, stored: list[dict]) -> None:
+    # The files and their audit entries in one statement (``intake_write``): the distinct
+    # files in upload order (the first upload of the same bytes names the row), and per
+    # upload its file's number and whether it is that file's first upload.
+    numbers: dict[tuple[str, str], int] = {}
+    distinct: list[dict] = []
+    upload_files, upload_first = [], []
     for entry in stored:
-        # The audit entry names the id that is in the table: a duplicate upload (or a
-        # replayed intake) gets the existing row's id, never a guessed one.
-        file_id, created = insert_or_get(
-            AnfrageFile,
-            values={
-                "tenant": anfrage.tenant_id,
-                "anfrage": anfrage.id,
-                "sha256": entry["sha256"],
-                "storage_key": entry["storage_key"],
-                "size": entry["size"],
-                "filename": entry["filename"],
-                "format": entry["format"],
-            },
-            conflict_fields=("sha256", "storage_key"),
-        )
-        audit_entry_create(
-            tenant_id=anfrage.tenant_id,
-            entity_type="anfrage_file",
-            entity_id=file_id,
-            action="file.stored",
-            actor=WORKER_ACTOR,
-            payload={
+        key = (entry["sha256"], entry["storage_key"])
+        first = key not in numbers
+        if first:
+            distinct.append(entry)
+            numbers[key] = len(distinct)
+        upload_files.append(numbers[key])
+        upload_first.append(first)
+    with sql.statement_cursor(connection) as cursor:
+        cursor.execute(
+            QUERIES["intake_write"],
+            {
+                "tenant_id": anfrage.tenant_id,
                 "anfrage_id": anfrage.id,
-                "created": created,
-                "filename": entry["filename"],
-                "sha256": entry["sha256"],
-                "storage_key": entry["storage_key"],
+                "actor": WORKER_ACTOR,
+                "sha256s": [f["sha256"] for f in distinct],
+                "storage_keys": [f["storage_key"] for f in distinct],
+                "sizes": [f["size"] for f in distinct],
+                "filenames": [f["filename"] for f in distinct],
+                "formats": [f["format"] for f in distinct],
+                "upload_files": upload_files,
+                "upload_filenames": [e["filename"] for e in stored],
+                "upload_first": upload_first,
             },
         )
+        unsettled = [n for (n,) in cursor.fetchall()]
+    for n in unsettled:
+        # Its row was committed by another transaction while the statement waited for
+        # it: a statement of its own sees it (or raises RowVanished).
+        _file_stored(anfrage, stored[n - 1])
 
 
-def _extract_prepare(anfrage: Anfrage) -> tuple[list[AnfrageFile], str]:
-    files = list(anfrage.files.order_by("id"))
-    return files, _digest([f.sha256 for f in files])
+def _file_stored(anfrage: _Inquiry, entry: dict) -> None:
+    """One upload's file row (``insert_or_get``) and its audit entry, in two statements."""
+    file_id, created = insert_or_get(
+        AnfrageFile,
+        values={
+            "tenant": anfrage.tenant_id,
+            "anfrage": anfrage.id,
+            "sha256": entry["sha256"],
+            "storage_key": entry["storage_key"],
+            "size": entry["size"],
+            "filename": entry["filename"],
+            "format": entry["format"],
+        },
+        conflict_fields=("sha256", "storage_key"),
+    )
+    audit_entry_create(
+        tenant_id=anfrage.tenant_id,
+        entity_type="anfrage_file",
+        entity_id=file_id,
+        action="file.stored",
+        actor=WORKER_ACTOR,
+        payload={
+            "anfrage_id": anfrage.id,
+            "created": created,
+            "filename": entry["filename"],
+            "sha256": entry["sha256"],
+            "storage_key": entry["storage_key"],
+        },
+    )
 
 
-def _extract_compute(anfrage: Anfrage, files: list[AnfrageFile]) -> tuple[list, list]:
+def _extract_prepare(anfrage: _Inquiry) -> tuple[list[dict], str]:
+    files = anfrage.files or []
+    return files, _digest([f["sha256"] for f in files])
+
+
+@dataclass(frozen=True, slots=True)
+class _PositionRow:
+    """A position extract writes, fitted to its columns."""
+
+    position_index: int
+    source_file_id: int | None
+    source_line: int
+    label: str
+    raw: str
+    quantity: Decimal
+    unit: str
+    item: str
+    material: str
+    length_mm: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _WarningRow:
+    """A warning extract writes, fitted to its columns."""
+
+    source_file_id: int | None
+    line_no: int
+    line: str
+    message: str
+
+
+def _extract_compute(
+    anfrage: _Inquiry, files: list[dict]
+) -> tuple[list[_PositionRow], list[_WarningRow]]:
     extractor = get_extractor()
-    positions: list[Position] = []
-    warnings: list[ExtractionWarning] = []
+    positions: list[_PositionRow] = []
+    warnings: list[_WarningRow] = []
     for file in files:
-        data = storage.read_stored(key=file.storage_key, sha256=file.sha256)
+        data = storage.read_stored(key=file["storage_key"], sha256=file["sha256"])
         source = read_source(
-            file_id=file.id, filename=file.filename, data=data, format=FileFormat(file.format)
+            file_id=file["id"],
+            filename=file["filename"],
+            data=data,
+            format=FileFormat(file["format"]),
         )
         extraction = extractor.extract(source)
         if not extraction.positions:
-            raise unparseable(file.filename, extraction)
+            raise unparseable(file["filename"], extraction)
         for parsed in extraction.positions:
             row, notes = _position_row(parsed, index=len(positions) + 1)
             if row is not None:
@@ -244,6 +378,7 @@ def _extract_compute(anfrage: Anfrage, files: list[AnfrageFile]) -> tuple[list, 
     return positions, warnings
 
 
+@cache
 def _column(model: type, name: str) -> int:
     return model._meta.get_field(name).max_length
 
@@ -258,7 +393,7 @@ def _fit(value: object, *, model: type, field: str, cut: list[str]) -> str:
     return text
 
 
-def _position_row(parsed: ParsedPosition, *, index: int) -> tuple[Position | None, list[str]]:
+def _position_row(parsed: ParsedPosition, *, index: int) -> tuple[_PositionRow | None, list[str]]:
     """The position as a row that fits its columns, and what had to give.
 
     Whatever a (plugged) extractor returns: over-long text is cut, and a quantity, unit or
@@ -270,7 +405,7 @@ def _position_row(parsed: ParsedPosition, *, index: int) -> tuple[Position | Non
         return None, [f"position refused: quantity {quantity!r} is not a number"]
     if not 0 < quantity < MAX_STORED_QUANTITY:
         return None, [f"position refused: quantity {quantity} is out of range"]
-    if parsed.unit not in Unit.values:
+    if parsed.unit not in _UNITS:
         return None, [f"position refused: unknown unit {parsed.unit!r}"]
     length = parsed.length_mm
     if length is not None and not (isinstance(length, int) and 0 < length <= MAX_STORED_INT):
@@ -278,7 +413,7 @@ def _position_row(parsed: ParsedPosition, *, index: int) -> tuple[Position | Non
     item = _fit(parsed.item, model=Position, field="item", cut=cut).strip()
     if not item:
         return None, ["position refused: it names no item"]
-    row = Position(
+    row = _PositionRow(
         position_index=index,
         source_file_id=parsed.file_id,
         source_line=max(0, min(int(parsed.line_no), MAX_STORED_INT)),
@@ -293,8 +428,8 @@ def _position_row(parsed: ParsedPosition, *, index: int) -> tuple[Position | Non
     return row, [f"position {index}: {'; '.join(cut)}"] if cut else []
 
 
-def _warning_row(file_id: int | None, line_no: int, line: str, message: str) -> ExtractionWarning:
-    return ExtractionWarning(
+def _warning_row(file_id: int | None, line_no: int, line: str, message: str) -> _WarningRow:
+    return _WarningRow(
         source_file_id=file_id,
         line_no=max(0, min(int(line_no), MAX_STORED_INT)),
         line=UNSTORABLE.sub("\ufffd", str(line))[:MAX_LINE_CHARS],
@@ -302,20 +437,51 @@ def _warning_row(file_id: int | None, line_no: int, line: str, message: str) -> 
     )
 
 
-def _extract_write(anfrage: Anfrage, result: tuple[list, list]) -> None:
+def _extract_write(anfrage: _Inquiry, result: tuple[list[_PositionRow], list[_WarningRow]]) -> None:
     positions, warnings = result
-    parent = {"tenant_id": anfrage.tenant_id, "anfrage_id": anfrage.id}
-    # DELETE-before-INSERT in this (the closing) transaction: until it commits, readers
-    # and a failed attempt see the previous positions.
-    # No savepoints: an error fails the closing transaction as a whole.
-    replace_children(Position, parent=parent, rows=positions, savepoint=False)
-    replace_children(ExtractionWarning, parent=parent, rows=warnings, savepoint=False)
-    # New positions invalidate the old quote: the inquiry is in flight again.
-    Anfrage.objects.filter(pk=anfrage.id).update(quote_total=None, currency="", completed_at=None)
+    # One statement (``extract_write``): the positions and warnings replaced, DELETE
+    # before INSERT, in this (the closing) transaction: until it commits, readers and a
+    # failed attempt see the previous ones; and the old quote cleared, as new positions
+    # invalidate it.
+    with sql.statement_cursor(connection) as cursor:
+        cursor.execute(
+            QUERIES["extract_write"],
+            {
+                "tenant_id": anfrage.tenant_id,
+                "anfrage_id": anfrage.id,
+                "indexes": [p.position_index for p in positions],
+                "files": [p.source_file_id for p in positions],
+                "lines": [p.source_line for p in positions],
+                "labels": [p.label for p in positions],
+                "raws": [p.raw for p in positions],
+                "quantities": [p.quantity for p in positions],
+                "units": [p.unit for p in positions],
+                "items": [p.item for p in positions],
+                "materials": [p.material for p in positions],
+                "lengths": [p.length_mm for p in positions],
+                "warning_files": [w.source_file_id for w in warnings],
+                "warning_lines": [w.line_no for w in warnings],
+                "warning_texts": [w.line for w in warnings],
+                "warning_messages": [w.message for w in warnings],
+            },
+        )
 
 
-def _positions_prepare(anfrage: Anfrage) -> tuple[list[Position], str]:
-    positions = list(anfrage.positions.order_by("position_index"))
+def _positions_prepare(anfrage: _Inquiry) -> tuple[list[_StagePosition], str]:
+    positions = [
+        _StagePosition(
+            id=p["id"],
+            position_index=p["position_index"],
+            item=p["item"],
+            quantity=Decimal(p["quantity"]),
+            unit=p["unit"],
+            material=p["material"],
+            length_mm=p["length_mm"],
+            catalog_item=p["catalog_item"],
+            feasible=p["feasible"],
+        )
+        for p in anfrage.positions or []
+    ]
     # Row ids are part of the input: a re-extraction writes new rows (even with the same
     # content), and results written by id to the old rows would be lost.
     digest = _digest(
@@ -337,9 +503,18 @@ def _positions_prepare(anfrage: Anfrage) -> tuple[list[Position], str]:
     return positions, digest
 
 
-def _feasibility_compute(anfrage: Anfrage, positions: list[Position]) -> list[Position]:
-    # The catalog is read after the claim, so a broken catalog is recorded on the run.
-    catalog = catalog_for(tenant_id=anfrage.tenant_id)
+def _stage_catalog(anfrage: _Inquiry) -> CatalogSpec:
+    """The tenant's catalog as the stage's first statement read it (validated here, after
+    the claim, so a broken catalog is recorded on the run), else the default."""
+    if anfrage.catalog is None:
+        return default_catalog()
+    return catalog_from_document(anfrage.catalog)
+
+
+def _feasibility_compute(
+    anfrage: _Inquiry, positions: list[_StagePosition]
+) -> list[_StagePosition]:
+    catalog = _stage_catalog(anfrage)
     for position in positions:
         verdict = check_position(
             catalog,
@@ -358,7 +533,7 @@ def _feasibility_compute(anfrage: Anfrage, positions: list[Position]) -> list[Po
     return positions
 
 
-def _feasibility_write(anfrage: Anfrage, positions: list[Position]) -> None:
+def _feasibility_write(anfrage: _Inquiry, positions: list[_StagePosition]) -> None:
     with sql.statement_cursor(connection) as cursor:
         cursor.execute(
             QUERIES["feasibility_write"],
@@ -375,9 +550,9 @@ def _feasibility_write(anfrage: Anfrage, positions: list[Position]) -> None:
 
 
 def _calculate_compute(
-    anfrage: Anfrage, positions: list[Position]
-) -> tuple[list[Position], Decimal, str]:
-    catalog = catalog_for(tenant_id=anfrage.tenant_id)
+    anfrage: _Inquiry, positions: list[_StagePosition]
+) -> tuple[list[_StagePosition], Decimal, str]:
+    catalog = _stage_catalog(anfrage)
     total = Decimal("0.00")
     for position in positions:
         if position.feasible is None:
@@ -411,7 +586,7 @@ def _calculate_compute(
     return positions, total, catalog.currency
 
 
-def _calculate_write(anfrage: Anfrage, result: tuple[list[Position], Decimal, str]) -> None:
+def _calculate_write(anfrage: _Inquiry, result: tuple[list[_StagePosition], Decimal, str]) -> None:
     positions, total, currency = result
     # The prices, and the inquiry complete with its quote: one statement.
     with sql.statement_cursor(connection) as cursor:
@@ -431,10 +606,14 @@ def _calculate_write(anfrage: Anfrage, result: tuple[list[Position], Decimal, st
 
 
 _STAGES: dict[Stage, _StageWork] = {
-    Stage.INTAKE: _StageWork(_intake_prepare, _intake_compute, _intake_write),
-    Stage.EXTRACT: _StageWork(_extract_prepare, _extract_compute, _extract_write),
-    Stage.FEASIBILITY: _StageWork(_positions_prepare, _feasibility_compute, _feasibility_write),
-    Stage.CALCULATE: _StageWork(_positions_prepare, _calculate_compute, _calculate_write),
+    Stage.INTAKE: _StageWork(_Reads.MANIFEST, _intake_prepare, _intake_compute, _intake_write),
+    Stage.EXTRACT: _StageWork(_Reads.FILES, _extract_prepare, _extract_compute, _extract_write),
+    Stage.FEASIBILITY: _StageWork(
+        _Reads.POSITIONS, _positions_prepare, _feasibility_compute, _feasibility_write
+    ),
+    Stage.CALCULATE: _StageWork(
+        _Reads.POSITIONS, _positions_prepare, _calculate_compute, _calculate_write
+    ),
 }
 
 
@@ -467,11 +646,11 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
     (``LEASE_LOST``). An error marks the run ``failed`` and propagates, to be retried.
     """
     stage = parse_stage(stage)
-    anfrage = _anfrage_for(anfrage_id, stage)
+    work = _STAGES[stage]
+    anfrage = _read_input(anfrage_id, stage, work)
     if anfrage is None:
         raise DoNotRetry(f"inquiry {anfrage_id} does not exist")
-    work = _STAGES[stage]
-    # The stage before is observed (in the statement above) before the input is read:
+    # The stage before is observed in the statement that read the input (one snapshot):
     # its token, unchanged at the close, vouches that the input is still its output.
     prerequisite = _prerequisite(anfrage, stage)
     inputs, input_hash = work.prepare(anfrage)
@@ -520,39 +699,41 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
     return StageOutcome.COMPLETED
 
 
-def _anfrage_for(anfrage_id: int, stage: Stage) -> Anfrage | None:
-    """The inquiry with its tenant and, in the same statement, the status and token of
-    its stage before ``stage`` (``previous_status``, ``previous_token``)."""
+def _read_input(anfrage_id: int, stage: Stage, work: _StageWork) -> _Inquiry | None:
+    """The inquiry, the stage before's status and token and the stage's input, in one
+    statement (``stage_input``)."""
     previous = stage.previous[-1].value if stage.previous else None
-    rows = list(
-        Anfrage.objects.raw(
-            QUERIES["stage_inquiry"], {"anfrage_id": anfrage_id, "previous": previous}
-        )
-    )
-    if not rows:
+    with sql.statement_cursor(connection) as cursor:
+        cursor.execute(_STAGE_INPUT[work.reads], {"anfrage_id": anfrage_id, "previous": previous})
+        row = cursor.fetchone()
+    if row is None:
         return None
-    anfrage = rows[0]
-    anfrage.tenant = Tenant.from_db(
-        anfrage._state.db,
-        ["id", "slug", "name", "created_at"],
-        [anfrage.tenant_id, anfrage.tenant_slug, anfrage.tenant_name, anfrage.tenant_created_at],
+    id_, tenant_id, slug, status, token, *read = row
+    inquiry = _Inquiry(
+        id=id_, tenant_id=tenant_id, tenant_slug=slug, previous_status=status, previous_token=token
     )
-    return anfrage
+    if work.reads is _Reads.MANIFEST:
+        return replace(inquiry, uploads=json.loads(read[0]))
+    if work.reads is _Reads.FILES:
+        return replace(inquiry, files=json.loads(read[0]))
+    positions, catalog = read
+    return replace(inquiry, positions=json.loads(positions), catalog=catalog)
 
 
-def _prerequisite(anfrage: Anfrage, stage: Stage) -> Prerequisite | None:
+def _prerequisite(anfrage: _Inquiry, stage: Stage) -> Prerequisite | None:
     if not stage.previous:
         return None
-    succeeded = getattr(anfrage, "previous_status", None) == LedgerStatus.SUCCESS
+    succeeded = anfrage.previous_status == LedgerStatus.SUCCESS
     return Prerequisite(
         key={"tenant": anfrage.tenant_id, "anfrage": anfrage.id, "stage": stage.previous[-1].value},
-        token=getattr(anfrage, "previous_token", None) if succeeded else None,
+        token=anfrage.previous_token if succeeded else None,
     )
 
 
 def _check_inputs_unchanged(stage: Stage, prerequisite: Prerequisite | None) -> None:
     """First in the closing transaction, one statement: the stage before must still be
-    ``success`` with the token it had before this stage read its input.
+    ``success`` with the token it had when this stage read its input (in the statement,
+    and so the snapshot, that read the input).
 
     The stage before's ledger row is read ``FOR SHARE``: a replay reopening it, or the
     stage before committing new output (its claim and ``complete`` update that row), waits

@@ -630,8 +630,9 @@ def _work_text(row: Row, work: dict[str, Any]) -> str:
     return (
         f"The four stages alone, run one after another in one process with no worker and "
         f"no queue, take {inquiry['wall_p50']:g} ms per inquiry (p50; "
-        f"{inquiry['statements_p50']:g} ms of it in statements, the rest in Python: "
-        f"reading the files, extracting, pricing, the ORM, the lease's renewal thread); "
+        f"{inquiry['statements_p50']:g} ms of it in statements, the rest in the closing "
+        f"transactions' COMMITs, which no statement wrapper sees, and in Python: storing "
+        f"and reading the files, extracting, pricing, the lease's renewal thread); "
         f"per stage, ms: {stages}. {what}, so the target leaves {budget:.1f} ms per "
         f"inquiry for everything, the queue's fetch and finish of four jobs included"
         + (

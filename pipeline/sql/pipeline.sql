@@ -198,19 +198,148 @@ UPDATE anfragen a
            AND r.status = 'success') = cardinality(%(stages)s::text[])
 RETURNING a.id;
 
--- stage_inquiry --
--- A stage's first read: the inquiry, its tenant's columns (tenant_* aliases) and the
--- status and token of the stage before (NULL: none, or no row yet), in one statement.
--- The token is read before (here: with) the input, so an unchanged token at the close
--- vouches that the input read afterwards is the stage before's current output.
-SELECT a.*,
-       t.slug AS tenant_slug, t.name AS tenant_name, t.created_at AS tenant_created_at,
-       r.status AS previous_status, r.attempts AS previous_token
+-- stage_input --
+-- A stage's first read, one statement: the inquiry, its tenant's slug, the status and
+-- token of the stage before (NULL: none, or no row yet) and, as {input}, the stage's
+-- input (one of the stage_input_* blocks, so a stage reads no table it does not need: a
+-- migration locking the positions holds up no intake). Token and input come from
+-- one snapshot, so an unchanged token at the close vouches that the input is the stage
+-- before's current output.
+SELECT a.id, a.tenant_id, t.slug, r.status, r.attempts, {input}
   FROM anfragen a
   JOIN tenants t ON t.id = a.tenant_id
   LEFT JOIN pipeline_runs r
-         ON r.tenant_id = a.tenant_id AND r.anfrage_id = a.id AND r.stage = %(previous)s
- WHERE a.id = %(anfrage_id)s;
+         ON r.tenant_id = a.tenant_id AND r.anfrage_id = a.id AND r.stage = %(previous)s::text
+ WHERE a.id = %(anfrage_id)s::bigint;
+
+-- stage_input_manifest --
+-- Intake's input (a fragment of stage_input): the upload manifest, a column of the
+-- inquiry. JSON is returned as text: how a JSON column is loaded depends on the
+-- connection.
+a.uploads::text
+
+-- stage_input_files --
+-- Extract's input (a fragment of stage_input): the inquiry's files in id order, as JSON
+-- text.
+(SELECT coalesce(json_agg(json_build_object(
+            'id', f.id, 'filename', f.filename, 'sha256', f.sha256,
+            'storage_key', f.storage_key, 'format', f.format) ORDER BY f.id), '[]')::text
+   FROM anfrage_files f
+  WHERE f.anfrage_id = a.id)
+
+-- stage_input_positions --
+-- The input of feasibility and calculate (a fragment of stage_input): the inquiry's
+-- positions in index order, and the tenant's own catalog (NULL when it has none), each as
+-- JSON text; quantities as strings, which JSON would make floats.
+(SELECT coalesce(json_agg(json_build_object(
+            'id', p.id, 'position_index', p.position_index, 'item', p.item,
+            'quantity', p.quantity::text, 'unit', p.unit, 'material', p.material,
+            'length_mm', p.length_mm, 'catalog_item', p.catalog_item,
+            'feasible', p.feasible) ORDER BY p.position_index), '[]')::text
+   FROM anfrage_positions p
+  WHERE p.tenant_id = a.tenant_id AND p.anfrage_id = a.id),
+(SELECT json_build_object(
+            'name', c.name, 'currency', c.currency, 'materials', c.materials,
+            'items', (SELECT coalesce(json_agg(json_build_object(
+                                'code', i.code, 'name', i.name, 'keywords', i.keywords,
+                                'materials', i.materials, 'unit', i.unit,
+                                'max_length_mm', i.max_length_mm,
+                                'min_quantity', i.min_quantity::text,
+                                'price_breaks', i.price_breaks)
+                                ORDER BY i.sort_order, i.id), '[]')
+                        FROM catalog_items i
+                       WHERE i.catalog_id = c.id))::text
+   FROM catalogs c
+  WHERE c.tenant_id = a.tenant_id)
+
+-- intake_write --
+-- Intake's closing write, one statement: the inquiry's distinct files, in the order they
+-- were uploaded (extract reads them in id order), each inserted unless its (sha256,
+-- storage_key) is in the table; and one 'file.stored' audit entry per uploaded file,
+-- naming the id that is in the table: the row just inserted (created), or the one that
+-- conflicted (a duplicate upload, a replayed intake), as this statement's snapshot holds
+-- it. A conflicting row that another transaction committed while the INSERT waited for
+-- it is not in that snapshot: its uploads get no entry here and are returned, for the
+-- caller to look up in a statement of its own, never guessed.
+WITH files AS (
+    SELECT *
+      FROM unnest(%(sha256s)s::text[], %(storage_keys)s::text[], %(sizes)s::bigint[],
+                  %(filenames)s::text[], %(formats)s::text[])
+           WITH ORDINALITY AS f(sha256, storage_key, size, filename, format, n)
+), inserted AS (
+    INSERT INTO anfrage_files (tenant_id, anfrage_id, sha256, storage_key, size, filename,
+                               format)
+    SELECT %(tenant_id)s, %(anfrage_id)s, sha256, storage_key, size, filename, format
+      FROM files
+     ORDER BY n
+        ON CONFLICT (sha256, storage_key) DO NOTHING
+    RETURNING id, sha256, storage_key
+), uploads AS (
+    SELECT u.n, u.filename, f.sha256, f.storage_key, coalesce(i.id, e.id) AS id,
+           (i.id IS NOT NULL AND u.first) AS created
+      FROM unnest(%(upload_files)s::bigint[], %(upload_filenames)s::text[],
+                  %(upload_first)s::boolean[]) WITH ORDINALITY AS u(file, filename, first, n)
+      JOIN files f ON f.n = u.file
+      LEFT JOIN inserted i ON i.sha256 = f.sha256 AND i.storage_key = f.storage_key
+      LEFT JOIN anfrage_files e ON e.sha256 = f.sha256 AND e.storage_key = f.storage_key
+), audited AS (
+    INSERT INTO audit_log (tenant_id, entity_type, entity_id, action, actor, payload)
+    SELECT %(tenant_id)s, 'anfrage_file', id, 'file.stored', %(actor)s,
+           jsonb_build_object('anfrage_id', %(anfrage_id)s::bigint, 'created', created,
+                              'filename', filename, 'sha256', sha256,
+                              'storage_key', storage_key)
+      FROM uploads
+     WHERE id IS NOT NULL
+     ORDER BY n
+)
+SELECT n FROM uploads WHERE id IS NULL ORDER BY n;
+
+-- extract_write --
+-- Extract's closing write, one statement: the inquiry's positions and warnings replaced,
+-- DELETE before INSERT (as replace_children does: a retry never trips the positions'
+-- unique key; until the transaction commits, readers see the old rows, and a failure
+-- keeps them), each in the order given (warnings are shown in id order); and the
+-- inquiry's old quote cleared: it is in flight again. The parts of one statement run in
+-- no set order, so each INSERT first counts the rows its DELETE returned, which runs
+-- that DELETE to its end; the rows it deletes are then no conflict (deleted by this
+-- transaction), and the rows inserted are not in the DELETE's snapshot.
+WITH old_positions AS (
+    DELETE FROM anfrage_positions
+     WHERE tenant_id = %(tenant_id)s AND anfrage_id = %(anfrage_id)s
+    RETURNING 1
+), old_warnings AS (
+    DELETE FROM anfrage_warnings
+     WHERE tenant_id = %(tenant_id)s AND anfrage_id = %(anfrage_id)s
+    RETURNING 1
+), positions AS (
+    INSERT INTO anfrage_positions (tenant_id, anfrage_id, position_index, source_file_id,
+                                   source_line, label, raw, quantity, unit, item, material,
+                                   length_mm, catalog_item, catalog_material, feasible,
+                                   reason, unit_price, total)
+    SELECT %(tenant_id)s, %(anfrage_id)s, p.position_index, p.source_file_id,
+           p.source_line, p.label, p.raw, p.quantity, p.unit, p.item, p.material,
+           p.length_mm, '', '', NULL, '', NULL, NULL
+      FROM unnest(%(indexes)s::int[], %(files)s::bigint[], %(lines)s::int[],
+                  %(labels)s::text[], %(raws)s::text[], %(quantities)s::numeric[],
+                  %(units)s::text[], %(items)s::text[], %(materials)s::text[],
+                  %(lengths)s::int[])
+           WITH ORDINALITY AS p(position_index, source_file_id, source_line, label, raw,
+                                quantity, unit, item, material, length_mm, n)
+     WHERE (SELECT count(*) FROM old_positions) >= 0
+     ORDER BY p.n
+), warnings AS (
+    INSERT INTO anfrage_warnings (tenant_id, anfrage_id, source_file_id, line_no, line,
+                                  message)
+    SELECT %(tenant_id)s, %(anfrage_id)s, w.source_file_id, w.line_no, w.line, w.message
+      FROM unnest(%(warning_files)s::bigint[], %(warning_lines)s::int[],
+                  %(warning_texts)s::text[], %(warning_messages)s::text[])
+           WITH ORDINALITY AS w(source_file_id, line_no, line, message, n)
+     WHERE (SELECT count(*) FROM old_warnings) >= 0
+     ORDER BY w.n
+)
+UPDATE anfragen
+   SET quote_total = NULL, currency = '', completed_at = NULL
+ WHERE id = %(anfrage_id)s;
 
 -- feasibility_write --
 -- Feasibility's closing write, one statement: each position's verdict (matched by id

@@ -73,3 +73,16 @@ class WildExtractor(LineExtractor):
             return extraction
         positions = tuple(replace(p, file_id=source.file_id) for p in self.returns)
         return Extraction(positions=positions, warnings=extraction.warnings)
+
+
+class StrayExtractor(LineExtractor):
+    """For in-process tests: at extract time, names a file that does not exist as the
+    source of every position (a plug-in's bug), which only the database notices, when the
+    positions are written (a foreign key)."""
+
+    def extract(self, source: SourceFile) -> Extraction:
+        extraction = super().extract(source)
+        if source.file_id is None:
+            return extraction
+        positions = tuple(replace(p, file_id=source.file_id + 10**9) for p in extraction.positions)
+        return Extraction(positions=positions, warnings=extraction.warnings)

@@ -6,10 +6,13 @@ from decimal import Decimal
 
 import pytest
 
+from pipeline import stages
 from pipeline.catalog import catalog_from_dict, check_position, default_catalog, price_position
 from pipeline.exceptions import InvalidCatalog
-from pipeline.models import Catalog, CatalogItem, Unit
+from pipeline.models import Anfrage, Catalog, CatalogItem, Stage, Unit
+from pipeline.replay import pipeline_stage_replay
 from pipeline.selectors import catalog_for
+from tests.pipeline.conftest import run_stages, submit
 
 
 def check(item, quantity, unit=Unit.PIECES, material="", length_mm=None):
@@ -114,3 +117,75 @@ def test_a_tenants_own_catalog_replaces_the_default(tenant):
 def test_invalid_catalogs_are_refused(data, message):
     with pytest.raises(InvalidCatalog, match=message):
         catalog_from_dict(data)
+
+
+def _own_catalog(tenant) -> Catalog:
+    catalog = Catalog.objects.create(
+        tenant=tenant,
+        name="Acme",
+        currency="CHF",
+        materials={"S235": ["steel", "Baustahl"], "1.4301": ["V2A", "stainless"]},
+    )
+    # Created out of order: items are matched in sort order, ids only break ties.
+    for code, order, keywords in (("bolt", 2, ["Schrauben"]), ("beam", 1, ["beam", "HEA"])):
+        CatalogItem.objects.create(
+            catalog=catalog,
+            code=code,
+            name=code.title(),
+            keywords=keywords,
+            materials=["S235", "1.4301"],
+            unit=Unit.PIECES,
+            max_length_mm=12000 if code == "beam" else None,
+            min_quantity=Decimal("2.5") if code == "beam" else 1,
+            price_breaks=[["1", "100.00"], [10, 90.5]],
+            sort_order=order,
+        )
+    return catalog
+
+
+def test_a_stage_reads_the_same_catalog_as_catalog_for(tenant):
+    """A stage reads its tenant's catalog in its first statement, as one JSON document:
+    item for item, in order, and with exact decimals, it is ``catalog_for``'s."""
+    _own_catalog(tenant)
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, (Stage.INTAKE, Stage.EXTRACT))
+    for stage in (Stage.FEASIBILITY, Stage.CALCULATE):
+        inquiry = stages._read_input(anfrage.id, stage, stages._STAGES[stage])
+        assert stages._stage_catalog(inquiry) == catalog_for(tenant_id=tenant.id)
+    assert [e.code for e in catalog_for(tenant_id=tenant.id).items] == ["beam", "bolt"]
+
+
+def test_a_changed_catalog_prices_the_next_run(tenant):
+    """Parsed catalogs are kept per process by their content: a changed price is another
+    document, never a stale hit."""
+    _own_catalog(tenant)
+    anfrage = submit(tenant, {"a.txt": "12 pcs beam HEA 200\n"})
+    run_stages(anfrage.id)
+    assert Anfrage.objects.get(pk=anfrage.id).quote_total == Decimal("90.50") * 12
+    CatalogItem.objects.filter(code="beam").update(price_breaks=[["1", "80.00"]])
+    pipeline_stage_replay(
+        tenant_id=tenant.id, anfrage_id=anfrage.id, stage=Stage.CALCULATE, force=True, actor="t"
+    )
+    run_stages(anfrage.id, (Stage.CALCULATE,))
+    assert Anfrage.objects.get(pk=anfrage.id).quote_total == Decimal("80.00") * 12
+
+
+def test_a_material_resolves_to_the_first_code_that_names_it():
+    spec = catalog_from_dict(
+        {
+            "materials": {"S235": ["steel", "Baustahl"], "S355": ["steel", "S355J2"]},
+            "items": [
+                {
+                    "code": "beam",
+                    "unit": "pcs",
+                    "keywords": ["beam"],
+                    "materials": ["S235"],
+                    "price_breaks": [["1", "1"]],
+                }
+            ],
+        }
+    )
+    assert spec.resolve_material(" Steel ") == "S235"
+    assert spec.resolve_material("s 355 j2") == "S355"
+    assert spec.resolve_material("s355") == "S355"
+    assert spec.resolve_material("unobtainium") is None

@@ -15,11 +15,13 @@ Fault model:
 
 from __future__ import annotations
 
+import dataclasses
 from decimal import Decimal
 
 import pytest
 from django.db import DataError
 
+from pipeline import stages
 from pipeline.extract import ParsedPosition
 from pipeline.models import Position, Stage, Unit
 from tests.factories import auth_header
@@ -100,10 +102,11 @@ def test_database_errors_stay_in_the_log(client, user, monkeypatch):
     anfrage = submit(user.tenant)
     run_stages(anfrage.id, stages=(Stage.INTAKE,))
 
-    def broken(*args, **kwargs):
+    def broken(anfrage, result):
         raise DataError('value too long for type character varying(32) in "anfrage_positions"')
 
-    monkeypatch.setattr("pipeline.stages.replace_children", broken)
+    work = stages._STAGES[Stage.EXTRACT]
+    monkeypatch.setitem(stages._STAGES, Stage.EXTRACT, dataclasses.replace(work, write=broken))
     with pytest.raises(DataError):
         run_stages(anfrage.id, stages=(Stage.EXTRACT,))
 

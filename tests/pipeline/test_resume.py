@@ -467,7 +467,7 @@ def test_calculate_leaves_the_inquiry_open_when_an_earlier_stage_was_reopened(te
     def compute(anfrage, inputs):
         # Meanwhile extract is reopened (a replay's reset; a replay itself is refused
         # while feasibility stands on extract's output).
-        PipelineRun.objects.filter(anfrage=anfrage, stage="extract").update(status="failed")
+        PipelineRun.objects.filter(anfrage_id=anfrage.id, stage="extract").update(status="failed")
         return work.compute(anfrage, inputs)
 
     monkeypatch.setitem(stages._STAGES, Stage.CALCULATE, dataclasses.replace(work, compute=compute))

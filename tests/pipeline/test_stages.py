@@ -31,6 +31,15 @@ compute
     (test_a_worker_whose_lease_was_taken_over_commits_nothing,
     test_a_stalled_stage_taken_over_never_extends_its_successors_lease)
 close
+  - intake's file row is committed by another transaction while its INSERT waits for
+    it: the audit entry names that row
+    (test_intake_names_the_file_row_another_transaction_committed_while_it_waited)
+  - extract's write (one statement) fails in the database: the old positions and
+    warnings stay (test_a_write_the_database_refuses_keeps_the_old_positions_and_warnings);
+    a re-extraction replaces every one of them, in order
+    (test_a_re_extraction_replaces_every_position_and_warning_in_order)
+  - a migration locks a later stage's tables: an earlier stage runs on, the stage that
+    needs them waits (test_a_lock_on_a_later_stages_tables_holds_up_no_earlier_stage)
   - readers during a retry see the old positions until the new ones commit
     (test_readers_see_the_old_positions_while_a_retry_extracts)
   - a replay racing the closing transaction: see ``test_replay.py``
@@ -40,9 +49,10 @@ close
 from __future__ import annotations
 
 import datetime
+import threading
 
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from pipeline import stages, storage
@@ -61,6 +71,7 @@ from pipeline.models import (
     AnfrageFile,
     AuditEntry,
     Catalog,
+    ExtractionWarning,
     PipelineRun,
     Position,
     Stage,
@@ -71,7 +82,15 @@ from pipeline.submit import Upload, anfrage_submit
 from queueing.exceptions import DoNotRetry, PollLater
 from queueing.ledger import Ledger
 from tests.conftest import jobs, run_concurrently, wait_for
-from tests.pipeline.conftest import ITEMS_CSV, ITEMS_TXT, force_replay, run_stages, submit
+from tests.pipeline.conftest import (
+    ITEMS_CSV,
+    ITEMS_TXT,
+    force_replay,
+    in_background,
+    run_stages,
+    submit,
+)
+from tests.pipeline.test_replay import wait_until_blocked_on_a_lock
 
 
 def runs(anfrage) -> dict[str, tuple[str, int]]:
@@ -257,6 +276,86 @@ def test_duplicate_upload_is_one_row_with_consistent_audit_entries(tenant):
     assert entry_ids == file_ids
 
 
+@pytest.mark.django_db(transaction=True)
+def test_intake_names_the_file_row_another_transaction_committed_while_it_waited(tenant):
+    """Intake writes its files and their audit entries in one statement, whose snapshot
+    lacks a conflicting row committed while its INSERT waited for it: that upload's entry
+    is written in a statement of its own, naming that row (invariant 3), never none."""
+    anfrage = submit(tenant)
+    [upload] = anfrage.uploads
+    key = storage.storage_key(
+        tenant_slug=tenant.slug, anfrage_id=anfrage.id, sha256=upload["sha256"]
+    )
+    inserted, release = threading.Event(), threading.Event()
+
+    def rival() -> int:
+        with transaction.atomic():
+            row = AnfrageFile.objects.create(
+                tenant=tenant,
+                anfrage=anfrage,
+                sha256=upload["sha256"],
+                storage_key=key,
+                size=upload["size"],
+                filename="rival.txt",
+                format="text",
+            )
+            inserted.set()
+            assert release.wait(timeout=30), "the test never released the rival"
+        return row.id
+
+    rival_thread, rival_outcome = in_background(rival)
+    assert inserted.wait(timeout=20)
+    intake, intake_outcome = in_background(
+        lambda: pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.INTAKE)
+    )
+    wait_until_blocked_on_a_lock()
+    release.set()
+    rival_thread.join(timeout=20)
+    intake.join(timeout=20)
+    assert intake_outcome == [StageOutcome.COMPLETED]
+    [row] = AnfrageFile.objects.filter(anfrage=anfrage)
+    assert rival_outcome == [row.id]
+    [entry] = AuditEntry.objects.filter(action="file.stored", payload__anfrage_id=anfrage.id)
+    assert (entry.entity_id, entry.payload["created"], entry.payload["filename"]) == (
+        row.id,
+        False,
+        upload["filename"],
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_on_a_later_stages_tables_holds_up_no_earlier_stage(tenant):
+    """A stage's first statement reads only the tables of its input: while a migration
+    holds the positions and the catalogs, intake still runs (and extract waits)."""
+    anfrage = submit(tenant)
+    locked, release = threading.Event(), threading.Event()
+
+    def migration() -> None:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "LOCK TABLE anfrage_positions, catalogs, catalog_items IN ACCESS EXCLUSIVE MODE"
+            )
+            locked.set()
+            assert release.wait(timeout=30), "the test never released the lock"
+
+    holder, _ = in_background(migration)
+    assert locked.wait(timeout=20)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '5s'")
+        assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.INTAKE) == "completed"
+        with pytest.raises(OperationalError, match="lock timeout"):
+            with connection.cursor() as cursor:
+                cursor.execute("SET lock_timeout = '100ms'")
+            pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT)
+    finally:
+        release.set()
+        holder.join(timeout=20)
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT) == "completed"
+
+
 def test_extract_failure_keeps_the_old_positions_until_new_ones_commit(tenant, scripted_extractor):
     anfrage = submit(tenant)
     run_stages(anfrage.id)
@@ -275,6 +374,54 @@ def test_extract_failure_keeps_the_old_positions_until_new_ones_commit(tenant, s
     after = positions(anfrage)
     assert [p[1:] for p in after] == [before[0][1:]]
     assert after[0][0] != before[0][0]
+
+
+def warnings_of(anfrage) -> list[tuple[int, int, str]]:
+    return list(
+        ExtractionWarning.objects.filter(anfrage=anfrage)
+        .order_by("id")
+        .values_list("id", "line_no", "message")
+    )
+
+
+def test_a_re_extraction_replaces_every_position_and_warning_in_order(tenant):
+    """Extract replaces the positions and warnings in one statement, DELETE before INSERT:
+    the same indexes come back as new rows, and warnings keep the order of their lines."""
+    lines = []
+    for i in range(1, 31):
+        lines.append(f"{i} pcs steel beam HEA 200, 6 m")
+        if i % 10 == 0:
+            lines.append(f"line {i} that is no item")
+    anfrage = submit(tenant, {"items.txt": "\n".join(lines) + "\n"})
+    run_stages(anfrage.id, (Stage.INTAKE, Stage.EXTRACT))
+    before, warned = positions(anfrage), warnings_of(anfrage)
+    assert [p[1] for p in before] == list(range(1, 31)) and len(warned) == 3
+    force_replay(tenant, anfrage, Stage.EXTRACT)
+    assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT) == "completed"
+    after, rewarned = positions(anfrage), warnings_of(anfrage)
+    assert [p[1:] for p in after] == [p[1:] for p in before]
+    assert not {p[0] for p in after} & {p[0] for p in before}
+    assert [w[1:] for w in rewarned] == [w[1:] for w in warned]
+    assert [w[1] for w in rewarned] == [11, 22, 33]
+    assert not {w[0] for w in rewarned} & {w[0] for w in warned}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_the_database_refuses_keeps_the_old_positions_and_warnings(tenant, settings):
+    """The closing transaction fails as a whole (here at its COMMIT, where the database
+    checks the positions' foreign key to their file): the DELETEs of the statement that
+    replaced them are undone too."""
+    anfrage = submit(tenant, {"items.txt": ITEMS_TXT + "no item here\n"})
+    run_stages(anfrage.id)
+    before, warned = positions(anfrage), warnings_of(anfrage)
+    assert len(before) == 3 and len(warned) == 1
+    force_replay(tenant, anfrage, Stage.EXTRACT)
+    settings.PIPELINE_EXTRACTOR = "tests.pipeline.extractors.StrayExtractor"
+    with pytest.raises(IntegrityError):
+        pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT)
+    run = PipelineRun.objects.get(anfrage=anfrage, stage="extract")
+    assert run.status == "failed" and "a database error" in run.error
+    assert (positions(anfrage), warnings_of(anfrage)) == (before, warned)
 
 
 def test_a_missing_inquiry_is_not_retried(db):
