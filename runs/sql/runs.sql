@@ -105,20 +105,26 @@ SELECT c.id
 -- Released or judging runs whose every job ended (failed or cancelled after the release,
 -- while the core was unreachable): no attempt will come back to finish them, so they are
 -- failed. A run no job references is left alone (its admission may still commit).
--- Oldest first, bounded.
+-- Oldest first, bounded. As in core_stale_held, what a run's jobs are is asked per run
+-- (a scalar subquery, and an EXISTS kept a subplan by its OFFSET 0), never a join that
+-- reads every job that ever had a run: the runs are read in order through their partial
+-- index, and the ones taken updated by primary key (= ANY of their ids, not a join that
+-- may scan every run ever made), whatever the statistics say.
 UPDATE core_runs
    SET state = 'failed', finished_at = now(),
        error = 'its analysis ended without finishing it'
- WHERE id IN (SELECT c.id
-                FROM core_runs c
-               WHERE c.state IN ('released', 'judging')
-                 AND EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.core_run_id = c.id)
-                 AND NOT EXISTS (SELECT 1 FROM analysis_jobs j
-                                  WHERE j.core_run_id = c.id
-                                    AND j.status IN ('queued', 'pending', 'running'))
-               ORDER BY c.id
-               LIMIT %(limit)s
-                 FOR UPDATE SKIP LOCKED);
+ WHERE id = ANY (ARRAY(SELECT c.id
+                         FROM core_runs c
+                        WHERE c.state IN ('released', 'judging')
+                          AND (SELECT j.id FROM analysis_jobs j
+                                WHERE j.core_run_id = c.id LIMIT 1) IS NOT NULL
+                          AND NOT EXISTS (SELECT 1 FROM analysis_jobs j
+                                           WHERE j.core_run_id = c.id
+                                             AND j.status IN ('queued', 'pending', 'running')
+                                          OFFSET 0)
+                        ORDER BY c.id
+                        LIMIT %(limit)s
+                          FOR UPDATE SKIP LOCKED));
 
 -- admit_checks --
 -- The admission's checks, a CTE of the serial queue's admit statement (under the user's
