@@ -301,6 +301,85 @@ SELECT j.id
  ORDER BY j.updated_at
  LIMIT %(limit)s;
 
+-- resume_work --
+-- Which parts of the resume tick have anything to do, in one read-only statement, so a
+-- tick with nothing to do is one round trip. Each flag is its part's own batch predicate
+-- without the batch's locks, bounds or order (a part that runs re-reads, locks and
+-- re-checks what it takes, so a flag that is stale by then costs one empty batch; a row
+-- that appears after the probe waits for the next tick, as it would after the batch):
+--   expired_releases   expired_releases
+--   deactivated        the queued jobs of deactivated users (analysis_jobs_cancel_deactivated)
+--   stuck              serial_stuck_keys of the analysis queue (users with queued work
+--                      and no active first-pass job)
+--   lost               lost_process_jobs
+--   held_runs          core_stale_held or core_abandoned_released
+-- Three passes, each over live rows only, through the partial indexes that hold them
+-- (analysis_jobs_live_idx for queued and active jobs, core_runs_unfinished_idx for
+-- unfinished core runs), with one index probe per row (per user, for queued jobs) for
+-- what it asks of a table of history: the user's active job
+-- (analysis_jobs_one_active_per_user), a process_job's EXCLUSIVE key
+-- (pgstage_jobs_exclusive_key), a core run's jobs (core_run_id). Each probe is a
+-- subplan run per row (an EXISTS kept one by its OFFSET 0, or a scalar subquery), never
+-- a join or a hashed subplan that reads every job, or every procrastinate job, that ever
+-- was. The users with queued jobs are a join the planner picks (a hash of a few users,
+-- or a probe per user among many).
+WITH waiting AS (
+    SELECT q.user_id, bool_or(q.delta_of_job_id IS NULL) AS first_pass
+      FROM analysis_jobs q
+     WHERE q.status = 'queued'
+       AND q.deleted_at IS NULL
+     GROUP BY q.user_id
+), queued AS (
+    SELECT coalesce(bool_or(NOT u.is_active), false) AS deactivated,
+           coalesce(bool_or(w.first_pass
+                            AND NOT EXISTS (SELECT 1 FROM analysis_jobs b
+                                             WHERE b.user_id = w.user_id
+                                               AND b.delta_of_job_id IS NULL
+                                               AND b.status IN ('pending', 'running')
+                                               AND b.deleted_at IS NULL
+                                            OFFSET 0)),
+                    false) AS stuck
+      FROM waiting w
+      JOIN users u ON u.id = w.user_id
+), active AS (
+    SELECT coalesce(bool_or(j.status = 'running'
+                            AND j.released_at IS NULL
+                            AND j.release_deadline < now()),
+                    false) AS expired_releases,
+           coalesce(bool_or(j.updated_at < now() - %(idle_seconds)s * interval '1 second'
+                            AND NOT EXISTS (
+                                 SELECT 1 FROM procrastinate_jobs p
+                                  WHERE p.queueing_lock = %(lock_prefix)s || j.id::text
+                                    AND p.queueing_lock LIKE 'exclusive/%%'
+                                    AND p.status IN ('todo', 'doing')
+                                 OFFSET 0)),
+                    false) AS lost
+      FROM analysis_jobs j
+     WHERE j.status IN ('pending', 'running')
+       AND j.deleted_at IS NULL
+), unfinished AS (
+    -- live: whether a queued, pending or running job references the run (NULL: no job
+    -- does), read by one probe of the run's jobs (a scalar subquery on core_run_id alone:
+    -- a status in its WHERE would let the planner walk every live job per run instead),
+    -- once per run (the OFFSET 0 keeps r a subquery: its two uses, one evaluation).
+    SELECT coalesce(bool_or(CASE WHEN r.live IS NULL
+                                 THEN r.state = 'held'
+                                      AND r.created_at
+                                          < now() - %(held_seconds)s * interval '1 second'
+                                 ELSE NOT r.live
+                            END),
+                    false) AS held_runs
+      FROM (SELECT c.state, c.created_at,
+                   (SELECT bool_or(j.status IN ('queued', 'pending', 'running'))
+                      FROM analysis_jobs j
+                     WHERE j.core_run_id = c.id) AS live
+              FROM core_runs c
+             WHERE c.state IN ('held', 'released', 'judging')
+            OFFSET 0) r
+)
+SELECT a.expired_releases, q.deactivated, q.stuck, a.lost, u.held_runs
+  FROM queued q, active a, unfinished u;
+
 -- expired_releases --
 -- Running jobs whose held core run was never released and whose release window has
 -- closed: the resume tick fails them and refunds their credit. SKIP LOCKED passes over
