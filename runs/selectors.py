@@ -8,11 +8,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from accounts.models import Tenant, User
+from queueing import sql
+from queueing.enqueue import Policy, queueing_lock_prefix
+from runs.core import queries
 from runs.exceptions import JobNotFound
 from runs.models import (
     ACTIVE_STATUSES,
@@ -25,7 +29,7 @@ from runs.models import (
     JobCitation,
     JobStatus,
 )
-from runs.queue import ANALYSIS_QUEUE
+from runs.queue import ANALYSIS_QUEUE, PROCESS_JOB_KEY
 
 #: Columns never loaded for listings: the document body can weigh megabytes.
 HEAVY_FIELDS = ("doc_html",)
@@ -310,3 +314,42 @@ def remember_tenant_slug(user: User) -> None:
     API's token authentication does), so :func:`tenant_slug` reads nothing."""
     if User.tenant.is_cached(user) and user.tenant is not None:
         _tenant_slugs.setdefault(user.tenant.pk, user.tenant.slug)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResumeWork:
+    """Which parts of the resume tick have anything to do (see :func:`resume_work`)."""
+
+    #: Running jobs whose release window closed without a release (``expired_releases``).
+    expired_releases: bool
+    #: Queued jobs of deactivated users.
+    deactivated: bool
+    #: Users with queued work and nothing active (the serial queue's stuck keys).
+    stuck: bool
+    #: Active jobs idle past the grace whose ``process_job`` is gone.
+    lost: bool
+    #: Core runs no live job needs: held ones to cancel, released ones to fail.
+    held_runs: bool
+
+
+def resume_work(*, idle_seconds: float, held_seconds: float) -> ResumeWork:
+    """Which parts of the resume tick have work, in one read-only statement (no lock, one
+    round trip; ``resume_work`` in ``sql/runs.sql``): each flag is its part's own batch
+    predicate, read through the partial indexes of live rows. A part's batch still
+    re-reads, locks and re-checks what it takes. ``idle_seconds``: the lost-job search's
+    idle time; ``held_seconds``: the age past which a held run no job took expires."""
+    params = {
+        "idle_seconds": idle_seconds,
+        "held_seconds": held_seconds,
+        "lock_prefix": queueing_lock_prefix(PROCESS_JOB_KEY, Policy.EXCLUSIVE),
+    }
+    with sql.statement_cursor(connection) as cursor:
+        cursor.execute(queries["resume_work"], params)
+        expired, deactivated, stuck, lost, held_runs = cursor.fetchone()
+    return ResumeWork(
+        expired_releases=expired,
+        deactivated=deactivated,
+        stuck=stuck,
+        lost=lost,
+        held_runs=held_runs,
+    )

@@ -14,8 +14,8 @@ from __future__ import annotations
 from django.conf import settings
 
 from queueing.sweeps import SweepContext, SweepResult, declare_sweep, sweep_rows
-from runs import admission, durability, processing
-from runs.core import queries
+from runs import admission, durability, processing, selectors
+from runs.core import LocalCore, get_core, queries
 from runs.models import SavedBy
 
 
@@ -52,27 +52,58 @@ def resume_analysis_queue(ctx: SweepContext) -> SweepResult:
     """Fail expired releases (refunded), cancel deactivated users' queued jobs
     (refunded), promote stuck queues, re-enqueue lost jobs, cancel held core runs no live
     job needs and fail released ones whose jobs all ended (both counted as
-    ``held_expired``)."""
+    ``held_expired``).
+
+    One read-only probe first (``selectors.resume_work``): a part runs its batch when the
+    probe found work for it, so a tick with nothing to do is that one statement. Once a
+    part changed anything, every later part runs whatever the probe said, as it would
+    without one: a give-up's or a cancel's give-back of its held run is best effort, and
+    the expiry that follows is its net."""
+    core = get_core()
+    work = selectors.resume_work(
+        idle_seconds=ctx.grace_seconds, held_seconds=float(settings.CORE_HELD_EXPIRY_SECONDS)
+    )
     # Each give-up commits on its own: it takes its user's queue lock (promoting the next
     # job) and its tenant's budget row (giving the held run back), and a batch holding
-    # one user's budget row while it takes the next user's lock deadlocks with that
-    # user's admission, which takes them the other way round.
-    expired = sweep_rows(
-        ctx,
-        select_sql=queries["expired_releases"],
-        params={},
-        process=_give_up,
-        commit_each=True,
+    # one user's budget row while it takes the next user's lock deadlocks with any path
+    # of that user that holds its lock and wants the row (a cancel, a failing job, an
+    # admission inside an operator's retry).
+    expired = (
+        sweep_rows(
+            ctx,
+            select_sql=queries["expired_releases"],
+            params={},
+            process=_give_up,
+            commit_each=True,
+        )
+        if work.expired_releases
+        else SweepResult()
     )
     if ctx.dry_run:
         return expired
+    # Rows changed so far: from the first change on, every part runs.
+    moved = expired.changed
     # Before promoting: a deactivated user's queued job must not start.
-    deactivated = processing.analysis_jobs_cancel_deactivated(limit=ctx.batch_size)
-    promoted = admission.analysis_queue_resume(limit=ctx.batch_size)
-    lost = processing.analysis_jobs_requeue_lost(
-        idle_seconds=ctx.grace_seconds, limit=ctx.batch_size
+    deactivated = (
+        processing.analysis_jobs_cancel_deactivated(limit=ctx.batch_size)
+        if work.deactivated or moved
+        else 0
     )
-    orphans = admission.held_runs_expire(limit=ctx.batch_size)
+    moved += deactivated
+    promoted = admission.analysis_queue_resume(limit=ctx.batch_size) if work.stuck or moved else []
+    moved += len(promoted)
+    lost = (
+        processing.analysis_jobs_requeue_lost(idle_seconds=ctx.grace_seconds, limit=ctx.batch_size)
+        if work.lost or moved
+        else processing.Requeued(requeued=0, abandoned=0)
+    )
+    moved += lost.requeued + lost.abandoned
+    # The probe reads the local core's runs; another core's expiry is its own business.
+    orphans = (
+        admission.held_runs_expire(limit=ctx.batch_size)
+        if work.held_runs or moved or not isinstance(core, LocalCore)
+        else 0
+    )
     changed = deactivated + len(promoted) + lost.requeued + lost.abandoned + orphans
     return SweepResult(
         selected=expired.selected + changed,

@@ -21,6 +21,8 @@ meanwhile (``bench.waits``) to show what admits wait on.
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import time
 from typing import Any
@@ -147,22 +149,40 @@ def _storm_defers(ctx: Context, waits: _Waits) -> list[float]:
 
 def _floor(ctx: Context) -> dict[str, float]:
     """Where one admit's time goes, one thread, nothing contended (medians in ms over
-    ``storm`` admits, each for a fresh user): the whole call (``admit``); its one round trip
+    ``storm`` admits, each for a fresh user): the whole call (``admit``); the held run's
+    round trip (``hold``: the tenant's budget unit and the run, a commit of its own that
+    does not wait for the WAL flush); the admit's round trip under the user's lock
     (``round_trip``: binding the parameters, then BEGIN, lock, statement and COMMIT, the
-    WAL flush included, in one pipeline); the server's time from BEGIN to the statement's
-    end (``server``: ``clock_timestamp() - now()`` read right after the same admit in a
-    transaction then rolled back, so no flush); the server's parsing and planning of the
-    statement (``planning``: its EXPLAIN, without running it, less a bare round trip:
+    WAL flush included, in one pipeline); the statement's run on the server
+    (``statement``: the execution time EXPLAIN ANALYZE reports, timing off, after the
+    user's lock, in a transaction then rolled back); the server's parsing and planning of
+    the statement (``planning``: its EXPLAIN, without running it, less a bare round trip:
     what each admit pays when the statement is not prepared; ``prepared``: 1 when it is);
-    a bare round trip (``network``: ``SELECT 1``) and a plain defer (``defer``). Derived:
-    ``client`` (admit - round_trip, Python before the round trip) and ``under_lock``
-    (round_trip - network: the lock's holding time, an upper estimate that includes
-    binding the parameters)."""
+    a bare round trip (``network``: ``SELECT 1``) and a plain defer (``defer``); the
+    harness's CPU time for one admit and for one defer (``admit_cpu``, ``defer_cpu``:
+    the process's, nothing else running in it). Derived: ``client`` (admit - hold -
+    round_trip, Python around the round trips), ``under_lock`` (round_trip - network: the
+    user's lock's holding time, an upper estimate that includes binding the parameters),
+    ``commit`` (under_lock - statement: the lock, the COMMIT and its WAL flush) and
+    ``budget_row`` (hold - network: the tenant's budget row's holding time, an upper
+    estimate)."""
+    from runs.core import LocalCore
+
     k = ctx.sizes.storm
-    samples: dict[str, list[float]] = {
-        name: [] for name in ("admit", "round_trip", "server", "network", "defer", "planning")
-    }
+    names = (
+        "admit",
+        "hold",
+        "round_trip",
+        "statement",
+        "network",
+        "defer",
+        "planning",
+        "admit_cpu",
+        "defer_cpu",
+    )
+    samples: dict[str, list[float]] = {name: [] for name in names}
     original = SerialQueue._run_pipelined
+    original_hold = LocalCore.create_held
 
     sent: list[tuple[Any, ...]] = []
 
@@ -172,45 +192,65 @@ def _floor(ctx: Context) -> dict[str, float]:
         try:
             return original(queue, *args)
         finally:
-            if not connection.in_atomic_block:
-                samples["round_trip"].append(time.perf_counter() - started)
+            samples["round_trip"].append(time.perf_counter() - started)
 
-    def server_span(user: Any) -> float:
-        with transaction.atomic():
-            admit(user)
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT extract(epoch FROM clock_timestamp() - now())")
-                (span,) = cursor.fetchone()
-            transaction.set_rollback(True)
-        return float(span)
+    def timed_hold(core: LocalCore, **kwargs: Any) -> int:
+        started = time.perf_counter()
+        try:
+            return original_hold(core, **kwargs)
+        finally:
+            samples["hold"].append(time.perf_counter() - started)
 
     def select_one() -> None:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
             cursor.fetchone()
 
+    def cpu(func) -> float:
+        started = time.process_time()
+        func()
+        return time.process_time() - started
+
     tenant = bench_tenant("floor")
     SerialQueue._run_pipelined = timed_pipeline  # type: ignore[method-assign]
+    LocalCore.create_held = timed_hold  # type: ignore[method-assign]
     try:
         users = funded_users(tenant, 2 * k, credits=1)
         for user, other in zip(users[:k], users[k:], strict=True):
             samples["admit"].append(timed(lambda user=user: admit(user)))
-            samples["server"].append(server_span(other))
+            samples["admit_cpu"].append(cpu(lambda other=other: admit(other)))
             samples["network"].append(timed(select_one))
             samples["defer"].append(timed(lambda: _defer("floor")))
-        _lock, statement, params = sent[0]
+            samples["defer_cpu"].append(cpu(lambda: _defer("floor")))
+        lock, statement, params = sent[0]
         for _ in range(k):
             samples["planning"].append(timed(lambda: _explained(statement, params)))
+            samples["statement"].append(_executed(lock, statement, params))
     finally:
         SerialQueue._run_pipelined = original  # type: ignore[method-assign]
+        LocalCore.create_held = original_hold  # type: ignore[method-assign]
         database.purge_tenant(tenant.pk)
         database.delete_bench_jobs()
     ms = {name: Series(tuple(v)).median * 1000 for name, v in samples.items()}
     ms["planning"] -= ms["network"]
     ms["prepared"] = float(sql.prepares(connection))
-    ms["client"] = ms["admit"] - ms["round_trip"]
+    ms["client"] = ms["admit"] - ms["hold"] - ms["round_trip"]
     ms["under_lock"] = ms["round_trip"] - ms["network"]
+    ms["commit"] = ms["under_lock"] - ms["statement"]
+    ms["budget_row"] = ms["hold"] - ms["network"]
     return {name: round(value, 3) for name, value in ms.items()}
+
+
+def _executed(lock: tuple[str, dict[str, Any]], statement: str, params: dict[str, Any]) -> float:
+    """The statement's execution time on the server in seconds (EXPLAIN ANALYZE, timing
+    off), its lock taken first, in a transaction rolled back."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(*lock)
+        cursor.execute("EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + statement, params)
+        (plan,) = cursor.fetchone()
+        transaction.set_rollback(True)
+    document = json.loads(plan) if isinstance(plan, str) else plan
+    return float(document[0]["Execution Time"]) / 1000
 
 
 def _explained(statement: str, params: dict[str, Any]) -> None:
@@ -461,11 +501,13 @@ def describe_waits(waits: dict[str, Any]) -> str:
 def _split(floor: dict[str, float]) -> str:
     return (
         f"Measured on one thread, uncontended (medians): an admit takes {floor['admit']:.2f} "
-        f"ms: {floor['client']:.2f} ms of Python, then {floor['round_trip']:.2f} ms for its "
-        "one round trip (binding the parameters, the lock, the statement, the COMMIT and "
-        f"its WAL flush), of which the server spends {floor['server']:.2f} ms from BEGIN to "
-        f"the statement's end; {_planning(floor)}; a bare round trip takes "
-        f"{floor['network']:.2f} ms, a plain defer {floor['defer']:.2f} ms"
+        f"ms: {floor['client']:.2f} ms of Python, {floor['hold']:.2f} ms for the held run's "
+        "round trip (its commit does not wait for the WAL flush), then "
+        f"{floor['round_trip']:.2f} ms for the round trip under the user's lock (binding the "
+        "parameters, the lock, the statement, the COMMIT and its WAL flush), in which the "
+        f"statement runs {floor['statement']:.2f} ms on the server; {_planning(floor)}; a "
+        f"bare round trip takes {floor['network']:.2f} ms, a plain defer "
+        f"{floor['defer']:.2f} ms"
     )
 
 
@@ -473,32 +515,46 @@ def _planning(floor: dict[str, float]) -> str:
     cost = f"{floor['planning']:.2f} ms"
     if floor.get("prepared"):
         return (
-            "the statement is prepared, planned once per connection (unprepared, as behind "
-            f"a transaction pooler, parsing and planning it costs {cost} each time)"
+            "the statement is prepared and runs on its generic plan, planned once per "
+            "connection (unprepared, as behind a transaction pooler, parsing and planning it "
+            f"costs {cost} each time)"
         )
     return f"{cost} of it parsing and planning the statement (not prepared: sent each time)"
 
 
-def _tenant_floor(floor: dict[str, float], *, needed: float) -> str:
-    """One tenant's admits take its budget row in turn, each for its time on the server."""
-    ceiling = 1000 / floor["under_lock"] if floor["under_lock"] > 0 else float("inf")
+def _throughput_floor(floor: dict[str, float], *, needed: float, threads: int) -> str:
+    """The tenant's budget row is held for the held run's statement only; what is left is
+    the CPU an admit costs, in the harness (one interpreter for its threads) and the
+    server, which share the machine."""
+    row_ceiling = 1000 / floor["budget_row"] if floor["budget_row"] > 0 else float("inf")
+    cpu_ceiling = 1000 / floor["admit_cpu"] if floor["admit_cpu"] > 0 else float("inf")
     return (
-        f"{_split(floor)}. With the row held for up to {floor['under_lock']:.2f} ms per "
-        f"admit (the round trip less the network), one tenant admits about {ceiling:,.0f}/s "
-        f"however many threads; the target needs {needed:,.0f}/s"
+        f"{_split(floor)}. The tenant's budget row is locked for the held run's statement "
+        f"only, up to {floor['budget_row']:.2f} ms per admit (its round trip less the "
+        f"network), never across a WAL flush: on it one tenant could admit about "
+        f"{row_ceiling:,.0f}/s. An admit costs the harness {floor['admit_cpu']:.2f} ms of "
+        f"CPU, a plain defer {floor['defer_cpu']:.2f} ms; the harness's {threads} threads "
+        f"share one interpreter lock, and the machine's {os.cpu_count()} CPU(s) with the "
+        f"server: at most about {cpu_ceiling:,.0f} admits/s from the harness alone; the "
+        f"target needs {needed:,.0f}/s"
     )
 
 
 def _storm_floor(floor: dict[str, float], row: Row) -> str:
-    """The storm's last admit waits for every other one's time under the user's lock."""
+    """The storm's last admit waits for every other one's time under the user's lock:
+    its statement, and the COMMIT with its WAL flush."""
     size = int(row.parameters["threads"])
     chain = (row.figure or 0.0) / size
     target = 1.5 * (row.baseline.median if row.baseline else 0.0)
     return (
         f"{_split(floor)}. Each admit holds the user's lock up to {floor['under_lock']:.2f} "
-        f"ms uncontended, so the {size}th waits about {(size - 1) * floor['under_lock']:,.0f} "
-        f"ms; in the storm the p99 is {chain:.1f} ms per admit (the server and the {size} "
-        f"client threads share the machine's CPUs); the target is {target:,.0f} ms"
+        f"ms uncontended ({floor['statement']:.2f} ms running its statement, "
+        f"{floor['commit']:.2f} ms for the lock, the COMMIT and its WAL flush), so the "
+        f"{size}th waits about {(size - 1) * floor['under_lock']:,.0f} ms: {size} x "
+        "(statement + COMMIT and flush) is the floor while one user's admits are serial "
+        f"(invariant 4); in the storm the p99 is {chain:.1f} ms per admit (the server and "
+        f"the {size} client threads share the machine's CPUs); the target is "
+        f"{target:,.0f} ms"
     )
 
 
@@ -511,12 +567,16 @@ def _explain(rows: list[Row], trips: dict[str, dict[str, Any]]) -> None:
             continue
         if row.key == "admit_throughput":
             row.cause = (
-                f"each admit is one transaction of {free.figure:g} round trip(s) (the plain "
-                f"defer: {free.baseline.median:g}); the admits of one tenant take its budget "
-                "row in turn (a held run's unit, locked until the COMMIT's WAL flush): "
+                f"each admit is {free.figure:g} round trip(s) (the plain defer: "
+                f"{free.baseline.median:g}): the held run's, in a commit of its own, then the "
+                "user's lock, the statement and the COMMIT: "
                 + describe_waits(row.profile["waits"])
                 + ". "
-                + _tenant_floor(floor, needed=0.7 * (row.baseline.median if row.baseline else 0.0))
+                + _throughput_floor(
+                    floor,
+                    needed=0.7 * (row.baseline.median if row.baseline else 0.0),
+                    threads=int(row.parameters["threads"]),
+                )
             )
         elif row.key == "admit_scaling":
             row.cause = "admits of different users still wait for each other: " + describe_waits(
@@ -526,7 +586,7 @@ def _explain(rows: list[Row], trips: dict[str, dict[str, Any]]) -> None:
             row.cause = (
                 "the admits of one user run one after the other under the user's queue lock, "
                 "each holding it for its statement and its COMMIT's WAL flush (no network "
-                f"wait: {free.figure:g} round trip(s) per admit): "
+                "wait: the lock, the statement and the COMMIT travel in one round trip): "
                 + describe_waits(row.profile["waits"])
                 + ". "
                 + _storm_floor(floor, row)

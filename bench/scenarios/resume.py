@@ -7,8 +7,8 @@ back-dated), with planner statistics as autovacuum keeps them (an ``ANALYZE`` af
 setup: a table just filled has none, and on the planner's guesses the statements' server
 time was 2.5 ms against 1.2 ms, by EXPLAIN ANALYZE). Nothing is stuck, expired or lost,
 so a call changes nothing (checked: a call that changes anything makes the scenario fail
-instead of timing it). Each sample times one ``run_sweep("analysis_resume")`` in this
-process, after one call to warm up.
+instead of timing it): it is the sweep's one read-only probe of every part. Each sample
+times one ``run_sweep("analysis_resume")`` in this process, after one call to warm up.
 """
 
 from __future__ import annotations
@@ -99,7 +99,14 @@ def run(ctx: Context) -> list[Row]:
     if row.met is False:
         per_call = row.profile["counts"]["pgstage"]
         row.cause = (
-            f"not yet optimised: a call that changes nothing takes {counts_text(per_call)}; "
-            f"the work statements: {top_work(per_call, width=90)} ({users_count} active jobs)"
+            f"a call that changes nothing takes {counts_text(per_call)}; the work "
+            f"statements: {top_work(per_call, width=90)} (the probe of every part: one "
+            f"index probe per queued user, per active job and per unfinished core run; "
+            f"{users_count} users, {users_count * JOBS_PER_USER} jobs, each with its held "
+            "core run); the slowest in the counted call, on a fresh connection (the probe is "
+            "prepared there), as Django timed them: "
+            + "; ".join(
+                f"{q['ms']:g} ms `{q['statement'][:60]}`" for q in row.profile["slowest_statements"]
+            )
         )
     return [row]

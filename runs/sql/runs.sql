@@ -6,6 +6,17 @@
 -- concurrent admissions of a tenant never wait on each other's whole transaction, and
 -- never overshoot the budget. Keyed by tenant: one cannot exhaust another's budget.
 -- A budget of 0 is no bound (the runs are still counted).
+-- %(commit_async)s: the statement is its own transaction (autocommit), and its commit
+-- need not wait for the WAL flush (synchronous_commit off for this transaction only,
+-- set_config's is_local): then the budget row is free once the statement ends, never
+-- held across a flush. That loses nothing an admission needs: a held run is only ever
+-- used by the admission that created it, whose own commit is synchronous and later in
+-- the WAL; a flush is cumulative, so once that admission is durable its held run is too.
+-- A crash before then may lose the held run, with its budget unit: exactly what an
+-- admission that never committed must leave. A held run whose admission never committed
+-- (refused, or died) is cancelled, its unit given back, by core_cancel_held or by the
+-- resume tick's expiry (core_stale_held). The CASE sets it only then: inside a caller's
+-- transaction it would make the caller's whole commit asynchronous.
 WITH budget AS (
     INSERT INTO core_daily_usage AS u (tenant_id, day, used)
     SELECT usr.tenant_id, (now() AT TIME ZONE 'UTC')::date, 1
@@ -19,6 +30,10 @@ WITH budget AS (
 INSERT INTO core_runs (run_id, user_id, state, sources, error, created_at)
 SELECT %(run_id)s, %(user_id)s, 'held', %(sources)s, '', now()
   FROM budget
+ WHERE CASE WHEN %(commit_async)s
+            THEN set_config('synchronous_commit', 'off', true) = 'off'
+            ELSE true
+       END
 RETURNING id;
 
 -- core_cancel_held --
@@ -90,20 +105,26 @@ SELECT c.id
 -- Released or judging runs whose every job ended (failed or cancelled after the release,
 -- while the core was unreachable): no attempt will come back to finish them, so they are
 -- failed. A run no job references is left alone (its admission may still commit).
--- Oldest first, bounded.
+-- Oldest first, bounded. As in core_stale_held, what a run's jobs are is asked per run
+-- (a scalar subquery, and an EXISTS kept a subplan by its OFFSET 0), never a join that
+-- reads every job that ever had a run: the runs are read in order through their partial
+-- index, and the ones taken updated by primary key (= ANY of their ids, not a join that
+-- may scan every run ever made), whatever the statistics say.
 UPDATE core_runs
    SET state = 'failed', finished_at = now(),
        error = 'its analysis ended without finishing it'
- WHERE id IN (SELECT c.id
-                FROM core_runs c
-               WHERE c.state IN ('released', 'judging')
-                 AND EXISTS (SELECT 1 FROM analysis_jobs j WHERE j.core_run_id = c.id)
-                 AND NOT EXISTS (SELECT 1 FROM analysis_jobs j
-                                  WHERE j.core_run_id = c.id
-                                    AND j.status IN ('queued', 'pending', 'running'))
-               ORDER BY c.id
-               LIMIT %(limit)s
-                 FOR UPDATE SKIP LOCKED);
+ WHERE id = ANY (ARRAY(SELECT c.id
+                         FROM core_runs c
+                        WHERE c.state IN ('released', 'judging')
+                          AND (SELECT j.id FROM analysis_jobs j
+                                WHERE j.core_run_id = c.id LIMIT 1) IS NOT NULL
+                          AND NOT EXISTS (SELECT 1 FROM analysis_jobs j
+                                           WHERE j.core_run_id = c.id
+                                             AND j.status IN ('queued', 'pending', 'running')
+                                          OFFSET 0)
+                        ORDER BY c.id
+                        LIMIT %(limit)s
+                          FOR UPDATE SKIP LOCKED));
 
 -- admit_checks --
 -- The admission's checks, a CTE of the serial queue's admit statement (under the user's
@@ -279,6 +300,85 @@ SELECT j.id
         OFFSET 0)
  ORDER BY j.updated_at
  LIMIT %(limit)s;
+
+-- resume_work --
+-- Which parts of the resume tick have anything to do, in one read-only statement, so a
+-- tick with nothing to do is one round trip. Each flag is its part's own batch predicate
+-- without the batch's locks, bounds or order (a part that runs re-reads, locks and
+-- re-checks what it takes, so a flag that is stale by then costs one empty batch; a row
+-- that appears after the probe waits for the next tick, as it would after the batch):
+--   expired_releases   expired_releases
+--   deactivated        the queued jobs of deactivated users (analysis_jobs_cancel_deactivated)
+--   stuck              serial_stuck_keys of the analysis queue (users with queued work
+--                      and no active first-pass job)
+--   lost               lost_process_jobs
+--   held_runs          core_stale_held or core_abandoned_released
+-- Three passes, each over live rows only, through the partial indexes that hold them
+-- (analysis_jobs_live_idx for queued and active jobs, core_runs_unfinished_idx for
+-- unfinished core runs), with one index probe per row (per user, for queued jobs) for
+-- what it asks of a table of history: the user's active job
+-- (analysis_jobs_one_active_per_user), a process_job's EXCLUSIVE key
+-- (pgstage_jobs_exclusive_key), a core run's jobs (core_run_id). Each probe is a
+-- subplan run per row (an EXISTS kept one by its OFFSET 0, or a scalar subquery), never
+-- a join or a hashed subplan that reads every job, or every procrastinate job, that ever
+-- was. The users with queued jobs are a join the planner picks (a hash of a few users,
+-- or a probe per user among many).
+WITH waiting AS (
+    SELECT q.user_id, bool_or(q.delta_of_job_id IS NULL) AS first_pass
+      FROM analysis_jobs q
+     WHERE q.status = 'queued'
+       AND q.deleted_at IS NULL
+     GROUP BY q.user_id
+), queued AS (
+    SELECT coalesce(bool_or(NOT u.is_active), false) AS deactivated,
+           coalesce(bool_or(w.first_pass
+                            AND NOT EXISTS (SELECT 1 FROM analysis_jobs b
+                                             WHERE b.user_id = w.user_id
+                                               AND b.delta_of_job_id IS NULL
+                                               AND b.status IN ('pending', 'running')
+                                               AND b.deleted_at IS NULL
+                                            OFFSET 0)),
+                    false) AS stuck
+      FROM waiting w
+      JOIN users u ON u.id = w.user_id
+), active AS (
+    SELECT coalesce(bool_or(j.status = 'running'
+                            AND j.released_at IS NULL
+                            AND j.release_deadline < now()),
+                    false) AS expired_releases,
+           coalesce(bool_or(j.updated_at < now() - %(idle_seconds)s * interval '1 second'
+                            AND NOT EXISTS (
+                                 SELECT 1 FROM procrastinate_jobs p
+                                  WHERE p.queueing_lock = %(lock_prefix)s || j.id::text
+                                    AND p.queueing_lock LIKE 'exclusive/%%'
+                                    AND p.status IN ('todo', 'doing')
+                                 OFFSET 0)),
+                    false) AS lost
+      FROM analysis_jobs j
+     WHERE j.status IN ('pending', 'running')
+       AND j.deleted_at IS NULL
+), unfinished AS (
+    -- live: whether a queued, pending or running job references the run (NULL: no job
+    -- does), read by one probe of the run's jobs (a scalar subquery on core_run_id alone:
+    -- a status in its WHERE would let the planner walk every live job per run instead),
+    -- once per run (the OFFSET 0 keeps r a subquery: its two uses, one evaluation).
+    SELECT coalesce(bool_or(CASE WHEN r.live IS NULL
+                                 THEN r.state = 'held'
+                                      AND r.created_at
+                                          < now() - %(held_seconds)s * interval '1 second'
+                                 ELSE NOT r.live
+                            END),
+                    false) AS held_runs
+      FROM (SELECT c.state, c.created_at,
+                   (SELECT bool_or(j.status IN ('queued', 'pending', 'running'))
+                      FROM analysis_jobs j
+                     WHERE j.core_run_id = c.id) AS live
+              FROM core_runs c
+             WHERE c.state IN ('held', 'released', 'judging')
+            OFFSET 0) r
+)
+SELECT a.expired_releases, q.deactivated, q.stuck, a.lost, u.held_runs
+  FROM queued q, active a, unfinished u;
 
 -- expired_releases --
 -- Running jobs whose held core run was never released and whose release window has

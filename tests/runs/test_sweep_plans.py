@@ -226,3 +226,58 @@ def test_lost_process_jobs_finds_only_the_jobs_whose_task_is_gone():
         )
         assert sorted(row[0] for row in cursor.fetchall()) == sorted([ended, gone])
     assert waiting
+
+
+def plan_of_resume_work() -> list[dict[str, Any]]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN (FORMAT JSON) " + queries["resume_work"],
+            {
+                "idle_seconds": 60,
+                "held_seconds": 600,
+                "lock_prefix": queueing_lock_prefix(PROCESS_JOB_KEY, Policy.EXCLUSIVE),
+            },
+        )
+        (document,) = cursor.fetchone()
+    if isinstance(document, str):
+        document = json.loads(document)
+    return list(nodes(document[0]["Plan"]))
+
+
+HISTORY = {"analysis_jobs", "procrastinate_jobs", "core_runs"}
+LIVE_INDEXES = {"analysis_jobs_live_idx", "core_runs_unfinished_idx"}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("analyzed", [False, True], ids=["stale-statistics", "analyzed"])
+def test_the_resume_probe_reads_live_rows_and_probes_the_rest_per_row(
+    held_runs_beside_history, idle_active_jobs, analyzed
+):
+    """The resume tick's probe (``resume_work``) beside a history of jobs, core runs and
+    finished procrastinate jobs, most of it purged: its passes read the queued and active
+    jobs and the unfinished core runs through their partial indexes, and everything it
+    asks of those tables (an active sibling, a process_job's key, a run's jobs) is one
+    index probe per row, never a hash or a scan of the history."""
+    if analyzed:
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE analysis_jobs, core_runs, procrastinate_jobs")
+    plan = plan_of_resume_work()
+    reads = [n for n in plan if n.get("Relation Name") in HISTORY]
+    assert not [n for n in reads if n["Node Type"] == "Seq Scan"], reads
+    assert not [n for n in plan if "hashed SubPlan" in n.get("Filter", "")], plan
+    assert {n.get("Index Name") for n in plan} >= LIVE_INDEXES, plan
+    probes = [
+        n
+        for sub in plan
+        if sub.get("Parent Relationship") == "SubPlan"
+        for n in nodes(sub)
+        if n.get("Relation Name") in HISTORY and "Scan" in n["Node Type"]
+    ]
+    assert probes and all(
+        ("Index Cond" in n or "Recheck Cond" in n)
+        and any(
+            f"{outer}." in n.get("Index Cond", "") + n.get("Recheck Cond", "")
+            for outer in ("q", "w", "j", "c")
+        )
+        for n in probes
+    ), probes
