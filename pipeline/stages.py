@@ -159,7 +159,7 @@ class _Reads(enum.Enum):
 
     MANIFEST = "manifest"  # the upload manifest, a column of the inquiry
     FILES = "files"
-    POSITIONS = "positions"  # and the tenant's catalog
+    POSITIONS = "positions"  # the tenant's catalog is read after the claim
 
 
 _STAGE_INPUT = {
@@ -669,6 +669,8 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
         # ends with it, and a poll takes over. A poll is no attempt.
         raise PollLater(f"{stage.value} of inquiry {anfrage.id} is running elsewhere")
     try:
+        if work.reads is _Reads.POSITIONS:
+            anfrage = _read_catalog(anfrage)
         with LEDGER.renewing(claim, lease_seconds=lease) as renewal:
             result = work.compute(anfrage, inputs)
         if renewal.lost.is_set():
@@ -716,8 +718,15 @@ def _read_input(anfrage_id: int, stage: Stage, work: _StageWork) -> _Inquiry | N
         return replace(inquiry, uploads=json.loads(read[0]))
     if work.reads is _Reads.FILES:
         return replace(inquiry, files=json.loads(read[0]))
-    positions, catalog = read
-    return replace(inquiry, positions=json.loads(positions), catalog=catalog)
+    return replace(inquiry, positions=json.loads(read[0]))
+
+
+def _read_catalog(anfrage: _Inquiry) -> _Inquiry:
+    """The tenant's own catalog (``stage_catalog``), read after the claim."""
+    with sql.statement_cursor(connection) as cursor:
+        cursor.execute(QUERIES["stage_catalog"], {"tenant_id": anfrage.tenant_id})
+        row = cursor.fetchone()
+    return replace(anfrage, catalog=row[0] if row else None)
 
 
 def _prerequisite(anfrage: _Inquiry, stage: Stage) -> Prerequisite | None:

@@ -229,28 +229,36 @@ a.uploads::text
 
 -- stage_input_positions --
 -- The input of feasibility and calculate (a fragment of stage_input): the inquiry's
--- positions in index order, and the tenant's own catalog (NULL when it has none), each as
--- JSON text; quantities as strings, which JSON would make floats.
+-- positions in index order, as JSON text; quantities as strings, which JSON would make
+-- floats. The tenant's catalog is no input of the stage before: it is read after the
+-- claim (stage_catalog).
 (SELECT coalesce(json_agg(json_build_object(
             'id', p.id, 'position_index', p.position_index, 'item', p.item,
             'quantity', p.quantity::text, 'unit', p.unit, 'material', p.material,
             'length_mm', p.length_mm, 'catalog_item', p.catalog_item,
             'feasible', p.feasible) ORDER BY p.position_index), '[]')::text
    FROM anfrage_positions p
-  WHERE p.tenant_id = a.tenant_id AND p.anfrage_id = a.id),
-(SELECT json_build_object(
-            'name', c.name, 'currency', c.currency, 'materials', c.materials,
-            'items', (SELECT coalesce(json_agg(json_build_object(
-                                'code', i.code, 'name', i.name, 'keywords', i.keywords,
-                                'materials', i.materials, 'unit', i.unit,
-                                'max_length_mm', i.max_length_mm,
-                                'min_quantity', i.min_quantity::text,
-                                'price_breaks', i.price_breaks)
-                                ORDER BY i.sort_order, i.id), '[]')
-                        FROM catalog_items i
-                       WHERE i.catalog_id = c.id))::text
-   FROM catalogs c
-  WHERE c.tenant_id = a.tenant_id)
+  WHERE p.tenant_id = a.tenant_id AND p.anfrage_id = a.id)
+
+-- stage_catalog --
+-- The tenant's own catalog as JSON text (no row: it has none), read by feasibility and
+-- calculate after their claim: an operator who changes prices and then replays the stage
+-- reopens its ledger row first, so a run that claims after the replay reads the new
+-- catalog, and one that claimed before is fenced off by the replay. Read before the
+-- claim, a run could price with the old catalog under the replay's claim.
+SELECT json_build_object(
+           'name', c.name, 'currency', c.currency, 'materials', c.materials,
+           'items', (SELECT coalesce(json_agg(json_build_object(
+                               'code', i.code, 'name', i.name, 'keywords', i.keywords,
+                               'materials', i.materials, 'unit', i.unit,
+                               'max_length_mm', i.max_length_mm,
+                               'min_quantity', i.min_quantity::text,
+                               'price_breaks', i.price_breaks)
+                               ORDER BY i.sort_order, i.id), '[]')
+                       FROM catalog_items i
+                      WHERE i.catalog_id = c.id))::text
+  FROM catalogs c
+ WHERE c.tenant_id = %(tenant_id)s::bigint;
 
 -- intake_write --
 -- Intake's closing write, one statement: the inquiry's distinct files, in the order they

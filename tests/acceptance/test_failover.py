@@ -206,7 +206,10 @@ def test_work_continues_on_the_promoted_standby_with_nothing_doubled_or_lost(
         **os.environ,
         "DATABASE_URL": url,
         "PGSTAGE_DATA_DIR": str(tmp_path / "data"),  # uploads: the web stores, workers read
+        # Every process checks these together (queueing.E003, queueing.E007).
         "STALLED_WORKER_SECONDS": "5",
+        "WORKER_HEARTBEAT_SECONDS": "1",
+        "STALLED_RECOVERY_SECONDS": "1.2",
     }
     manage("migrate", "--noinput", "-v", "0", env=env)
     query(url, TABLE_DDL)
@@ -215,8 +218,6 @@ def test_work_continues_on_the_promoted_standby_with_nothing_doubled_or_lost(
         **env,
         "PGSTAGE_TASK_MODULES": "tests.acceptance.failover_tasks",
         LOG_VARIABLE: str(effects_log),
-        "WORKER_HEARTBEAT_SECONDS": "1",
-        "STALLED_RECOVERY_SECONDS": "1.2",
         "PIPELINE_LEASE_SECONDS": "5",
         "RETRY_BASE_SECONDS": "0.5",
         "RETRY_CAP_SECONDS": "2",

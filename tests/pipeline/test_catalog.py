@@ -144,13 +144,13 @@ def _own_catalog(tenant) -> Catalog:
 
 
 def test_a_stage_reads_the_same_catalog_as_catalog_for(tenant):
-    """A stage reads its tenant's catalog in its first statement, as one JSON document:
-    item for item, in order, and with exact decimals, it is ``catalog_for``'s."""
+    """A stage reads its tenant's catalog after its claim, as one JSON document: item for
+    item, in order, and with exact decimals, it is ``catalog_for``'s."""
     _own_catalog(tenant)
     anfrage = submit(tenant)
     run_stages(anfrage.id, (Stage.INTAKE, Stage.EXTRACT))
     for stage in (Stage.FEASIBILITY, Stage.CALCULATE):
-        inquiry = stages._read_input(anfrage.id, stage, stages._STAGES[stage])
+        inquiry = stages._read_catalog(stages._read_input(anfrage.id, stage, stages._STAGES[stage]))
         assert stages._stage_catalog(inquiry) == catalog_for(tenant_id=tenant.id)
     assert [e.code for e in catalog_for(tenant_id=tenant.id).items] == ["beam", "bolt"]
 

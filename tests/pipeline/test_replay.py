@@ -32,6 +32,9 @@ run again
     test_after_the_race_the_chain_finishes_on_the_new_output)
   - a failed stage needs no --force (test_replay_of_a_failed_stage_needs_no_force); a
     stage the resume sweep gave up on gets a fresh budget: see ``test_resume.py``
+  - an operator changes prices and replays calculate while a calculate job has read its
+    input but not claimed yet: the run prices with the new catalog (it reads the catalog
+    after its claim) (test_a_price_change_replayed_before_calculates_claim_is_priced)
 """
 
 from __future__ import annotations
@@ -522,3 +525,45 @@ def test_feasibility_reopened_while_calculate_computes_supersedes_calculate(tena
     assert run_stages(anfrage.id, (Stage.FEASIBILITY, Stage.CALCULATE)) == ["completed"] * 2
     anfrage.refresh_from_db()
     assert anfrage.quote_total is not None and anfrage.completed_at is not None
+
+
+def test_a_price_change_replayed_before_calculates_claim_is_priced(tenant, monkeypatch):
+    """The replay's enqueue is merged into the calculate job already running (its
+    EXCLUSIVE key), so that run must price with the catalog as it is after its claim."""
+    from decimal import Decimal
+
+    from pipeline.models import Anfrage, Catalog, CatalogItem, Unit
+    from queueing.ledger import Ledger
+
+    catalog = Catalog.objects.create(
+        tenant=tenant, name="Acme", currency="EUR", materials={"S235": ["steel"]}
+    )
+    CatalogItem.objects.create(
+        catalog=catalog,
+        code="beam",
+        name="Beam",
+        keywords=["beam"],
+        materials=["S235"],
+        unit=Unit.PIECES,
+        min_quantity=1,
+        price_breaks=[["1", "100.00"]],
+    )
+    anfrage = submit(tenant, {"a.txt": "12 pcs beam HEA 200\n"})
+    run_stages(anfrage.id, (Stage.INTAKE, Stage.EXTRACT, Stage.FEASIBILITY, Stage.CALCULATE))
+    claim = Ledger.claim
+
+    def reprice_then_claim(self, **key):
+        # The operator, between calculate's read of its input and its claim.
+        CatalogItem.objects.filter(code="beam").update(price_breaks=[["1", "80.00"]])
+        pipeline_stage_replay(
+            tenant_id=tenant.id,
+            anfrage_id=anfrage.id,
+            stage=Stage.CALCULATE,
+            force=True,
+            actor="operator",
+        )
+        return claim(self, **key)
+
+    monkeypatch.setattr(Ledger, "claim", reprice_then_claim)
+    assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.CALCULATE) == "completed"
+    assert Anfrage.objects.get(pk=anfrage.id).quote_total == Decimal("80.00") * 12

@@ -6,9 +6,11 @@ the inquiry has. A change that adds a statement, or one per row, fails here by n
 
 What a stage spends, in order: one statement that reads the inquiry, its tenant, the
 stage before's token and the stage's input (the upload manifest, the files, or the
-positions with the tenant's catalog), the claim; in the closing transaction BEGIN, the
-stage before share-locked (not for intake, which has none), the results, success with
-the next stage's job (one statement), COMMIT."""
+positions), the claim, the tenant's catalog (feasibility and calculate: after the claim,
+so a run that claims after a replay prices with the catalog the replay saw); in the
+closing transaction BEGIN, the stage before share-locked (not for intake, which has
+none), the results, success with the next stage's job and the job's own success (one
+statement), COMMIT."""
 
 from __future__ import annotations
 
@@ -26,9 +28,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 #: extract: read (with the files), claim, BEGIN, lock, the positions and warnings
 #: replaced and the inquiry's old quote cleared (one statement), success + next job,
 #: COMMIT.
-#: feasibility, calculate: read (with the positions and the catalog), claim, BEGIN, lock,
+#: feasibility, calculate: read (with the positions), claim, the catalog, BEGIN, lock,
 #: the results and the inquiry (one statement), success (+ next job), COMMIT.
-PINNED = {Stage.INTAKE: 6, Stage.EXTRACT: 7, Stage.FEASIBILITY: 7, Stage.CALCULATE: 7}
+PINNED = {Stage.INTAKE: 6, Stage.EXTRACT: 7, Stage.FEASIBILITY: 8, Stage.CALCULATE: 8}
 
 
 def spent_per_stage(anfrage) -> dict[Stage, int]:
