@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import User
@@ -101,28 +101,21 @@ def analysis_job_admit(
     ``queued``; delta re-checks are always ``pending``. The job produces a new run, its
     parent's (a delta), or ``run_id`` (an operator's retry of a job of that run).
 
-    Two round trips. First the core's held run (a unit of the tenant's daily budget),
-    created before the user's lock in a commit of its own, so neither a slow core nor
-    the tenant's budget row is ever held under the lock: the local core's commit does
-    not wait for the WAL flush, and locks the budget row for that statement only (the
-    admission's own commit, synchronous and later in the WAL, makes the run durable
-    with the job; see ``core_create_held``). Then the serial queue's admit: under the
-    user's queue lock, one statement checks the balance, the bound on open jobs, that
-    the user is active and that the held run is still held (``FOR KEY SHARE``, so the
-    resume tick's expiry cannot take it meanwhile), inserts the job with its status and
-    position, charges it and enqueues the ``process_job`` of the job it started (this
-    one, or the oldest queued one when the slot was free); the lock, the statement and
-    the commit travel together, so the lock is held for the server's time only. Two
-    concurrent admits of one user can neither both take the slot, nor pass the bound,
-    nor overdraw the balance. A refused admission charges nothing and inserts no job; it
-    cancels its held run, giving the budget unit back (when that fails, the resume
-    tick's expiry does), and names its reason as the statement saw it. A deactivated
-    user is refused (:class:`UserInactive`) before anything is written.
+    One round trip (the serial queue's admit): under the user's queue lock, one statement
+    checks the balance, the bound on open jobs and that the user is active, creates the
+    local core's held run (taking a unit of the tenant's daily budget), inserts the job
+    with its status and position, charges it and enqueues the ``process_job`` of the job
+    it started (this one, or the oldest queued one when the slot was free); the lock, the
+    statement and the commit travel together, so the lock and the tenant's budget row are
+    held for the server's time only. A refused admission writes nothing (no held run, no
+    budget unit, no charge) and names its reason as the statement saw it. Two concurrent
+    admits of one user can neither both take the slot, nor pass the bound, nor overdraw
+    the balance. A deactivated user is refused (:class:`UserInactive`) before anything is
+    written.
 
-    Inside a caller's transaction (an operator's retry), a core that can join the
-    statement (:class:`~runs.core.LocalCore`) creates the held run in it instead, after
-    the user's lock, as every path that takes both locks the user's first: a refusal
-    then writes nothing at all. One round trip, and the caller's COMMIT.
+    A core that cannot join the statement (a remote one) creates the held run first, in
+    a call of its own, so a slow core never holds the user's lock; a refusal then cancels
+    it, giving its budget back (see docs/runs.md).
     """
     if not user.is_active:
         raise _inactive(user)
@@ -167,10 +160,7 @@ def analysis_job_admit(
         queue=RUNS_QUEUE,
     )
     core = get_core()
-    # In a caller's transaction the held run's budget row would stay locked until that
-    # transaction ends, and would be taken before the user's lock: the statement takes
-    # both, the user's lock first.
-    if getattr(core, "joins_admission", False) and not connection.get_autocommit():
+    if getattr(core, "joins_admission", False):
         params.update(core.held_params(run_id=run_id, user_id=user.pk, sources=sources))
         admitted = ANALYSIS_QUEUE.admit(
             key=user.pk,

@@ -30,7 +30,6 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 from psycopg.types.json import Jsonb
 
-from queueing import sql
 from queueing.sql import load
 from runs.exceptions import (
     BudgetExhausted,
@@ -59,8 +58,7 @@ class CoreClient(Protocol):
     its own; a refused admission calls ``cancel_held``, and one that died in between
     leaves a held run ``expire_held`` cancels later. A core whose held runs live in the
     admission's database (:class:`LocalCore`, ``joins_admission = True``) is not called
-    there when the admission runs inside a caller's transaction: the admission's own
-    statement creates the held run then. A job that ends without releasing
+    there: the admission's own statement creates the held run. A job that ends without releasing
     its run (cancelled while queued, its release failed for good, its user deactivated)
     calls ``cancel_held`` too; when the core is unreachable then, ``expire_held`` is the
     net. ``release``/``start``/``finish`` run
@@ -119,15 +117,12 @@ class LocalCore:
     """The core's state machine in ``core_runs``; every method refuses while
     ``CORE_AVAILABLE`` is off, as a remote core would while unreachable.
 
-    Its held run lives in the admission's database. An admission in a transaction of its
-    own (the API's) has :meth:`create_held` commit it first, before the user's lock,
-    without waiting for the WAL flush, so the tenant's budget row is locked for that
-    statement only; a refusal gives it back (:meth:`cancel_held`). An admission inside a
-    caller's transaction creates it in its own statement instead (:attr:`joins_admission`,
-    :meth:`held_params`), under the user's lock and committed with the job: a refusal never
-    created it."""
+    Its held run lives in the admission's database, so the admission creates it in its
+    own statement (:attr:`joins_admission`, :meth:`held_params`), under the user's lock
+    and committed with the job: a refused admission never created it, and no budget unit
+    has to be given back."""
 
-    #: The admission may create the held run in its own statement (see runs.admission).
+    #: The admission creates the held run in its own statement (see runs.admission).
     joins_admission = True
 
     def _require_available(self) -> None:
@@ -152,15 +147,11 @@ class LocalCore:
     def create_held(
         self, *, run_id: uuid.UUID, user_id: int, sources: Sequence[Mapping[str, object]]
     ) -> int:
-        """One statement: the budget unit and the held run, or neither. Committed on its
-        own without waiting for the WAL flush (``synchronous_commit`` off for it: the
-        admission that uses the run commits synchronously later, which makes the run
-        durable too; see ``core_create_held``), or with the caller's transaction, when
-        there is one, as that transaction commits. One round trip, prepared where the
-        connection allows it."""
+        """One statement, committed on its own (or with the caller's transaction, when
+        there is one): the budget unit and the held run, or neither. The admission does
+        not call it: its own statement creates the held run (:attr:`joins_admission`)."""
         params = self.held_params(run_id=run_id, user_id=user_id, sources=sources)
-        params["commit_async"] = connection.get_autocommit()
-        with sql.statement_cursor(connection) as cursor:
+        with connection.cursor() as cursor:
             cursor.execute(queries["core_create_held"], params)
             row = cursor.fetchone()
         if row is None:

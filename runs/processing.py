@@ -128,9 +128,8 @@ def job_fail(job: AnalysisJob, *, reason: str) -> None:
         status=JobStatus.FAILED, error=reason, finished_at=now, updated_at=now
     )
     credit_refund(job, note=f"analysis job {job.pk} failed")
-    # The user's lock before the tenant's budget row (the give-back's), the order every
-    # path that takes both takes them in (an admission inside a caller's transaction, a
-    # cancel): the other order deadlocks with such a path of this user.
+    # The user's lock before the tenant's budget row (the give-back's), the order the
+    # admission takes them in: the other order deadlocks with an admit of this user.
     if not job.is_delta:
         promote_next(job.user_id, tenant_id=job.tenant_id)
     if job.released_at is None:

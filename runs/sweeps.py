@@ -65,9 +65,8 @@ def resume_analysis_queue(ctx: SweepContext) -> SweepResult:
     )
     # Each give-up commits on its own: it takes its user's queue lock (promoting the next
     # job) and its tenant's budget row (giving the held run back), and a batch holding
-    # one user's budget row while it takes the next user's lock deadlocks with any path
-    # of that user that holds its lock and wants the row (a cancel, a failing job, an
-    # admission inside an operator's retry).
+    # one user's budget row while it takes the next user's lock deadlocks with that
+    # user's admission, which takes them the other way round.
     expired = (
         sweep_rows(
             ctx,

@@ -6,17 +6,6 @@
 -- concurrent admissions of a tenant never wait on each other's whole transaction, and
 -- never overshoot the budget. Keyed by tenant: one cannot exhaust another's budget.
 -- A budget of 0 is no bound (the runs are still counted).
--- %(commit_async)s: the statement is its own transaction (autocommit), and its commit
--- need not wait for the WAL flush (synchronous_commit off for this transaction only,
--- set_config's is_local): then the budget row is free once the statement ends, never
--- held across a flush. That loses nothing an admission needs: a held run is only ever
--- used by the admission that created it, whose own commit is synchronous and later in
--- the WAL; a flush is cumulative, so once that admission is durable its held run is too.
--- A crash before then may lose the held run, with its budget unit: exactly what an
--- admission that never committed must leave. A held run whose admission never committed
--- (refused, or died) is cancelled, its unit given back, by core_cancel_held or by the
--- resume tick's expiry (core_stale_held). The CASE sets it only then: inside a caller's
--- transaction it would make the caller's whole commit asynchronous.
 WITH budget AS (
     INSERT INTO core_daily_usage AS u (tenant_id, day, used)
     SELECT usr.tenant_id, (now() AT TIME ZONE 'UTC')::date, 1
@@ -30,10 +19,6 @@ WITH budget AS (
 INSERT INTO core_runs (run_id, user_id, state, sources, error, created_at)
 SELECT %(run_id)s, %(user_id)s, 'held', %(sources)s, '', now()
   FROM budget
- WHERE CASE WHEN %(commit_async)s
-            THEN set_config('synchronous_commit', 'off', true) = 'off'
-            ELSE true
-       END
 RETURNING id;
 
 -- core_cancel_held --

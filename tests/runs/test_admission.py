@@ -203,10 +203,9 @@ def test_a_user_without_tenant_cannot_use_the_api(api):
     assert not AnalysisJob.objects.filter(status=JobStatus.PENDING).exists()
 
 
-def test_an_admit_inside_a_callers_transaction_is_two_statements():
-    """Inside a caller's transaction (an operator's retry; here the test's): the user's
-    lock, and one statement that checks, creates the held core run, inserts, charges and
-    enqueues the started job's process_job: nothing more."""
+def test_an_admit_is_two_statements():
+    """The user's lock, and one statement that checks, creates the held core run, inserts,
+    charges and enqueues the started job's process_job: nothing more."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -230,9 +229,9 @@ def test_an_admit_inside_a_callers_transaction_is_two_statements():
 
 
 def test_a_refused_admit_writes_nothing_not_even_a_held_run(api, table_counts, settings):
-    """Inside a caller's transaction the held run is created by the admission's own
-    statement, only once its checks passed; a refusal under the lock (here the bound on
-    open analyses) writes nothing: no held run, no budget unit, no job, no charge."""
+    """The held run is created by the admission's own statement, only once its checks
+    passed; a refusal under the lock (here the bound on open analyses) writes nothing: no
+    held run, no budget unit, no job, no charge."""
     settings.MAX_QUEUED_ANALYSES_PER_USER = 1
     user = funded_user(credits=5)
     client = api(user)
@@ -242,27 +241,6 @@ def test_a_refused_admit_writes_nothing_not_even_a_held_run(api, table_counts, s
     answer = client.post("/api/analysis-jobs", payload())
 
     assert answer.status_code == 429 and answer.json()["error"] == "queue_full"
-    assert table_counts() == before
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("refusal", ["insufficient_credits", "queue_full", "budget_exhausted"])
-def test_a_refused_admit_in_its_own_transaction_leaves_nothing(
-    api, table_counts, settings, clean_queue, refusal
-):
-    """The API's admission creates its held run before the user's lock, in a commit of
-    its own; a refusal under the lock cancels it, giving the tenant's budget unit back. A
-    refusal of the budget itself created nothing. Either way the tables are as they were."""
-    settings.MAX_QUEUED_ANALYSES_PER_USER = 1 if refusal == "queue_full" else 50
-    settings.CORE_DAILY_BUDGET = 1 if refusal == "budget_exhausted" else 100
-    user = funded_user(credits=1 if refusal == "insufficient_credits" else 5)
-    client = api(user)
-    assert client.post("/api/analysis-jobs", payload()).status_code == 201
-    before = table_counts()
-
-    answer = client.post("/api/analysis-jobs", payload())
-
-    assert answer.status_code in (402, 429) and answer.json()["error"] == refusal
     assert table_counts() == before
 
 
@@ -296,10 +274,9 @@ def test_a_held_run_no_admission_took_is_cancelled_by_the_resume_tick(table_coun
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_admit_is_two_round_trips_on_the_wire(clean_queue):
-    """Counted on the wire (BEGIN and COMMIT included): the held run's statement (a
-    commit of its own), then the user's lock, the statement and the COMMIT together,
-    whether the job starts or queues."""
+def test_an_admit_is_one_round_trip_on_the_wire(clean_queue):
+    """Counted on the wire (BEGIN and COMMIT included): the user's lock, the statement and
+    the COMMIT travel together, whether the job starts or queues."""
     from runs.admission import analysis_job_admit
     from tests.queueing.test_round_trips import round_trips
     from tests.runs.factories import DOC_HTML, SOURCES
@@ -311,5 +288,5 @@ def test_an_admit_is_two_round_trips_on_the_wire(clean_queue):
 
     first, n_first = round_trips(admit)
     second, n_second = round_trips(admit)
-    assert (first.status, n_first) == ("pending", 2)
-    assert (second.status, second.queue_position, n_second) == ("queued", 1, 2)
+    assert (first.status, n_first) == ("pending", 1)
+    assert (second.status, second.queue_position, n_second) == ("queued", 1, 1)

@@ -4,14 +4,11 @@
   retry of a failed delta): a delta never waits for the slot, but its balance check and
   charge are the user's, so it takes the user's queue lock too — invariant 5, no balance
   goes negative.
-* The resume tick's ``held_runs_expire`` while an admission whose held run was created
-  before the lock (an admission in its own transaction, as the API's) waits for the
+* The resume tick's ``held_runs_expire`` while an admission whose core created its held
+  run before the lock (a core that cannot join the admission's statement) waits for the
   user's lock: either the expiry skips the run (the admission's
   guard holds it) or the admission is refused cleanly (``HoldExpired``, 503) — never a
   job naming a deleted run (an IntegrityError at commit, a 500).
-* Admissions of several users of one tenant at once: each takes a unit of the tenant's
-  daily budget before its user's lock, in a commit of its own, so none waits for
-  another's transaction, and together they never take more units than the budget holds.
 * An operator's retry of a failed delta while the user admits a newer delta of the same
   run: the retry's "still the run's newest?" check and its admission hold the user's
   lock together, so the user's delta comes after the retry's job (it stays the newest),
@@ -30,8 +27,8 @@ from django.db import connection, connections, transaction
 from queueing import locks
 from runs import admission, operations, processing
 from runs.core import LocalCore
-from runs.exceptions import BudgetExhausted, HoldExpired, InsufficientCredits, RunsError
-from runs.models import AnalysisJob, CoreDailyUsage, CoreRun
+from runs.exceptions import HoldExpired, InsufficientCredits, RunsError
+from runs.models import AnalysisJob, CoreRun
 from runs.queue import ANALYSIS_QUEUE_LOCK
 from runs.selectors import credit_balance
 from tests.conftest import database_url
@@ -44,13 +41,6 @@ def admit(user, **kwargs):
     return admission.analysis_job_admit(
         user=user, title=kwargs.pop("title", "T"), doc_html=DOC_HTML, sources=SOURCES, **kwargs
     )
-
-
-def admit_in_a_transaction(user, **kwargs):
-    """An admission inside a caller's transaction (as an operator's retry runs it): the
-    held run is created by its statement, under the user's lock."""
-    with transaction.atomic():
-        return admit(user, **kwargs)
 
 
 def in_thread(name: str, outcome: dict[str, object], call) -> threading.Thread:
@@ -68,6 +58,18 @@ def in_thread(name: str, outcome: dict[str, object], call) -> threading.Thread:
     thread = threading.Thread(target=run, name=name)
     thread.start()
     return thread
+
+
+class HeldBeforeCore(LocalCore):
+    """The local core as a core that cannot join the admission's statement (a remote
+    one): its held run is created before the user's lock, in a commit of its own."""
+
+    joins_admission = False
+
+
+@pytest.fixture
+def held_before(settings):
+    settings.RUNS_CORE_CLIENT = f"{__name__}.HeldBeforeCore"
 
 
 def waiting_on_locks() -> int:
@@ -178,7 +180,7 @@ def test_two_concurrent_delta_admits_cannot_overdraw_the_balance(clean_queue, mo
     assert (len(admitted), len(refused)) == (1, 1), outcome
 
 
-def test_expire_held_never_cancels_the_held_run_of_an_admission_in_flight(clean_queue):
+def test_expire_held_never_cancels_the_held_run_of_an_admission_in_flight(clean_queue, held_before):
     user = funded_user(credits=3)
     outcome: dict[str, object] = {}
     # Anything of the user's that is under their queue lock (a promotion, a cancel, an
@@ -220,7 +222,7 @@ def test_expire_held_never_cancels_the_held_run_of_an_admission_in_flight(clean_
     assert credit_balance(user_id=user.pk) in (2, 3)
 
 
-def test_expire_held_skips_the_held_run_an_admission_is_committing(clean_queue):
+def test_expire_held_skips_the_held_run_an_admission_is_committing(clean_queue, held_before):
     user = funded_user(credits=3)
     # Past the guard (which holds the held run FOR KEY SHARE), before the commit.
     inserted, resume = pause_before_commit(user.tenant_id)
@@ -246,7 +248,7 @@ def test_expire_held_skips_the_held_run_an_admission_is_committing(clean_queue):
 
 
 def test_an_expired_hold_answers_503_with_retry_after_and_writes_nothing(
-    clean_queue, api, monkeypatch
+    clean_queue, api, monkeypatch, held_before
 ):
     """The API's side of HoldExpired: the held run is gone by the time the admission's
     guard runs (the expiry took it while the admission waited): a 503 the client can
@@ -312,18 +314,17 @@ def test_a_delta_admitted_during_a_retry_stays_the_runs_newest(clean_queue, monk
 def test_a_failing_job_and_an_admit_of_its_user_take_their_locks_in_one_order(
     clean_queue, settings
 ):
-    """An admission inside a caller's transaction (an operator's retry) takes the user's
-    lock, then the tenant's budget row (its held run); a job that fails unreleased gives
-    its budget unit back and starts the user's next job. Both orders at once would
-    deadlock (PostgreSQL aborts one: a 500 or a retried job): the failing job takes the
-    user's lock first too."""
+    """An admission takes the user's lock, then the tenant's budget row (its held run);
+    a job that fails unreleased gives its budget unit back and starts the user's next
+    job. Both orders at once would deadlock (PostgreSQL aborts one: a 500 or a retried
+    job): the failing job takes the user's lock first too."""
     settings.CORE_DAILY_BUDGET = 100
     user = funded_user(credits=5)
     running = admit(user)
     outcome: dict[str, object] = {}
     holder, release = hold_the_users_lock(user.pk)
     # The admission queues first for the user's lock, then the failing job behind it.
-    admitting = in_thread("admit", outcome, lambda: admit_in_a_transaction(user))
+    admitting = in_thread("admit", outcome, lambda: admit(user))
     assert wait_for(lambda: waiting_on_locks() >= 1)
     failing = in_thread(
         "fail",
@@ -356,13 +357,10 @@ def _stuck_running(job_id: int, settings) -> None:
 def test_the_resume_sweeps_give_ups_never_deadlock_with_an_admission(clean_queue, settings):
     """After an outage of the core, two users of one tenant have expired releases. The
     resume sweep gives each up (the user's lock to promote the next, the tenant's budget
-    row to give the held run back); an admission of the second user inside a caller's
-    transaction takes its lock, then the budget row. In one batch, the sweep held the
-    budget row from the first give-up while it waited for the second user's lock: 40P01,
-    and the admission failed. Each give-up now commits on its own: both give-ups and the
-    admission go through. (An admission in its own transaction takes the budget row
-    before the user's lock, in a commit of its own: it never holds one while it waits
-    for the other.)"""
+    row to give the held run back); an admission of the second user takes its lock, then
+    the budget row. In one batch, the sweep held the budget row from the first give-up
+    while it waited for the second user's lock: 40P01, and the admission failed. Each
+    give-up now commits on its own: both give-ups and the admission go through."""
     from queueing.sweeps import run_sweep
 
     first = funded_user(credits=5)
@@ -383,7 +381,7 @@ def test_the_resume_sweeps_give_ups_never_deadlock_with_an_admission(clean_queue
     outcome: dict[str, object] = {}
     sweep = in_thread("sweep", outcome, lambda: run_sweep("analysis_resume"))
     assert wait_for(lambda: waiting_on_locks() >= 1), "the sweep never waited"
-    admitting = in_thread("admit", outcome, lambda: admit_in_a_transaction(second))
+    admitting = in_thread("admit", outcome, lambda: admit(second))
     assert wait_for(lambda: waiting_on_locks() >= 2), "the admission never waited"
     holder.execute("COMMIT")
     holder.close()
@@ -459,77 +457,3 @@ def test_a_cancel_of_a_job_promoted_while_it_waited_for_the_users_lock_never_dea
     assert outcome["cancel"] is False, outcome
     assert not any(isinstance(value, BaseException) for value in outcome.values()), outcome
     assert AnalysisJob.objects.get(pk=second.id).status == "complete"
-
-
-def test_an_open_admission_never_holds_up_another_users_admission_of_its_tenant(
-    clean_queue, monkeypatch
-):
-    """The tenant's budget row is the one row every admission of a tenant writes. An
-    admission in its own transaction takes its unit in the held run's statement, which
-    commits before the user's lock: however long the admission's own transaction then
-    stays open (here its commit waits for its user's row, which another session holds),
-    the budget row is free, and another user's admission of the tenant goes through
-    without waiting for any lock. Taken in the admission's statement, the unit's row
-    stayed locked until that admission committed, and every admission of the tenant
-    queued behind it."""
-    first = funded_user(credits=3)
-    second = funded_user(credits=3, tenant=first.tenant)
-    created, go_on = threading.Event(), threading.Event()
-    real_create = LocalCore.create_held
-
-    def create_then_pause(self, **kwargs):
-        core_run_id = real_create(self, **kwargs)
-        if kwargs["user_id"] == first.pk:
-            created.set()
-            go_on.wait(timeout=30)
-        return core_run_id
-
-    monkeypatch.setattr(LocalCore, "create_held", create_then_pause)
-    outcome: dict[str, object] = {}
-    opened = in_thread("first", outcome, lambda: admit(first))
-    assert created.wait(timeout=20)
-    # The first admission's commit will wait for its user's row (the job's and the
-    # charge's foreign keys): another session holds it FOR UPDATE.
-    holder = psycopg.connect(database_url(), autocommit=True)
-    try:
-        holder.execute("BEGIN")
-        holder.execute("SELECT 1 FROM users WHERE id = %s FOR UPDATE", [first.pk])
-        go_on.set()
-        assert wait_for(lambda: waiting_on_locks() >= 1), "the first admission never waited"
-        assert AnalysisJob.objects.filter(user=first).count() == 0  # still open
-
-        other = in_thread("second", outcome, lambda: admit(second))
-        while other.is_alive():
-            assert waiting_on_locks() == 1, (
-                "the second user's admission waits for a lock the first one holds"
-            )
-            other.join(timeout=0.02)
-        assert isinstance(outcome["second"], admission.Admission), outcome["second"]
-        assert "first" not in outcome
-    finally:
-        go_on.set()
-        holder.execute("ROLLBACK")
-        holder.close()
-        opened.join(timeout=30)
-    assert isinstance(outcome["first"], admission.Admission), outcome["first"]
-    assert CoreDailyUsage.objects.get(tenant_id=first.tenant_id).used == 2
-
-
-def test_concurrent_admissions_of_one_tenant_never_exceed_its_daily_budget(clean_queue, settings):
-    """Twelve users of one tenant admit at once with a budget of five: five are admitted
-    (each with its held run, its charge and its job), seven refused with
-    ``BudgetExhausted``, and the refused ones took nothing."""
-    from tests.conftest import run_concurrently
-
-    settings.CORE_DAILY_BUDGET = 5
-    first = funded_user(credits=1)
-    users = [first, *(funded_user(credits=1, tenant=first.tenant) for _ in range(11))]
-
-    results = run_concurrently(lambda i: admit(users[i]), len(users))
-
-    admitted = [r for r in results if isinstance(r, admission.Admission)]
-    assert len(admitted) == 5, results
-    assert all(isinstance(r, BudgetExhausted) for r in results if r not in admitted), results
-    assert CoreDailyUsage.objects.get(tenant_id=first.tenant_id).used == 5
-    assert CoreRun.objects.count() == AnalysisJob.objects.count() == 5
-    assert sorted(credit_balance(user_id=u.pk) for u in users) == [0] * 5 + [1] * 7
