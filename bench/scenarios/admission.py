@@ -149,29 +149,25 @@ def _storm_defers(ctx: Context, waits: _Waits) -> list[float]:
 
 def _floor(ctx: Context) -> dict[str, float]:
     """Where one admit's time goes, one thread, nothing contended (medians in ms over
-    ``storm`` admits, each for a fresh user): the whole call (``admit``); the held run's
-    round trip (``hold``: the tenant's budget unit and the run, a commit of its own that
-    does not wait for the WAL flush); the admit's round trip under the user's lock
-    (``round_trip``: binding the parameters, then BEGIN, lock, statement and COMMIT, the
-    WAL flush included, in one pipeline); the statement's run on the server
-    (``statement``: the execution time EXPLAIN ANALYZE reports, timing off, after the
-    user's lock, in a transaction then rolled back); the server's parsing and planning of
-    the statement (``planning``: its EXPLAIN, without running it, less a bare round trip:
-    what each admit pays when the statement is not prepared; ``prepared``: 1 when it is);
-    a bare round trip (``network``: ``SELECT 1``) and a plain defer (``defer``); the
-    harness's CPU time for one admit and for one defer (``admit_cpu``, ``defer_cpu``:
-    the process's, nothing else running in it). Derived: ``client`` (admit - hold -
-    round_trip, Python around the round trips), ``under_lock`` (round_trip - network: the
-    user's lock's holding time, an upper estimate that includes binding the parameters),
-    ``commit`` (under_lock - statement: the lock, the COMMIT and its WAL flush) and
-    ``budget_row`` (hold - network: the tenant's budget row's holding time, an upper
-    estimate)."""
-    from runs.core import LocalCore
-
+    ``storm`` admits, each for a fresh user): the whole call (``admit``); the admit's
+    round trip under the user's lock (``round_trip``: binding the parameters, then BEGIN,
+    lock, statement and COMMIT, the WAL flush included, in one pipeline); the statement's
+    run on the server (``statement``: the execution time EXPLAIN ANALYZE reports, timing
+    off, after the user's lock, in a transaction then rolled back); the server's parsing
+    and planning of the statement (``planning``: its EXPLAIN, without running it, less a
+    bare round trip: what each admit pays when the statement is not prepared;
+    ``prepared``: 1 when it is); a bare round trip (``network``: ``SELECT 1``) and a plain
+    defer (``defer``); the harness's CPU time for one admit and for one defer
+    (``admit_cpu``, ``defer_cpu``: the process's, nothing else running in it). Derived:
+    ``client`` (admit - round_trip, Python around the round trip), ``under_lock``
+    (round_trip - network: the user's lock's holding time, an upper estimate that
+    includes binding the parameters), ``commit`` (under_lock - statement: the lock, the
+    COMMIT and its WAL flush) and ``budget_row`` (the tenant's budget row's holding time:
+    from its UPSERT in the statement to the end of the COMMIT's flush, at most
+    ``under_lock``)."""
     k = ctx.sizes.storm
     names = (
         "admit",
-        "hold",
         "round_trip",
         "statement",
         "network",
@@ -182,7 +178,6 @@ def _floor(ctx: Context) -> dict[str, float]:
     )
     samples: dict[str, list[float]] = {name: [] for name in names}
     original = SerialQueue._run_pipelined
-    original_hold = LocalCore.create_held
 
     sent: list[tuple[Any, ...]] = []
 
@@ -193,13 +188,6 @@ def _floor(ctx: Context) -> dict[str, float]:
             return original(queue, *args)
         finally:
             samples["round_trip"].append(time.perf_counter() - started)
-
-    def timed_hold(core: LocalCore, **kwargs: Any) -> int:
-        started = time.perf_counter()
-        try:
-            return original_hold(core, **kwargs)
-        finally:
-            samples["hold"].append(time.perf_counter() - started)
 
     def select_one() -> None:
         with connection.cursor() as cursor:
@@ -213,7 +201,6 @@ def _floor(ctx: Context) -> dict[str, float]:
 
     tenant = bench_tenant("floor")
     SerialQueue._run_pipelined = timed_pipeline  # type: ignore[method-assign]
-    LocalCore.create_held = timed_hold  # type: ignore[method-assign]
     try:
         users = funded_users(tenant, 2 * k, credits=1)
         for user, other in zip(users[:k], users[k:], strict=True):
@@ -228,16 +215,15 @@ def _floor(ctx: Context) -> dict[str, float]:
             samples["statement"].append(_executed(lock, statement, params))
     finally:
         SerialQueue._run_pipelined = original  # type: ignore[method-assign]
-        LocalCore.create_held = original_hold  # type: ignore[method-assign]
         database.purge_tenant(tenant.pk)
         database.delete_bench_jobs()
     ms = {name: Series(tuple(v)).median * 1000 for name, v in samples.items()}
     ms["planning"] -= ms["network"]
     ms["prepared"] = float(sql.prepares(connection))
-    ms["client"] = ms["admit"] - ms["hold"] - ms["round_trip"]
+    ms["client"] = ms["admit"] - ms["round_trip"]
     ms["under_lock"] = ms["round_trip"] - ms["network"]
     ms["commit"] = ms["under_lock"] - ms["statement"]
-    ms["budget_row"] = ms["hold"] - ms["network"]
+    ms["budget_row"] = ms["under_lock"]
     return {name: round(value, 3) for name, value in ms.items()}
 
 
@@ -501,9 +487,8 @@ def describe_waits(waits: dict[str, Any]) -> str:
 def _split(floor: dict[str, float]) -> str:
     return (
         f"Measured on one thread, uncontended (medians): an admit takes {floor['admit']:.2f} "
-        f"ms: {floor['client']:.2f} ms of Python, {floor['hold']:.2f} ms for the held run's "
-        "round trip (its commit does not wait for the WAL flush), then "
-        f"{floor['round_trip']:.2f} ms for the round trip under the user's lock (binding the "
+        f"ms: {floor['client']:.2f} ms of Python, then "
+        f"{floor['round_trip']:.2f} ms for its one round trip under the user's lock (binding the "
         "parameters, the lock, the statement, the COMMIT and its WAL flush), in which the "
         f"statement runs {floor['statement']:.2f} ms on the server; {_planning(floor)}; a "
         f"bare round trip takes {floor['network']:.2f} ms, a plain defer "
@@ -523,20 +508,21 @@ def _planning(floor: dict[str, float]) -> str:
 
 
 def _throughput_floor(floor: dict[str, float], *, needed: float, threads: int) -> str:
-    """The tenant's budget row is held for the held run's statement only; what is left is
-    the CPU an admit costs, in the harness (one interpreter for its threads) and the
-    server, which share the machine."""
+    """The tenant's budget row is held from its UPSERT in the admit's statement to the end
+    of the COMMIT's flush; and an admit costs CPU, in the harness (one interpreter for its
+    threads) and the server, which share the machine."""
     row_ceiling = 1000 / floor["budget_row"] if floor["budget_row"] > 0 else float("inf")
     cpu_ceiling = 1000 / floor["admit_cpu"] if floor["admit_cpu"] > 0 else float("inf")
     return (
-        f"{_split(floor)}. The tenant's budget row is locked for the held run's statement "
-        f"only, up to {floor['budget_row']:.2f} ms per admit (its round trip less the "
-        f"network), never across a WAL flush: on it one tenant could admit about "
-        f"{row_ceiling:,.0f}/s. An admit costs the harness {floor['admit_cpu']:.2f} ms of "
-        f"CPU, a plain defer {floor['defer_cpu']:.2f} ms; the harness's {threads} threads "
-        f"share one interpreter lock, and the machine's {os.cpu_count()} CPU(s) with the "
-        f"server: at most about {cpu_ceiling:,.0f} admits/s from the harness alone; the "
-        f"target needs {needed:,.0f}/s"
+        f"{_split(floor)}. The admits of one tenant take its budget row (a held run's unit "
+        "of the daily provider budget) in turn, each from its UPSERT in the statement to the "
+        f"end of the COMMIT's WAL flush, up to {floor['budget_row']:.2f} ms per admit "
+        f"uncontended: on it one tenant admits at most about {row_ceiling:,.0f}/s however "
+        f"many threads. An admit costs the harness {floor['admit_cpu']:.2f} ms of CPU, a "
+        f"plain defer {floor['defer_cpu']:.2f} ms; the harness's {threads} threads share "
+        f"one interpreter lock, and the machine's {os.cpu_count()} CPU(s) with the server: "
+        f"at most about {cpu_ceiling:,.0f} admits/s from the harness alone; the target "
+        f"needs {needed:,.0f}/s"
     )
 
 
