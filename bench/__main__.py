@@ -142,6 +142,7 @@ def _document(
             "shared_preload_libraries": server.shared_preload_libraries,
             "pg_stat_statements": server.statements,
             "statements_note": server.statements_note,
+            "settings": server.settings,
         },
         "sizes": sizes.__dict__,
         "note": args.note,

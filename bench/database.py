@@ -124,6 +124,13 @@ class Server:
     shared_preload_libraries: str
     statements: bool
     statements_note: str
+    #: Settings that move a queue's figures: autovacuum (dead rows of finished jobs stay
+    #: in the indexes a fetch walks until it runs), and what a COMMIT waits for.
+    settings: dict[str, str]
+
+
+#: The server settings each run records beside its figures.
+RECORDED_SETTINGS = ("autovacuum", "synchronous_commit", "fsync")
 
 
 def server() -> Server:
@@ -136,6 +143,10 @@ def server() -> Server:
         max_connections = cursor.fetchone()[0]
         cursor.execute("SELECT current_setting('shared_preload_libraries')")
         preload = cursor.fetchone()[0]
+        cursor.execute(
+            "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", [list(RECORDED_SETTINGS)]
+        )
+        recorded = dict(cursor.fetchall())
     statements, note = (
         False,
         (
@@ -157,6 +168,7 @@ def server() -> Server:
         shared_preload_libraries=preload,
         statements=statements,
         statements_note=note,
+        settings=recorded,
     )
 
 

@@ -153,7 +153,9 @@ def markdown(document: dict[str, Any], rows: Sequence[Row]) -> str:
         "",
         f"Measured {run['started_at']} in `{run['sizes']['mode']}` mode, commit "
         f"`{git_facts['commit'][:12]}`{' (with local changes)' if git_facts['dirty'] else ''}"
-        f"; PostgreSQL {server['version']}; {host['cpus']} CPU(s) ({host['cpu'] or 'unknown'}),"
+        f"; PostgreSQL {server['version']}"
+        + "".join(f", {k} {v}" for k, v in server.get("settings", {}).items())
+        + f"; {host['cpus']} CPU(s) ({host['cpu'] or 'unknown'}),"
         f" {host['memory_mb']} MB; load average at the start {load}; the run took "
         f"{run['duration_s'] / 60:.1f} min ("
         + ", ".join(f"{g} {s / 60:.1f}" for g, s in run.get("groups_seconds", {}).items())

@@ -554,8 +554,8 @@ def _explain(rows: list[Row], trips: dict[str, dict[str, Any]]) -> None:
         if row.key == "admit_throughput":
             row.cause = (
                 f"each admit is {free.figure:g} round trip(s) (the plain defer: "
-                f"{free.baseline.median:g}): the held run's, in a commit of its own, then the "
-                "user's lock, the statement and the COMMIT: "
+                f"{free.baseline.median:g}): the user's lock, the statement (which takes the "
+                "held run's unit of the tenant's budget) and the COMMIT, in one pipeline: "
                 + describe_waits(row.profile["waits"])
                 + ". "
                 + _throughput_floor(
