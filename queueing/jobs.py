@@ -31,6 +31,7 @@ from procrastinate.contrib.django.models import ProcrastinateJob
 
 from queueing import giveup
 from queueing.exceptions import QueueingError
+from queueing.planner import rows_walking
 from queueing.sql import queries
 from queueing.stalled import STALLED_SWEEP, recover_job
 from queueing.sweeps import get_sweep, watch
@@ -159,12 +160,16 @@ def unrunnable_tasks() -> list[Unrunnable]:
     grow with the waiting jobs that have a worker (one index descent per distinct task
     and queue of the waiting jobs), only with the jobs it counts."""
     seconds = float(getattr(settings, "QUEUEING_STALLED_WORKER_SECONDS", 30))
-    with connection.cursor() as cursor:
-        cursor.execute(queries["unrunnable_tasks"], {"seconds": seconds, "clock": STALLED_SWEEP})
-        return [
-            Unrunnable(task_name=name, jobs=count, oldest_job_id=oldest, queues=tuple(queues))
-            for name, count, oldest, queues in cursor.fetchall()
-        ]
+    rows = rows_walking(queries["unrunnable_tasks"], {"seconds": seconds, "clock": STALLED_SWEEP})
+    return [
+        Unrunnable(
+            task_name=row["task_name"],
+            jobs=row["jobs"],
+            oldest_job_id=row["oldest_job_id"],
+            queues=tuple(row["queues"]),
+        )
+        for row in rows
+    ]
 
 
 class CancelRefused(QueueingError):

@@ -115,6 +115,7 @@ from queueing import current, giveup, sweeps, timeouts
 from queueing.connector import ReplanningCursor, ended_by_server, worker_connector
 from queueing.exceptions import JobTimedOut, PollLater
 from queueing.outage import RECONNECT_SECONDS, Failures, describe
+from queueing.planner import rows_walking_async
 from queueing.sql import array_literal, load
 from queueing.sql import queries as queueing_queries
 from queueing.stalled import STALLED_SWEEP
@@ -256,8 +257,10 @@ class TaskNameJobManager(manager.JobManager):
         # The arrays go as array literals (cached): dumping them element by element on
         # every fetch was a third of the fetch's client time.
         timeout_tasks, timeout_seconds = timeouts.for_tasks(self._tasks())
-        row = await self.connector.execute_query_one_async(
-            query=queries["fetch_job"],
+        # Under the index walk's planner settings (queueing.planner), in one round trip.
+        (row,) = await rows_walking_async(
+            self.connector,
+            queries["fetch_job"],
             queues=array_literal(tuple(queues)) if queues is not None else None,
             worker_id=worker_id,
             task_names=array_literal(tuple(self.task_names())),
@@ -839,7 +842,8 @@ class PgstageWorker(procrastinate_worker.Worker):
         reported: set[str] = set()
 
         async def check() -> None:
-            rows = await self.app.connector.execute_query_all_async(
+            rows = await rows_walking_async(
+                self.app.connector,
                 queueing_queries["unrunnable_tasks"],
                 seconds=stalled_seconds(),
                 clock=STALLED_SWEEP,

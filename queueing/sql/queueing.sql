@@ -495,7 +495,9 @@ RETURNING job_id, task_name, args, reason;
 -- Its cost does not grow with the jobs that have a worker (pgstage_jobs_todo_by_task_idx):
 -- a loose index scan reads each distinct (task, queue) of the waiting jobs once (one
 -- index descent each; PostgreSQL has no skip scan), and only the pairs no live worker
--- takes are counted, from the index alone.
+-- takes are counted, from the index alone. Under queueing.planner's settings (no sort
+-- where a plan without one exists), where that walk is its only plan whatever the
+-- statistics say.
 WITH RECURSIVE waiting AS (
     (SELECT task_name, queue_name
        FROM procrastinate_jobs

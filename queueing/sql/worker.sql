@@ -9,20 +9,26 @@
 --
 -- Its cost does not grow with the waiting jobs, however many wait for other tasks or
 -- queues (pgstage_jobs_todo_by_task_idx: the waiting jobs by task, queue, priority, id):
--- waiting: the distinct (task, queue) of the waiting jobs, one index descent each (a
---   loose index scan; PostgreSQL has no skip scan);
+-- waiting: the distinct (task, queue) of the waiting jobs, each with its first job in
+--   procrastinate's order, one index descent each (a loose index scan; PostgreSQL has
+--   no skip scan);
 -- mine: those this worker takes (its task names, its queues);
--- tops: each one's first ready job in procrastinate's order, read without a lock;
+-- tops: each one's first ready job in procrastinate's order, read without a lock: its
+--   first waiting job, looked up by id, when that one is ready (no schedule ahead, no
+--   lock held); else a walk past it in that order;
 -- candidate: the first of those in that order, locked (SKIP LOCKED), each looked up by
---   its whole key in the waiting jobs' index, the next only when one is taken;
+--   id, the next only when one is taken;
 -- contended: only when another fetch in flight holds every such top: each pair's first
 --   job that is free, locked, then the first of those.
 -- Jobs of other tasks or queues are never read. Within a pair, jobs scheduled for later
 -- or held behind a lock are walked past, as procrastinate's fetch walks past them.
 -- procrastinate's lock check is guarded (CASE WHEN jobs.lock IS NULL THEN true ELSE NOT
 -- EXISTS … END: the same condition, which the planner cannot turn into an anti-join).
--- None of this depends on the table's statistics: a burst after a quiet spell, which the
--- statistics still take for a handful of jobs, is fetched from as cheaply.
+-- It runs under queueing.planner's settings (no sort where a plan without one exists,
+-- no JIT), where the walk of the index is the only plan of the loose scan, whatever the
+-- table's statistics say: a burst after a quiet spell, which the statistics still take
+-- for a handful of jobs, is fetched from as cheaply. Only the walk past a first job
+-- that is not ready is planned by the statistics.
 -- In the same statement, the run's deadline (queueing.timeouts) for a task with a bound
 -- (%(timeout_tasks)s, %(timeout_seconds)s), on the database's clock: every run gets a
 -- fresh run_deadline, by which recovery judges it hung; deadline bounds the polls, so the
@@ -34,23 +40,23 @@
 -- written with them (a fetch of the previous release rewrites run_deadline alone: the row
 -- is then judged as that release judged it, migration 0013).
 WITH RECURSIVE waiting AS (
-    (SELECT task_name, queue_name
+    (SELECT task_name, queue_name, priority, id
        FROM procrastinate_jobs
       WHERE status = 'todo'
-      ORDER BY task_name, queue_name
+      ORDER BY task_name, queue_name, priority DESC, id
       LIMIT 1)
     UNION ALL
-    SELECT next.task_name, next.queue_name
+    SELECT next.task_name, next.queue_name, next.priority, next.id
       FROM waiting
      CROSS JOIN LATERAL (
-        SELECT task_name, queue_name
+        SELECT task_name, queue_name, priority, id
           FROM procrastinate_jobs
          WHERE status = 'todo'
            AND (task_name, queue_name) > (waiting.task_name, waiting.queue_name)
-         ORDER BY task_name, queue_name
+         ORDER BY task_name, queue_name, priority DESC, id
          LIMIT 1) AS next
 ), mine AS (
-    SELECT task_name, queue_name
+    SELECT task_name, queue_name, priority, id
       FROM waiting
      WHERE task_name = ANY( %(task_names)s::varchar[] )
        AND (%(queues)s::varchar[] IS NULL OR queue_name = ANY( %(queues)s::varchar[] ))
@@ -58,6 +64,39 @@ WITH RECURSIVE waiting AS (
     SELECT mine.task_name, mine.queue_name, top.priority, top.id
       FROM mine
      CROSS JOIN LATERAL (
+        SELECT ready.id, ready.priority
+          FROM ((
+        SELECT jobs.id, jobs.priority
+            FROM procrastinate_jobs AS jobs
+            WHERE jobs.id = mine.id AND
+                CASE WHEN jobs.lock IS NULL THEN true ELSE
+                NOT EXISTS (
+                    SELECT 1
+                        FROM procrastinate_jobs AS other_jobs
+                        WHERE
+                            jobs.lock IS NOT NULL
+                            AND other_jobs.lock = jobs.lock
+                            AND (
+                                other_jobs.status = 'doing'
+                                OR
+                                (
+                                    other_jobs.status = 'todo'
+                                    AND (
+                                        other_jobs.priority > jobs.priority
+                                        OR (
+                                        other_jobs.priority = jobs.priority
+                                        AND other_jobs.id < jobs.id
+                                        )
+                                    )
+                                )
+                            )
+                ) END
+                AND jobs.status = 'todo'
+                AND (jobs.scheduled_at IS NULL OR jobs.scheduled_at <= now())
+                AND jobs.task_name = mine.task_name
+                AND jobs.queue_name = mine.queue_name
+            ORDER BY jobs.priority DESC, jobs.id ASC LIMIT 1
+        ) UNION ALL (
         SELECT jobs.id, jobs.priority
             FROM procrastinate_jobs AS jobs
             WHERE
@@ -87,15 +126,16 @@ WITH RECURSIVE waiting AS (
                 AND (jobs.scheduled_at IS NULL OR jobs.scheduled_at <= now())
                 AND jobs.task_name = mine.task_name
                 AND jobs.queue_name = mine.queue_name
-            ORDER BY jobs.priority DESC, jobs.id ASC LIMIT 1) AS top
+            ORDER BY jobs.priority DESC, jobs.id ASC LIMIT 1
+        )) AS ready
+         LIMIT 1) AS top
 ), candidate AS (
     SELECT locked.*
       FROM (SELECT * FROM tops ORDER BY priority DESC, id ASC) AS top
      CROSS JOIN LATERAL (
         SELECT jobs.*
           FROM procrastinate_jobs AS jobs
-         WHERE (jobs.task_name, jobs.queue_name, jobs.priority, jobs.id)
-               = (top.task_name, top.queue_name, top.priority, top.id)
+         WHERE jobs.id = top.id
            AND jobs.status = 'todo'
            FOR UPDATE OF jobs SKIP LOCKED) AS locked
      ORDER BY top.priority DESC, top.id ASC

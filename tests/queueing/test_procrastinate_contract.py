@@ -22,6 +22,9 @@ What is pinned:
   ``JobContext.task``, ``get_channel_for_queues``,
   ``connector_params``, and psycopg_pool's ``timeout``, ``reconnect_timeout`` and
   ``check()``;
+* the connector's internals ``queueing.planner`` runs its index walks through
+  (``_get_cursor``, ``_wrap_json``, ``pool``, ``wrap_exceptions``), as
+  ``execute_query_all_async`` uses them;
 * the worker's connector (``queueing.connector``): procrastinate's command asks the Django
   app's connector for it (``get_worker_connector``), and ``PsycopgConnector`` builds its
   pool through ``pool_factory``, passing the ``check`` ours replaces;
@@ -257,6 +260,21 @@ def test_the_structural_public_names_keep_their_shape():
             hasattr(AsyncConnectionPool, name)
             or name in inspect.signature(AsyncConnectionPool.__init__).parameters
         ), name
+
+
+def test_the_connector_internals_the_index_walks_run_through_are_there():
+    """``queueing.planner`` runs the fetch as procrastinate's connector runs a statement
+    (a dict-row cursor on a pooled connection, JSON arguments wrapped, psycopg's errors
+    wrapped), with its planner settings in the same pipeline."""
+    from procrastinate import psycopg_connector
+
+    assert inspect.isfunction(psycopg_connector.wrap_exceptions)
+    assert parameters(PsycopgConnector._get_cursor) == ("connection",)
+    assert parameters(PsycopgConnector._wrap_json) == ("arguments",)
+    assert isinstance(inspect.getattr_static(PsycopgConnector, "pool"), property)
+    body = inspect.getsource(PsycopgConnector.execute_query_all_async)
+    assert "self._get_cursor()" in body
+    assert "cursor.execute(query, self._wrap_json(arguments))" in body
 
 
 def test_the_job_admin_column_pgstage_restyles_is_still_shown():

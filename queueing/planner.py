@@ -1,0 +1,96 @@
+"""The statements that walk the waiting jobs' index run under planner settings of their own.
+
+The worker's fetch (``fetch_job`` in ``sql/worker.sql``) and the count of jobs no live
+worker can run (``unrunnable_tasks`` in ``sql/queueing.sql``) list the distinct (task,
+queue) pairs of the waiting jobs with one descent each of
+``pgstage_jobs_todo_by_task_idx`` (a loose index scan, ordered by that index's key).
+PostgreSQL plans them by the table's statistics, and those are often wrong for a queue:
+after a quiet spell autovacuum leaves statistics that say a few dozen rows, mostly
+finished; a burst of waiting jobs then looks like a handful. With that estimate the
+planner read the waiting jobs through procrastinate's priority index and sorted them,
+every one of them on every fetch (36,256 rows read per fetch at 10,000 waiting jobs,
+``tests/queueing/test_fetch.py``): a backlog then slowed down its own fetch.
+
+So both run with ``enable_sort`` off, local to their own transaction: the only plan of a
+walk ordered by the index's key that needs no sort is the walk of that index, whatever
+the statistics say. ``jit`` is off too: a disabled sort that a plan cannot avoid (the few
+rows a statement orders after the walk) costs the planner's penalty, which would
+otherwise put the statement above ``jit_above_cost`` and compile it (0.8 s).
+
+On the worker's pool the settings and the statement travel in one pipeline, which
+PostgreSQL runs as one implicit transaction: still one round trip, and the settings end
+with it (also when the statement fails). On a Django connection they are local to a
+transaction of their own, or restored after the statement when the caller's is open.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import connection, transaction
+from procrastinate import psycopg_connector
+
+from queueing.sql import STALE_PLAN_ERRORS, may_replan
+
+__all__ = ["WALK_SETTINGS", "rows_walking", "rows_walking_async"]
+
+#: Local to the transaction: a sort-free plan where one exists, and no JIT compilation.
+WALK_SETTINGS = "SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
+_SAVED = "SELECT current_setting('enable_sort'), current_setting('jit')"
+_RESTORE = "SELECT set_config('enable_sort', %s, true), set_config('jit', %s, true)"
+
+
+def rows_walking(query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """``query``'s rows (as dicts) on Django's connection, under :data:`WALK_SETTINGS`."""
+    with connection.cursor() as cursor:
+        if connection.in_atomic_block:
+            cursor.execute(_SAVED)
+            saved = cursor.fetchone()
+            cursor.execute(WALK_SETTINGS)
+            cursor.execute(query, params)
+            rows = _dicts(cursor)
+            # Only on success: a failed statement aborted the transaction, whose
+            # rollback ends the settings.
+            cursor.execute(_RESTORE, list(saved))
+            return rows
+        with transaction.atomic():
+            cursor.execute(WALK_SETTINGS)
+            cursor.execute(query, params)
+            return _dicts(cursor)
+
+
+def _dicts(cursor: Any) -> list[dict[str, Any]]:
+    columns = [column[0] for column in cursor.description]
+    return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+
+
+async def rows_walking_async(connector: Any, query: str, **arguments: Any) -> list[dict[str, Any]]:
+    """``query``'s rows through procrastinate's ``connector``, under
+    :data:`WALK_SETTINGS`: on the worker's psycopg pool in one round trip; on another
+    connector (Django's, in-process) as :func:`rows_walking`."""
+    if isinstance(connector, psycopg_connector.PsycopgConnector):
+        return await _pipelined(connector, query, arguments)
+    return await sync_to_async(rows_walking)(query, arguments)
+
+
+@psycopg_connector.wrap_exceptions()
+async def _pipelined(
+    connector: psycopg_connector.PsycopgConnector, query: str, arguments: dict[str, Any]
+) -> list[dict[str, Any]]:
+    async with connector.pool.connection() as conn:
+        for attempt in (1, 2):
+            async with connector._get_cursor(connection=conn) as cursor:
+                try:
+                    async with conn.pipeline():
+                        await conn.execute(WALK_SETTINGS)
+                        await cursor.execute(query, connector._wrap_json(arguments))
+                    return await cursor.fetchall()
+                except STALE_PLAN_ERRORS as error:
+                    # queueing.connector.ReplanningCursor's rule; in a pipeline the
+                    # refusal arrives at the sync, not at the execute it wraps.
+                    if attempt == 2 or not may_replan(conn, error):
+                        raise
+                    async with conn.transaction(force_rollback=True):
+                        pass
+    raise AssertionError("unreachable")

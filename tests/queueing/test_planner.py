@@ -1,0 +1,82 @@
+"""The index walks' planner settings (``queueing.planner``): the statement runs under them,
+in one round trip on the worker's pool, and they end with it, on success and on failure.
+
+Fault model: a setting that outlived its statement would change the plans of whatever
+ran next on that pooled or Django connection (sorts disabled for a report, JIT off for an
+analytics query); one that did not reach the statement would leave the fetch on the plan
+that read every waiting job (``tests/queueing/test_fetch.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+from procrastinate.exceptions import ConnectorException
+
+from queueing.planner import rows_walking, rows_walking_async
+
+SEEN = "SELECT current_setting('enable_sort') AS sort, current_setting('jit') AS jit"
+FAILS = "SELECT 1 / %(zero)s AS never"
+
+
+def _settings() -> tuple[str, str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('enable_sort'), current_setting('jit')")
+        return cursor.fetchone()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_the_workers_pool_in_one_round_trip_and_not_after_it():
+    from queueing.connector import worker_connector
+    from tests.queueing.test_round_trips import _on_the_wire
+
+    async def body(connector, counter):
+        await connector.open_async()
+        try:
+            before = counter.snapshot()
+            inside = await rows_walking_async(connector, SEEN)
+            spent = (counter.snapshot() - before).round_trips
+            # procrastinate's wrapping, as for its own statements.
+            with pytest.raises(ConnectorException) as failed:
+                await rows_walking_async(connector, FAILS, zero=0)
+            assert isinstance(failed.value.__cause__, psycopg.errors.DivisionByZero)
+            # One pooled connection: whatever runs next on it.
+            after = await connector.execute_query_one_async(SEEN)
+            return inside, spent, after
+        finally:
+            await connector.close_async()
+
+    inside, spent, after = _on_the_wire(lambda: worker_connector(min_size=1, max_size=1), body)
+    assert inside == [{"sort": "off", "jit": "off"}]
+    assert spent == 1
+    assert after == {"sort": "on", "jit": "on"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_another_connector_through_djangos_connection():
+    from procrastinate.contrib.django.django_connector import DjangoConnector
+
+    assert asyncio.run(rows_walking_async(DjangoConnector(), SEEN)) == [
+        {"sort": "off", "jit": "off"}
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_djangos_connection_outside_a_transaction_they_end_with_their_own():
+    assert rows_walking(SEEN, {}) == [{"sort": "off", "jit": "off"}]
+    assert _settings() == ("on", "on")
+    with pytest.raises(Exception, match="division by zero"):
+        rows_walking(FAILS, {"zero": 0})
+    assert _settings() == ("on", "on")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inside_the_callers_transaction_its_own_settings_come_back():
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL jit = off")
+        assert rows_walking(SEEN, {}) == [{"sort": "off", "jit": "off"}]
+        assert _settings() == ("on", "off")
+    assert _settings() == ("on", "on")
