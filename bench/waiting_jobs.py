@@ -28,6 +28,7 @@ import time
 
 import psycopg
 
+from queueing.planner import WALK_SETTINGS
 from queueing.sql import load
 from queueing.sql import queries as queueing_queries
 
@@ -35,10 +36,16 @@ worker_queries = load("queueing", "worker.sql")
 MINE, OTHER = "bench.waiting.mine", "bench.waiting.other"
 
 
-def _timed(conn: psycopg.Connection, query: str, params: dict, repetitions: int) -> float:
+def _timed(
+    conn: psycopg.Connection, query: str, params: dict, repetitions: int, *, walk: bool = True
+) -> float:
+    """``walk``: under the planner settings pgstage runs it with (``queueing.planner``),
+    set before the clock starts (the worker sends them in the statement's round trip)."""
     samples = []
     for attempt in range(repetitions + 1):
         with conn.transaction(force_rollback=True):
+            if walk:
+                conn.execute(WALK_SETTINGS)
             started = time.perf_counter()
             conn.execute(query, params).fetchall()
             if attempt:  # the first is a warm-up
@@ -58,7 +65,7 @@ def _fill(conn: psycopg.Connection, count: int) -> None:
 
 def _register(conn: psycopg.Connection, task_names: list[str]) -> int:
     return conn.execute(
-        worker_queries["register_worker"], {"task_names": task_names, "queues": None}
+        worker_queries["register_worker"], {"task_names": task_names, "queues": None, "hooks": []}
     ).fetchone()[0]
 
 
@@ -83,7 +90,13 @@ def measure(url: str, sizes: list[int], repetitions: int) -> list[tuple[int, str
                 _fill(conn, size)
                 conn.execute("VACUUM ANALYZE procrastinate_jobs")
                 mine_only = _register(conn, [MINE])
-                fetch = {"queues": None, "worker_id": mine_only, "task_names": [MINE]}
+                fetch = {
+                    "queues": None,
+                    "worker_id": mine_only,
+                    "task_names": [MINE],
+                    "timeout_tasks": [],
+                    "timeout_seconds": [],
+                }
                 statements = [
                     ("fetch", worker_queries["fetch_job"], fetch),
                     (
@@ -95,7 +108,8 @@ def measure(url: str, sizes: list[int], repetitions: int) -> list[tuple[int, str
                 ]
                 for name, query, params in statements:
                     params = {"seconds": 30, "clock": "stalled_jobs", **params}
-                    rows.append((size, name, _timed(conn, query, params, repetitions)))
+                    walk = not name.startswith("procrastinate")
+                    rows.append((size, name, _timed(conn, query, params, repetitions, walk=walk)))
                 _register(conn, [MINE, OTHER])
                 served = _timed(
                     conn,
