@@ -113,6 +113,13 @@ def last_job_id() -> int:
     return int(fetch_value("last_job_id"))
 
 
+def discard_batch(after: int) -> None:
+    """Delete what a measured batch created (its jobs newer than ``after`` that are not
+    running, their next hops, its steps) and vacuum what it left behind."""
+    execute("delete_batch", after=after)
+    execute("vacuum_jobs")
+
+
 def delete_bench_jobs() -> None:
     execute("delete_bench_jobs", pattern=QUEUE_PATTERN)
 

@@ -20,6 +20,9 @@ from procrastinate's events (database clock):
   (the backlog then is under a second's work), reported per side as ``backlog_s``; a side
   that left jobs unstarted reports them as ``unstarted``, and its ``backlog_s`` is at
   least the wait.
+
+Each side's jobs are deleted and the table vacuumed after it, so the side measured second
+does not walk the first one's dead rows (the machine's server runs without autovacuum).
 """
 
 from __future__ import annotations
@@ -103,12 +106,13 @@ def _wait_ended(
 
 def _discard(after: int) -> None:
     """Remove a side's jobs: the ones not running at once, the running ones (at most the
-    worker's concurrency) once they end, with the next hops they defer."""
+    worker's concurrency) once they end, with the next hops they defer; then vacuum, so
+    the next side starts on a table without this one's dead rows."""
     database.execute("delete_batch", after=after)
     deadline = time.monotonic() + 60
     while database.fetch_value("doing_after", after=after) and time.monotonic() < deadline:
         time.sleep(0.2)
-    database.execute("delete_batch", after=after)
+    database.discard_batch(after)
 
 
 def _run_side(

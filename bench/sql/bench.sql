@@ -71,6 +71,14 @@ DELETE FROM procrastinate_jobs WHERE queue_name LIKE %(pattern)s;
 DELETE FROM procrastinate_jobs WHERE id > %(after)s AND status <> 'doing';
 DELETE FROM bench_steps;
 
+-- vacuum_jobs --
+-- What autovacuum does between a deployment's bursts, done at once: the dead rows a
+-- measured batch left (its jobs, their events, its steps) leave the table and its indexes,
+-- so each batch, and each side of a comparison, starts on the same table. (The machine's
+-- server runs with autovacuum off; without this, the side measured second walked the
+-- first side's dead index entries.)
+VACUUM procrastinate_jobs, procrastinate_events, bench_steps;
+
 -- delete_ticks_since --
 -- The periodic ticks the harness's workers deferred (every worker runs the periodic
 -- deferrer, whatever queues it takes); nothing of the harness's ever runs them.
