@@ -13,14 +13,19 @@ every one of them on every fetch (36,256 rows read per fetch at 10,000 waiting j
 
 So both run with ``enable_sort`` off, local to their own transaction: the only plan of a
 walk ordered by the index's key that needs no sort is the walk of that index, whatever
-the statistics say. ``jit`` is off too: a disabled sort that a plan cannot avoid (the few
+the statistics say. The resume tick's search for analyses whose ``process_job`` is gone
+(``lost_process_jobs`` and ``resume_work`` in ``runs/sql/runs.sql``) runs so too: it asks
+each one's EXCLUSIVE key in the key's order, which only ``pgstage_jobs_exclusive_key``
+gives without a sort (asked by ``=``, statistics that say no job waits made the planner
+walk every waiting job's entry in procrastinate's ``procrastinate_jobs_id_lock_idx_v1``
+for each analysis instead). ``jit`` is off too: a disabled sort that a plan cannot avoid (the few
 rows a statement orders after the walk) costs the planner's penalty, which would
 otherwise put the statement above ``jit_above_cost`` and compile it (0.8 s).
 
 On the worker's pool the settings and the statement travel in one pipeline, which
 PostgreSQL runs as one implicit transaction: still one round trip, and the settings end
-with it (also when the statement fails). On a Django connection they are local to a
-transaction of their own, or restored after the statement when the caller's is open.
+with it (also when the statement fails). So it is on a Django connection outside a
+transaction; inside the caller's, they are restored after the statement.
 """
 
 from __future__ import annotations
@@ -28,10 +33,10 @@ from __future__ import annotations
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import connection, transaction
+from django.db import connection
 from procrastinate import psycopg_connector
 
-from queueing.sql import STALE_PLAN_ERRORS, may_replan
+from queueing import sql
 
 __all__ = ["WALK_SETTINGS", "rows_walking", "rows_walking_async"]
 
@@ -42,9 +47,14 @@ _RESTORE = "SELECT set_config('enable_sort', %s, true), set_config('jit', %s, tr
 
 
 def rows_walking(query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """``query``'s rows (as dicts) on Django's connection, under :data:`WALK_SETTINGS`."""
-    with connection.cursor() as cursor:
-        if connection.in_atomic_block:
+    """``query``'s rows (as dicts) on Django's connection, under :data:`WALK_SETTINGS`.
+    Outside a transaction, the settings and the statement travel in one pipeline (one
+    round trip, one implicit transaction, as on the worker's pool), on the connection's
+    statement cursor (:func:`queueing.sql.statement_cursor`: prepared where the
+    connection prepares). Inside the caller's transaction the settings are restored after
+    the statement."""
+    if connection.in_atomic_block:
+        with connection.cursor() as cursor:
             cursor.execute(_SAVED)
             saved = cursor.fetchone()
             cursor.execute(WALK_SETTINGS)
@@ -54,10 +64,20 @@ def rows_walking(query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
             # rollback ends the settings.
             cursor.execute(_RESTORE, list(saved))
             return rows
-        with transaction.atomic():
-            cursor.execute(WALK_SETTINGS)
-            cursor.execute(query, params)
-            return _dicts(cursor)
+    with sql.statement_cursor(connection) as cursor, connection.wrap_database_errors:
+        raw = connection.connection
+        for attempt in (1, 2):
+            try:
+                with raw.pipeline():
+                    cursor.execute(WALK_SETTINGS)
+                    cursor.execute(query, params)
+                return _dicts(cursor)
+            except sql.STALE_PLAN_ERRORS as error:
+                # Refused at the pipeline's sync: the cursor's own replan never saw it.
+                if attempt == 2 or not sql.may_replan(raw, error):
+                    raise
+                sql.forget_prepared(raw)
+    raise AssertionError("unreachable")
 
 
 def _dicts(cursor: Any) -> list[dict[str, Any]]:
@@ -86,10 +106,10 @@ async def _pipelined(
                         await conn.execute(WALK_SETTINGS)
                         await cursor.execute(query, connector._wrap_json(arguments))
                     return await cursor.fetchall()
-                except STALE_PLAN_ERRORS as error:
+                except sql.STALE_PLAN_ERRORS as error:
                     # queueing.connector.ReplanningCursor's rule; in a pipeline the
                     # refusal arrives at the sync, not at the execute it wraps.
-                    if attempt == 2 or not may_replan(conn, error):
+                    if attempt == 2 or not sql.may_replan(conn, error):
                         raise
                     async with conn.transaction(force_rollback=True):
                         pass

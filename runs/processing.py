@@ -13,13 +13,14 @@ import logging
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
 from accounts.models import User
 from queueing.enqueue import Policy, queueing_lock_prefix
 from queueing.exceptions import RetryLater
+from queueing.planner import rows_walking
 from queueing.rows import replace_children
 from runs import judge as judging
 from runs.admission import analysis_job_cancel, enqueue_process, lock_job, promote_next
@@ -70,18 +71,17 @@ def analysis_jobs_requeue_lost(*, idle_seconds: int, limit: int = 500) -> Requeu
     task was lost ``ANALYSIS_MAX_REQUEUES`` times fails (refunded once, the user's next
     job starts), so nothing holds a user's queue for ever."""
     cutoff = timezone.now() - datetime.timedelta(seconds=idle_seconds)
-    # Only jobs whose task is gone are read (an anti-join on the EXCLUSIVE key's index):
+    # Only jobs whose task is gone are read (one probe of the EXCLUSIVE key's index each):
     # however many older jobs are merely slow, a lost one is found.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            queries["lost_process_jobs"],
-            {
-                "cutoff": cutoff,
-                "lock_prefix": queueing_lock_prefix(PROCESS_JOB_KEY, Policy.EXCLUSIVE),
-                "limit": limit,
-            },
-        )
-        lost = [row[0] for row in cursor.fetchall()]
+    rows = rows_walking(
+        queries["lost_process_jobs"],
+        {
+            "cutoff": cutoff,
+            "lock_prefix": queueing_lock_prefix(PROCESS_JOB_KEY, Policy.EXCLUSIVE),
+            "limit": limit,
+        },
+    )
+    lost = [row["id"] for row in rows]
     outcomes = [_requeue_lost(job_id, cutoff=cutoff) for job_id in lost]
     return Requeued(requeued=outcomes.count("requeued"), abandoned=outcomes.count("abandoned"))
 

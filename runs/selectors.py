@@ -8,14 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection
 from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from accounts.models import Tenant, User
-from queueing import sql
 from queueing.enqueue import Policy, queueing_lock_prefix
+from queueing.planner import rows_walking
 from runs.core import queries
 from runs.exceptions import JobNotFound
 from runs.models import (
@@ -334,7 +333,8 @@ class ResumeWork:
 
 def resume_work(*, idle_seconds: float, held_seconds: float) -> ResumeWork:
     """Which parts of the resume tick have work, in one read-only statement (no lock, one
-    round trip; ``resume_work`` in ``sql/runs.sql``): each flag is its part's own batch
+    round trip; ``resume_work`` in ``sql/runs.sql``, under ``queueing.planner``'s
+    settings): each flag is its part's own batch
     predicate, read through the partial indexes of live rows. A part's batch still
     re-reads, locks and re-checks what it takes. ``idle_seconds``: the lost-job search's
     idle time; ``held_seconds``: the age past which a held run no job took expires."""
@@ -343,13 +343,5 @@ def resume_work(*, idle_seconds: float, held_seconds: float) -> ResumeWork:
         "held_seconds": held_seconds,
         "lock_prefix": queueing_lock_prefix(PROCESS_JOB_KEY, Policy.EXCLUSIVE),
     }
-    with sql.statement_cursor(connection) as cursor:
-        cursor.execute(queries["resume_work"], params)
-        expired, deactivated, stuck, lost, held_runs = cursor.fetchone()
-    return ResumeWork(
-        expired_releases=expired,
-        deactivated=deactivated,
-        stuck=stuck,
-        lost=lost,
-        held_runs=held_runs,
-    )
+    (row,) = rows_walking(queries["resume_work"], params)
+    return ResumeWork(**row)

@@ -266,23 +266,27 @@ SELECT j.id, j.run_id
 
 -- lost_process_jobs --
 -- Active analyses idle since %(cutoff)s whose process_job is gone: no job holds its
--- EXCLUSIVE key waiting, retrying or running. One probe of that key's partial unique
--- index (pgstage_jobs_exclusive_key: the LIKE and the statuses are its predicate) per
--- active job, whatever the statistics say: the OFFSET 0 keeps the NOT EXISTS a subplan
--- run per job with its key, never an anti-join that scans every waiting job (or, with
--- stale statistics, the whole table and its dead rows) to build a hash. Oldest first,
--- bounded.
+-- EXCLUSIVE key waiting, retrying or running. One probe of that key in its partial
+-- unique index (pgstage_jobs_exclusive_key: the LIKE and the statuses are its predicate)
+-- per active job, whatever the statistics say. The key is asked as a range of one value
+-- (for text, >= and <= one value is = it), the first of it in the key's order: run under
+-- queueing.planner's settings (no sort), the only plan is a probe of that index, the
+-- one ordered by the key among those whose predicate the query proves. Asked by =, the
+-- planner may walk procrastinate's index of every waiting and running job instead
+-- (procrastinate_jobs_id_lock_idx_v1, its predicate the same statuses): it did, for
+-- every active analysis, while the statistics said no job waited. Oldest first, bounded.
 SELECT j.id
   FROM analysis_jobs j
  WHERE j.status IN ('pending', 'running')
    AND j.deleted_at IS NULL
    AND j.updated_at < %(cutoff)s
-   AND NOT EXISTS (
-        SELECT 1 FROM procrastinate_jobs p
-         WHERE p.queueing_lock = %(lock_prefix)s || j.id::text
+   AND (SELECT p.queueing_lock FROM procrastinate_jobs p
+         WHERE p.queueing_lock >= %(lock_prefix)s || j.id::text
+           AND p.queueing_lock <= %(lock_prefix)s || j.id::text
            AND p.queueing_lock LIKE 'exclusive/%%'
            AND p.status IN ('todo', 'doing')
-        OFFSET 0)
+         ORDER BY p.queueing_lock
+         LIMIT 1) IS NULL
  ORDER BY j.updated_at
  LIMIT %(limit)s;
 
@@ -303,7 +307,8 @@ SELECT j.id
 -- unfinished core runs), with one index probe per row (per user, for queued jobs) for
 -- what it asks of a table of history: the user's active job
 -- (analysis_jobs_one_active_per_user), a process_job's EXCLUSIVE key
--- (pgstage_jobs_exclusive_key), a core run's jobs (core_run_id). Each probe is a
+-- (pgstage_jobs_exclusive_key, asked as lost_process_jobs asks it, and so run under
+-- queueing.planner's settings), a core run's jobs (core_run_id). Each probe is a
 -- subplan run per row (an EXISTS kept one by its OFFSET 0, or a scalar subquery), never
 -- a join or a hashed subplan that reads every job, or every procrastinate job, that ever
 -- was. The users with queued jobs are a join the planner picks (a hash of a few users,
@@ -332,12 +337,13 @@ WITH waiting AS (
                             AND j.release_deadline < now()),
                     false) AS expired_releases,
            coalesce(bool_or(j.updated_at < now() - %(idle_seconds)s * interval '1 second'
-                            AND NOT EXISTS (
-                                 SELECT 1 FROM procrastinate_jobs p
-                                  WHERE p.queueing_lock = %(lock_prefix)s || j.id::text
+                            AND (SELECT p.queueing_lock FROM procrastinate_jobs p
+                                  WHERE p.queueing_lock >= %(lock_prefix)s || j.id::text
+                                    AND p.queueing_lock <= %(lock_prefix)s || j.id::text
                                     AND p.queueing_lock LIKE 'exclusive/%%'
                                     AND p.status IN ('todo', 'doing')
-                                 OFFSET 0)),
+                                  ORDER BY p.queueing_lock
+                                  LIMIT 1) IS NULL),
                     false) AS lost
       FROM analysis_jobs j
      WHERE j.status IN ('pending', 'running')

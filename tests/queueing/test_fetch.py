@@ -50,6 +50,7 @@ from queueing.planner import WALK_SETTINGS
 from queueing.sql import queries as queueing_queries
 from queueing.worker import TaskNameJobManager, fetch_by_task_name, queries
 from tests.conftest import database_url, jobs, recovery_ran, registered_worker
+from tests.plans import rows_read
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -316,40 +317,6 @@ def test_a_contended_fetch_takes_the_next_free_job(clean_queue):
     assert _fetch(manager, worker_id).id == third
 
 
-def _rows_read(query: str, params: dict, *, generic: bool = False) -> int:
-    """The rows every scan node of ``query``'s plan read, summed (EXPLAIN ANALYZE, in a
-    transaction rolled back), under the planner settings it runs with
-    (``queueing.planner``); ``generic``: of its generic plan, the one a prepared
-    statement may settle on, whatever the parameters."""
-    with connection.cursor() as cursor:
-        cursor.execute("BEGIN")
-        try:
-            cursor.execute(WALK_SETTINGS)
-            if generic:
-                names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", query)))
-                prepared = re.sub(
-                    r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", query
-                )
-                cursor.execute(f"PREPARE pgstage_generic AS {prepared}")
-                cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-                arguments = ", ".join(f"%({name})s" for name in names)
-                query = f"EXECUTE pgstage_generic ({arguments})"
-            cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}", params)
-            (plan,) = cursor.fetchone()
-        finally:
-            cursor.execute("ROLLBACK")
-            if generic:
-                cursor.execute("DEALLOCATE ALL")
-
-    def walk(node: dict) -> int:
-        own = 0
-        if "Scan" in node["Node Type"] and node["Node Type"] not in ("CTE Scan", "WorkTable Scan"):
-            own = node["Actual Rows"] * node["Actual Loops"] + node.get("Rows Removed by Filter", 0)
-        return own + sum(walk(child) for child in node.get("Plans", []))
-
-    return walk(plan[0]["Plan"])
-
-
 #: The statistics a burst of waiting jobs meets (see _backlog_of_another_task).
 STATISTICS = ["fresh", "finished only", "vacuumed quiet"]
 
@@ -412,11 +379,12 @@ def test_the_fetch_and_the_unrunnable_count_never_read_other_tasks_waiting_jobs(
     clean_queue, stale_statistics
 ):
     fetch = _fetch_params(_backlog_of_another_task(stale_statistics=stale_statistics))
-    assert _rows_read(queries["fetch_job"], fetch) < 50
+    assert rows_read(queries["fetch_job"], fetch, settings=WALK_SETTINGS) < 50
     assert (
-        _rows_read(
+        rows_read(
             queueing_queries["unrunnable_tasks"],
             {"seconds": 30, "clock": "stalled_jobs"},
+            settings=WALK_SETTINGS,
         )
         < 50
     )
@@ -431,4 +399,4 @@ def test_the_prepared_fetchs_generic_plan_never_reads_other_tasks_waiting_jobs(
     statement's sixth run PostgreSQL may plan it once for any parameters. That plan must
     walk past another task's backlog as the custom one does."""
     fetch = _fetch_params(_backlog_of_another_task(stale_statistics=stale_statistics), queues)
-    assert _rows_read(queries["fetch_job"], fetch, generic=True) < 50
+    assert rows_read(queries["fetch_job"], fetch, settings=WALK_SETTINGS, generic=True) < 50

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+import django.db
 import psycopg
 import pytest
 from django.db import connection, transaction
@@ -67,9 +68,42 @@ def test_on_another_connector_through_djangos_connection():
 def test_on_djangos_connection_outside_a_transaction_they_end_with_their_own():
     assert rows_walking(SEEN, {}) == [{"sort": "off", "jit": "off"}]
     assert _settings() == ("on", "on")
-    with pytest.raises(Exception, match="division by zero"):
+    # Django's error, as from any of its cursors (the pipeline reports it at its sync).
+    with pytest.raises(django.db.DataError, match="division by zero"):
         rows_walking(FAILS, {"zero": 0})
     assert _settings() == ("on", "on")
+    assert rows_walking(SEEN, {}) == [{"sort": "off", "jit": "off"}]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_djangos_connection_outside_a_transaction_in_one_round_trip():
+    from tests.queueing.test_round_trips import round_trips
+
+    rows, spent = round_trips(lambda: rows_walking(SEEN, {}))
+    assert rows == [{"sort": "off", "jit": "off"}]
+    assert spent == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_a_preparing_connection_a_stale_plan_is_planned_again(settings, monkeypatch):
+    """Where the connection prepares (``queueing.sql.prepares``), a statement whose table
+    changed under its prepared plan (a deploy's migration) runs again on a new one: the
+    refusal arrives at the pipeline's sync, where the cursor's own replan cannot see it."""
+    monkeypatch.setitem(settings.DATABASES["default"]["OPTIONS"], "prepare_threshold", 0)
+    connection.close()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("CREATE TABLE pgstage_planner_probe (a int)")
+            cursor.execute("INSERT INTO pgstage_planner_probe VALUES (1)")
+        probe = "SELECT * FROM pgstage_planner_probe WHERE a = %(a)s"
+        assert rows_walking(probe, {"a": 1}) == [{"a": 1}]
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE pgstage_planner_probe ADD COLUMN b int DEFAULT 2")
+        assert rows_walking(probe, {"a": 1}) == [{"a": 1, "b": 2}]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TABLE IF EXISTS pgstage_planner_probe")
+        connection.close()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -20,9 +20,11 @@ from django.db import connection
 from django.utils import timezone
 
 from queueing.enqueue import Policy, queueing_lock_prefix
+from queueing.planner import WALK_SETTINGS
 from runs import admission
 from runs.core import queries
 from runs.queue import PROCESS_JOB_KEY
+from tests.plans import rows_read
 from tests.runs.factories import DOC_HTML, SOURCES, backdate, funded_user
 
 INDEX = "pgstage_jobs_exclusive_key"
@@ -37,6 +39,7 @@ def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 def plan_of_lost_process_jobs() -> list[dict[str, Any]]:
     with connection.cursor() as cursor:
+        cursor.execute(WALK_SETTINGS)  # as it runs (queueing.planner), in the test's transaction
         cursor.execute(
             "EXPLAIN (FORMAT JSON) " + queries["lost_process_jobs"],
             {
@@ -230,6 +233,7 @@ def test_lost_process_jobs_finds_only_the_jobs_whose_task_is_gone():
 
 def plan_of_resume_work() -> list[dict[str, Any]]:
     with connection.cursor() as cursor:
+        cursor.execute(WALK_SETTINGS)
         cursor.execute(
             "EXPLAIN (FORMAT JSON) " + queries["resume_work"],
             {
@@ -281,3 +285,88 @@ def test_the_resume_probe_reads_live_rows_and_probes_the_rest_per_row(
         )
         for n in probes
     ), probes
+
+
+#: What the planner was last told when a backlog arrives (as in tests/queueing/test_fetch.py):
+#: statistics taken with the backlog there; taken while the table held only finished jobs;
+#: and besides, the table vacuumed after most of those were deleted (a few dozen rows).
+STATISTICS = ["fresh", "finished only", "vacuumed quiet"]
+
+
+def _active_jobs_beside_a_backlog(statistics: str) -> None:
+    """3 users, each with an active analysis (its process_job waiting) idle for an hour
+    and two queued behind it, beside 3,000 waiting jobs of other tasks (half of them with
+    EXCLUSIVE keys of their own) and 5,000 finished analyses, under ``statistics``."""
+    history = funded_user(credits=0)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "WITH runs AS (INSERT INTO core_runs (run_id, user_id, state, sources, error,"
+            "                                     created_at)"
+            "  SELECT gen_random_uuid(), %(user)s, 'done', '[]', '', now() - interval '1 day'"
+            "    FROM generate_series(1, 5000) RETURNING id, run_id)"
+            " INSERT INTO analysis_jobs (tenant_id, user_id, run_id, core_run_id, status,"
+            "        title, sources, error, release_attempts, requeues, run_saved,"
+            "        created_at, updated_at)"
+            " SELECT %(tenant)s, %(user)s, run_id, id, 'complete', 'h', '[]', '', 0, 0, true,"
+            "        now() - interval '1 day', now() - interval '1 day' FROM runs",
+            {"user": history.pk, "tenant": history.tenant_id},
+        )
+        if statistics != "fresh":
+            cursor.execute(
+                "INSERT INTO procrastinate_jobs (queue_name, task_name, status, args)"
+                " SELECT 'default', 'other.task', 'succeeded', '{}'"
+                "   FROM generate_series(1, 20000)"
+            )
+            cursor.execute("ANALYZE procrastinate_jobs, analysis_jobs")
+        if statistics == "vacuumed quiet":
+            cursor.execute("DELETE FROM procrastinate_jobs WHERE id % 250 <> 0")
+            cursor.execute("VACUUM procrastinate_jobs")
+        cursor.execute(
+            "INSERT INTO procrastinate_jobs (queue_name, task_name, status, args, queueing_lock)"
+            " SELECT 'default', 'other.task', 'todo', '{}',"
+            "        CASE WHEN g % 2 = 0 THEN 'exclusive/other.task/' || g END"
+            "   FROM generate_series(1, 3000) AS g"
+        )
+    ids = []
+    for _ in range(3):
+        user = funded_user(credits=3)
+        for _ in range(3):
+            ids.append(
+                admission.analysis_job_admit(
+                    user=user, title="T", doc_html=DOC_HTML, sources=SOURCES
+                ).id
+            )
+    backdate("analysis_jobs", ids, seconds=3600)
+    if statistics == "fresh":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE procrastinate_jobs, analysis_jobs")
+
+
+@pytest.mark.parametrize("statistics", STATISTICS)
+def test_the_lost_job_search_reads_only_the_active_jobs_keys(clean_queue, statistics):
+    """The resume tick asks each active analysis whether its process_job still holds its
+    EXCLUSIVE key (``lost_process_jobs``, and the probe ``resume_work`` runs every tick):
+    one probe of that key per active job, never a walk of the other waiting jobs. Before:
+    the planner's pick under stale statistics walked procrastinate's index of every
+    waiting or running job for each active analysis (9,006 rows read for 3 of them)."""
+    _active_jobs_beside_a_backlog(statistics)
+    lock_prefix = queueing_lock_prefix(PROCESS_JOB_KEY, Policy.EXCLUSIVE)
+    lost = rows_read(
+        queries["lost_process_jobs"],
+        {
+            "cutoff": timezone.now() - datetime.timedelta(seconds=60),
+            "lock_prefix": lock_prefix,
+            "limit": 500,
+        },
+        settings=WALK_SETTINGS,
+        relation="procrastinate_jobs",
+    )
+    probe = rows_read(
+        queries["resume_work"],
+        {"idle_seconds": 60, "held_seconds": 600, "lock_prefix": lock_prefix},
+        settings=WALK_SETTINGS,
+        relation="procrastinate_jobs",
+    )
+    # One entry per active analysis: its process_job's.
+    assert lost <= 3, repr(lost)
+    assert probe <= 3, repr(probe)
