@@ -239,11 +239,13 @@ def run_batch(
     expected: int,
     groups: Sequence[WorkerGroup],
 ) -> Span:
-    """Enqueue a batch in one transaction (visible at once) and time it as it runs; its
-    jobs are deleted, and the table vacuumed, afterwards."""
+    """Enqueue a batch in one transaction (visible at once, the table analysed with it:
+    ``analyze_jobs``) and time it as it runs; its jobs are deleted, and the table
+    vacuumed, afterwards."""
     after = database.last_job_id()
     with transaction.atomic():
         enqueue()
+        database.execute("analyze_jobs")
     span = wait_done(after=after, queues=queues, tasks=tasks, expected=expected, groups=groups)
     database.discard_batch(after)
     return span
@@ -266,6 +268,7 @@ def counted_batch(
     with transaction.atomic():
         enqueue()
         database.execute("park_jobs", parked=PARKED_QUEUE, after=after, tasks=list(tasks))
+        database.execute("analyze_jobs")
     before = [read() for read in counters]
     database.execute("release_jobs", queue=queue, parked=PARKED_QUEUE)
     database.execute("notify_queue", queue=queue, job_id=after + 1)
