@@ -137,9 +137,12 @@ UPDATE analysis_jobs
  WHERE user_id = ANY(%(users)s);
 
 -- analyze_queue_tables --
--- Fresh planner statistics for the tables the resume sweep reads, as autovacuum keeps
--- them in a steady production (a table just filled has none: the planner guesses).
-ANALYZE analysis_jobs, core_runs, users, procrastinate_jobs;
+-- The tables the resume sweep reads as autovacuum keeps them in a steady production:
+-- fresh planner statistics (a table just filled has none: the planner guesses), and the
+-- dead rows of earlier runs' purged tenants gone (the machine's server runs with
+-- autovacuum off: on a database three full runs old, the idle sweep took 11.5 ms a call
+-- against 4.4 ms on a fresh one).
+VACUUM (ANALYZE) analysis_jobs, core_runs, users, procrastinate_jobs;
 
 -- purge_procrastinate_jobs --
 -- The jobs that name a bench tenant's analysis jobs or inquiries.
