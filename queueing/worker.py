@@ -44,12 +44,15 @@ What it adds to procrastinate's worker (3.10):
 * **A job's outcome is never dropped, and never written over another run.** Saving it is
   retried until the database is back, and fenced on the worker: a job that stalled
   recovery took back (this worker looked dead) is left to its new run; if this worker
-  fetches that job again while its first run goes on, the second fetch is not run. A
+  fetches that job again while its first run goes on, the second fetch waits for the
+  first run, whose outcome is saved on it, and runs the job only if that outcome was
+  refused (saved while the job waited, before the second fetch took it). A
   retry whose queueing lock a fresh job holds (procrastinate issues 1446/1543) ends
   ``failed`` as superseded instead of staying ``doing`` for ever.
 * **A fetch whose reply was lost** (the connection cut after the fetch committed) would
   leave a job ``doing`` under this live worker that never runs it; after a failed fetch
-  the worker puts such jobs back, one by one (superseded or aborted ones end).
+  the worker puts such jobs back, one by one (superseded or aborted ones end), and looks
+  again whenever its fetch loop starts over a stall threshold after its last look.
 * **Its row survives an outage.** Only workers silent far longer than any live one can be
   are pruned, and a worker whose row went missing registers again and takes its running
   jobs back, in one statement.
@@ -316,6 +319,8 @@ class PgstageWorker(procrastinate_worker.Worker):
             window=outage_seconds(), on_expired=self._give_up, reachable=self._beat_lately
         )
         self._pool: Any = None
+        #: When the fetch loop last looked for jobs held but not run (``_requeue_orphans``).
+        self._orphans_checked = time.monotonic()
         #: The round trip that decides whether a streak of unreachable is an outage.
         self._probe: asyncio.Task[None] | None = None
         self._registering = asyncio.Lock()
@@ -604,7 +609,7 @@ class PgstageWorker(procrastinate_worker.Worker):
         failed = False
         while not self._stop_event.is_set():
             try:
-                if failed:
+                if failed or time.monotonic() - self._orphans_checked >= stalled_seconds():
                     await self._requeue_orphans()
                 await super()._fetch_and_process_jobs()
             except procrastinate_exceptions.ConnectorException as exc:
@@ -622,11 +627,13 @@ class PgstageWorker(procrastinate_worker.Worker):
             return
 
     async def _requeue_orphans(self) -> None:
-        """After a failed fetch: a fetch whose reply was lost may have committed, leaving
-        a job 'doing' under this (live, heart-beating) worker that never runs it —
-        invisible to stalled recovery. Put each back; one whose SHORT key a fresh job now
-        holds ends failed (superseded), one whose abort was requested ends aborted. Called
-        from the fetch loop only, so no fetch of ours is in flight."""
+        """Jobs 'doing' under this (live, heart-beating) worker that it does not run are
+        invisible to stalled recovery: a fetch whose reply was lost may have committed
+        one. Put each back; one whose SHORT key a fresh job now holds ends failed
+        (superseded), one whose abort was requested ends aborted. Called from the fetch
+        loop only, so no fetch of ours is in flight: after a failed fetch, and whenever
+        the loop starts over once a stall threshold has passed since the last look (a
+        net for any other way to such a job: none is known)."""
         connector = self.app.connector
         running = [c.job.id for c in self._running_jobs.values() if c.job.id]
         orphans = await connector.execute_query_all_async(
@@ -660,10 +667,12 @@ class PgstageWorker(procrastinate_worker.Worker):
                         queries["finish_job_fenced"], status="failed", **fenced
                     )
             logger.warning(
-                "job %s was fetched by this worker but the fetch's reply was lost: %s",
+                "job %s was held by this worker, which was not running it (the reply of "
+                "its fetch lost, or its outcome never saved): %s",
                 orphan["id"],
                 note,
             )
+        self._orphans_checked = time.monotonic()
 
     async def _process_job(self, context: JobContext) -> None:
         # A fetch that found a job is a successful round trip as much as one that found
@@ -671,22 +680,54 @@ class PgstageWorker(procrastinate_worker.Worker):
         self.failures.recovered("fetching jobs")
         # This worker fetched a job it is still running: stalled recovery took it back
         # while this worker looked dead, and this worker fetched it again. The first run
-        # goes on and saves the outcome; a second one here would run it twice.
+        # goes on and saves the outcome; a second one here would run it twice — unless
+        # the first run's outcome was refused before this fetch (_runs_again_after).
         # A run whose attempt recovery ended as timed out is no longer this job's: the
         # new attempt runs (the hung run's outcome will be refused).
         job_id, attempts = context.job.id, context.job.attempts
-        if any(
-            c.job.id == job_id and c.job.attempts == attempts and c is not context
-            for c in self._running_jobs.values()
-        ):
-            logger.warning(
-                "job %s was fetched again while this worker still runs it (it looked dead "
-                "for a moment); the running one goes on",
-                job_id,
-            )
+        first = next(
+            (
+                task
+                for task, c in self._running_jobs.items()
+                if c.job.id == job_id and c.job.attempts == attempts and c is not context
+            ),
+            None,
+        )
+        if first is not None and not await self._runs_again_after(first, context.job):
             return
         self._unsettle(context.job)
         await super()._process_job(context)
+
+    async def _runs_again_after(self, first: asyncio.Task[Any], job: jobs.Job) -> bool:
+        """This worker fetched a job it is still running (recovery took it back while
+        the worker looked dead): the first run goes on, and its outcome is saved on this
+        fetch's row. Wait for it (this fetch keeps its slot meanwhile), then say whether
+        the job must run again: when the first run's outcome was refused — saved while
+        the job waited, before this fetch took it back — the job is this worker's, and
+        no run of it would be left."""
+        logger.warning(
+            "job %s was fetched again while this worker still runs it (it looked dead "
+            "for a moment); the running one goes on",
+            job.id,
+        )
+        await asyncio.wait([first])
+        row = await self._with_retries(
+            f"reading job {job.id} after its first run",
+            functools.partial(
+                self.app.connector.execute_query_one_async,
+                queries["held_unrun"],
+                job_id=job.id,
+                worker_id=self.worker_id,
+                attempts=job.attempts,
+            ),
+        )
+        if row["held"]:
+            logger.warning(
+                "job %s: its first run's outcome was refused before this worker fetched "
+                "it again; it runs again",
+                job.id,
+            )
+        return bool(row["held"])
 
     async def _update_heartbeat(self) -> None:
         """Beat every interval on a connection of its own, never the pool's: while the

@@ -377,6 +377,17 @@ RETURNING id
 )
 SELECT id FROM polled;
 
+-- held_unrun --
+-- Whether this worker still holds the job at this attempt: a second fetch of a job the
+-- worker was running waited for the first run to end; when the first run's outcome was
+-- refused (saved before the second fetch took the job back, while the job was 'todo'),
+-- the job is this worker's and no run of it is left.
+SELECT EXISTS (
+    SELECT 1 FROM procrastinate_jobs
+     WHERE id = %(job_id)s AND status = 'doing' AND worker_id = %(worker_id)s
+       AND attempts = %(attempts)s
+) AS held;
+
 -- orphans --
 -- Jobs this worker was given but never heard of: the fetch committed, then the connection
 -- died before its reply arrived. They never started. Read only while no fetch is in

@@ -311,6 +311,31 @@ def test_orphans_of_a_lost_fetch_reply_go_back_or_end_and_the_worker_goes_on(
     assert worker.alive
 
 
+def test_a_job_held_but_not_run_goes_back_without_a_failed_fetch(effects, task_worker, tmp_path):
+    """The net for any way to a job 'doing' under a live worker that does not run it
+    (stalled recovery never takes it: its worker beats): the fetch loop looks again once
+    a stall threshold (3 s here) has passed since its last look, with no fetch failing,
+    and puts it back; the job it is running meanwhile stays its own."""
+    worker = task_worker(env=FAST_BEATS, concurrency=2)
+    first, second = tmp_path / "first", tmp_path / "second"
+    long = enqueue(
+        "tests.two_phase", args={"label": "long", "first": str(first), "second": str(second)}
+    )
+    wait_for(lambda: effects().count("long:started") == 1, message="the long run")
+    held = _orphan(_the_worker_id(), label="held")
+    wait_for(
+        lambda: "held" in effects(),
+        timeout=20,
+        message=f"the held job's run\n{worker.log()[-2000:]}",
+    )
+    assert f"job {held} was held by this worker, which was not running it" in worker.log()
+    assert jobs(id=long.job_id)[0]["status"] == "doing"  # running: not put back
+    first.touch()
+    wait_for(lambda: jobs(id=long.job_id)[0]["status"] == "succeeded", message="the long end")
+    assert effects().count("long:started") == 1
+    assert jobs(id=held)[0]["status"] == "succeeded"
+
+
 def _workers() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM procrastinate_workers")
@@ -378,6 +403,86 @@ def test_a_job_fetched_again_while_its_first_run_goes_on_is_not_run_twice(
     second.touch()
     wait_for(lambda: jobs(id=job.job_id)[0]["status"] == "succeeded", message="the end")
     assert effects().count("j:started") == 1 and effects().count("j:finished") == 1
+
+
+def test_a_job_fetched_again_after_its_first_runs_outcome_was_refused_runs_again(
+    effects, monkeypatch
+):
+    """The other order of the race above (found by the nemesis: an analysis complete,
+    its job 'doing' under a live worker for good): recovery put the running job back,
+    the first run ended and its outcome was refused (the job waited then), and only
+    then, the first run still listed as running, the same worker fetched the job again.
+    Dropping that fetch would leave the job 'doing' under a live worker, which no
+    recovery takes back; it waits for the first run, finds the job still its own, and
+    runs it again. Driven in this process, so that the interleaving is the test's."""
+    import asyncio
+
+    from procrastinate.contrib.django import app
+
+    import tests.queueing.tasks  # noqa: F401  (registers tests.record in this process)
+    from queueing.worker import PgstageWorker
+
+    job = enqueue("tests.record", args={"label": "j"})
+    worker_app = app.with_connector(app.connector.get_worker_connector())
+
+    async def scenario() -> str:
+        worker = PgstageWorker(
+            app=worker_app,
+            wait=True,
+            listen_notify=False,
+            concurrency=2,
+            fetch_job_polling_interval=0.05,
+            install_signal_handlers=False,
+        )
+        real = worker._persist_job_status
+        runs = []
+
+        async def persist(**kwargs):
+            runs.append(kwargs["job"].id)
+            if len(runs) > 1:
+                return await real(**kwargs)
+            connector = worker_app.connector
+            # Recovery took the job back while this run went on; it waits (not ready).
+            await connector.execute_query_async(
+                "UPDATE procrastinate_jobs SET status = 'todo', worker_id = NULL, "
+                "scheduled_at = now() + interval '1 hour' WHERE id = %(id)s",
+                id=job.job_id,
+            )
+            await real(**kwargs)  # refused: the job is not this worker's now
+            # Ready again: this worker fetches it while this run is still listed.
+            await connector.execute_query_async(
+                "UPDATE procrastinate_jobs SET scheduled_at = now() WHERE id = %(id)s",
+                id=job.job_id,
+            )
+            for _ in range(200):
+                row = await connector.execute_query_one_async(
+                    "SELECT status::text, worker_id FROM procrastinate_jobs WHERE id = %(id)s",
+                    id=job.job_id,
+                )
+                if (row["status"], row["worker_id"]) == ("doing", worker.worker_id):
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)  # the fetch's reply reaches the worker meanwhile
+
+        monkeypatch.setattr(worker, "_persist_job_status", persist)
+        async with worker_app.open_async():
+            running = asyncio.create_task(worker.run())
+            status = "todo"
+            for _ in range(400):
+                row = await worker_app.connector.execute_query_one_async(
+                    "SELECT status::text FROM procrastinate_jobs WHERE id = %(id)s",
+                    id=job.job_id,
+                )
+                status = row["status"]
+                if status == "succeeded":
+                    break
+                await asyncio.sleep(0.05)
+            worker.stop()
+            await asyncio.wait_for(running, timeout=30)
+        return status
+
+    assert asyncio.run(scenario()) == "succeeded"
+    assert effects() == ["j", "j"]  # the first run's outcome was refused: a run again
 
 
 def test_a_worker_loop_that_fails_anyway_stops_the_worker_as_a_failure(clean_queue, monkeypatch):
