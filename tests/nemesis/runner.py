@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
+from tests.nemesis import forensics
 from tests.nemesis.checker import QUIET_BOUND_SECONDS, Report, check
 from tests.nemesis.cluster import CONCURRENCY, ROOT, WORKER_SETTINGS, Cluster, free_port
 from tests.nemesis.history import History, read_history
@@ -156,6 +157,8 @@ def run(args: argparse.Namespace) -> tuple[Report, Path]:
             time.sleep(3)
             workload.join()
             quiet = _wait_quiet(unfinished, last_fault)
+            if quiet is None:
+                forensics.record_unfinished(history, [w.pid for w in cluster.workers if w.alive])
             monitor.join()
             history.record("quiet", seconds=quiet)
             database_returns = [
@@ -309,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nnemesis seed {args.seed}: {len(report.violations)} violations", flush=True)
         for violation in report.violations[:30]:
             print("- " + json.dumps(violation, default=str)[:1000])
+        print(forensics.report(read_history(path)))
         print(f"\nseed {args.seed}; history {path}\nreplay: {replay}", flush=True)
         return 1
     print(f"\nnemesis seed {args.seed}: no violation; history {path}\nreplay: {replay}")

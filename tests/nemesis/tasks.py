@@ -13,6 +13,9 @@ from django.db import transaction
 from queueing.app import task
 from queueing.backoff import JitteredBackoff
 from tests.nemesis.effects import log_effect
+from tests.nemesis.forensics import install_dumps
+
+install_dumps()  # every worker imports this module: its stacks on SIGUSR1 and SIGUSR2
 
 EFFECT = "nemesis.effect"
 SETTLED = "nemesis.settled"

@@ -61,8 +61,10 @@ def run_nemesis(tmp_path: Path, *, seed: int, seconds: float, scale: float, **ex
         process.terminate()  # the runner stops its workers and its server on SIGTERM
         out, err = process.communicate(timeout=120)
         pytest.fail(f"the nemesis run did not end in time\n{out[-6000:]}{err[-3000:]}")
-    print(out[-6000:])
-    assert process.returncode == 0, out[-6000:] + err[-3000:]
+    # The tail holds the verdict, the forensics of a run that did not end quiet
+    # (tests.nemesis.forensics) and the replay command.
+    print(out[-20000:])
+    assert process.returncode == 0, out[-20000:] + err[-3000:]
 
 
 def permanent_seeds() -> list:
