@@ -831,6 +831,24 @@ class PgstageWorker(procrastinate_worker.Worker):
             except procrastinate_exceptions.ConnectorException as exc:
                 await asyncio.sleep(self.failures.failed("deferring periodic jobs", exc))
 
+    async def _poll_jobs_to_abort(self) -> None:
+        """procrastinate's poll for abort requests, every ``abort_job_polling_interval``
+        while a job runs; a failure is one line of the loop's own (procrastinate logs
+        each at ERROR with its traceback, every interval of an outage). It never stops
+        the worker: a late abort is no outage."""
+        loop = "polling for abort requests"
+        while True:
+            await asyncio.sleep(self.abort_job_polling_interval)
+            if not self._running_jobs:
+                continue
+            try:
+                job_ids = await self.app.job_manager.list_jobs_to_abort_async()
+            except procrastinate_exceptions.ConnectorException as exc:
+                self.failures.failed(loop, exc, bounded=False)
+                continue
+            self.failures.recovered(loop)
+            self._handle_abort_jobs_requested(job_ids)
+
     def _maintenance_period(self) -> float:
         inline = [s for s in sweeps.sweeps().values() if s.inline]
         return min((s.every_seconds for s in inline), default=MAINTENANCE_SECONDS)

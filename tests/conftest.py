@@ -180,15 +180,18 @@ def wait_for(
     *,
     timeout: float = 30,
     interval: float = 0.05,
-    message: str = "condition",
+    message: str | Callable[[], str] = "condition",
 ) -> None:
-    """Poll ``predicate`` until it holds (waiting on real processes, not moving time)."""
+    """Poll ``predicate`` until it holds (waiting on real processes, not moving time).
+    ``message`` may be a callable: it is called at the timeout, so that what it shows (a
+    worker's log) is what was there when the wait gave up."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+    text = message() if callable(message) else message
+    raise AssertionError(f"timed out after {timeout}s waiting for {text}")
 
 
 def run_concurrently(func: Callable[[int], object], count: int) -> list[object]:

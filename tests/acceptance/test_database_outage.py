@@ -238,6 +238,9 @@ def test_a_database_restart_loses_and_repeats_nothing(db, start_worker, tmp_path
     )
     assert worker.alive and worker.process.pid == pid
     assert "next attempt in" in worker.log()
+    # Each loop's failure is one line of its own: procrastinate's abort poll logged each
+    # at ERROR with its traceback, every interval of the outage, while the long job ran.
+    assert "poll_jobs_to_abort error" not in worker.log()
     counts = effect_counts(db)
     assert all(counts.get(f"{p}-{i}") for p in ("before", "after-restart") for i in range(50))
     # The long job's connection died under it: it failed once, was retried through the

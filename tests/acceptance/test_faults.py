@@ -130,7 +130,10 @@ def test_a_worker_killed_inside_each_sweep(effects, start_worker, tmp_path):
     dead_sweep_jobs = {name: request_sweep(name).job_id for name in job_sweeps}
     wait_for(
         lambda: all(f"sweep:{n}:started" in effects() for n in job_sweeps),
-        message=f"the workers inside every sweep ({effects()})\n{seconds[0].log()[-2000:]}",
+        message=lambda: (
+            f"the workers inside every sweep ({effects()})\n"
+            + "\n".join(f"worker {i}:\n{w.log()[-2500:]}" for i, w in enumerate(seconds))
+        ),
     )
     for second in seconds:
         kill(second)
