@@ -16,6 +16,7 @@ from tests.nemesis.forensics import install_dumps
 install_dumps()
 
 def hung_job():
+    print("ready", flush=True)  # from the job's thread: it hangs from here on
     time.sleep(60)
 
 async def run_job():
@@ -24,7 +25,6 @@ async def run_job():
 async def main():
     loop = asyncio.get_running_loop()
     job = loop.create_task(run_job(), name="process job runs.process_job[144]")
-    print("ready", flush=True)
     await job
 
 asyncio.run(main())
