@@ -32,8 +32,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 from asgiref.sync import sync_to_async
+from django.db import Error as DatabaseError
 from django.db import connection
+from procrastinate import exceptions as procrastinate_exceptions
 from procrastinate import psycopg_connector
 
 from queueing import sql
@@ -53,7 +56,7 @@ def rows_walking(query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     statement cursor (:func:`queueing.sql.statement_cursor`: prepared where the
     connection prepares). Inside the caller's transaction the settings are restored after
     the statement."""
-    if connection.in_atomic_block:
+    if _in_transaction():
         with connection.cursor() as cursor:
             cursor.execute(_SAVED)
             saved = cursor.fetchone()
@@ -80,6 +83,17 @@ def rows_walking(query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     raise AssertionError("unreachable")
 
 
+def _in_transaction() -> bool:
+    """Whether a statement on Django's connection now runs inside a transaction: an
+    ``atomic()`` block, autocommit turned off, or a transaction begun by hand (``BEGIN``
+    on a cursor), which Django's own state does not see — the settings must then be
+    restored after the statement, not left to the pipeline's implicit transaction."""
+    if connection.in_atomic_block or not connection.get_autocommit():
+        return True
+    status = connection.connection.info.transaction_status
+    return status != psycopg.pq.TransactionStatus.IDLE
+
+
 def _dicts(cursor: Any) -> list[dict[str, Any]]:
     columns = [column[0] for column in cursor.description]
     return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
@@ -91,7 +105,10 @@ async def rows_walking_async(connector: Any, query: str, **arguments: Any) -> li
     connector (Django's, in-process) as :func:`rows_walking`."""
     if isinstance(connector, psycopg_connector.PsycopgConnector):
         return await _pipelined(connector, query, arguments)
-    return await sync_to_async(rows_walking)(query, arguments)
+    try:
+        return await sync_to_async(rows_walking)(query, arguments)
+    except DatabaseError as exc:  # as procrastinate's connectors raise it: the worker's
+        raise procrastinate_exceptions.ConnectorException from exc  # loops retry that
 
 
 @psycopg_connector.wrap_exceptions()

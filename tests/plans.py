@@ -33,6 +33,8 @@ def rows_read(
                 prepared = re.sub(
                     r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", query
                 )
+                # Sent without parameters: a literal % is no longer doubled.
+                prepared = prepared.replace("%%", "%")
                 cursor.execute(f"PREPARE pgstage_generic AS {prepared}")
                 cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
                 arguments = ", ".join(f"%({name})s" for name in names)

@@ -61,12 +61,12 @@ WITH RECURSIVE waiting AS (
      WHERE task_name = ANY( %(task_names)s::varchar[] )
        AND (%(queues)s::varchar[] IS NULL OR queue_name = ANY( %(queues)s::varchar[] ))
 ), tops AS (
-    SELECT mine.task_name, mine.queue_name, top.priority, top.id
+    SELECT mine.task_name, mine.queue_name, top.priority, top.id, top.lock
       FROM mine
      CROSS JOIN LATERAL (
-        SELECT ready.id, ready.priority
+        SELECT ready.id, ready.priority, ready.lock
           FROM ((
-        SELECT jobs.id, jobs.priority
+        SELECT jobs.id, jobs.priority, jobs.lock
             FROM procrastinate_jobs AS jobs
             WHERE jobs.id = mine.id AND
                 CASE WHEN jobs.lock IS NULL THEN true ELSE
@@ -97,7 +97,7 @@ WITH RECURSIVE waiting AS (
                 AND jobs.queue_name = mine.queue_name
             ORDER BY jobs.priority DESC, jobs.id ASC LIMIT 1
         ) UNION ALL (
-        SELECT jobs.id, jobs.priority
+        SELECT jobs.id, jobs.priority, jobs.lock
             FROM procrastinate_jobs AS jobs
             WHERE
                 CASE WHEN jobs.lock IS NULL THEN true ELSE
@@ -137,6 +137,12 @@ WITH RECURSIVE waiting AS (
           FROM procrastinate_jobs AS jobs
          WHERE jobs.id = top.id
            AND jobs.status = 'todo'
+           -- Taken as it was read: a job run and retried meanwhile (another queue, a
+           -- later schedule, another priority or lock) is left to a later fetch, as
+           -- procrastinate's fetch leaves it (its row lock re-checks its whole WHERE).
+           AND (jobs.task_name, jobs.queue_name, jobs.priority) = (top.task_name, top.queue_name, top.priority)
+           AND jobs.lock IS NOT DISTINCT FROM top.lock
+           AND (jobs.scheduled_at IS NULL OR jobs.scheduled_at <= now())
            FOR UPDATE OF jobs SKIP LOCKED) AS locked
      ORDER BY top.priority DESC, top.id ASC
      LIMIT 1

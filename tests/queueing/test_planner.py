@@ -114,3 +114,79 @@ def test_inside_the_callers_transaction_its_own_settings_come_back():
         assert rows_walking(SEEN, {}) == [{"sort": "off", "jit": "off"}]
         assert _settings() == ("on", "off")
     assert _settings() == ("on", "on")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transaction_begun_by_hand_gets_its_own_settings_back():
+    """A transaction Django does not know of (``BEGIN`` on a cursor): the statement runs in
+    it, not in a pipeline's implicit one, and its settings come back after it."""
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+        try:
+            assert rows_walking(SEEN, {}) == [{"sort": "off", "jit": "off"}]
+            assert _settings() == ("on", "on")
+        finally:
+            cursor.execute("ROLLBACK")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_another_connector_an_error_is_the_connectors():
+    """As procrastinate's connectors raise it, so that a worker's loops retry it."""
+    from procrastinate.contrib.django.django_connector import DjangoConnector
+
+    with pytest.raises(ConnectorException):
+        asyncio.run(rows_walking_async(DjangoConnector(), FAILS, zero=0))
+
+
+@pytest.fixture
+def walked(monkeypatch):
+    """The statements each call site sends through the planner's settings."""
+    import queueing.jobs
+    import queueing.worker
+    import runs.processing
+    import runs.selectors
+
+    seen: list[str] = []
+    for module in (queueing.jobs, runs.processing, runs.selectors):
+        real = module.rows_walking
+
+        def walking(query, params, real=real):
+            seen.append(query)
+            return real(query, params)
+
+        monkeypatch.setattr(module, "rows_walking", walking)
+    real_async = queueing.worker.rows_walking_async
+
+    async def walking_async(connector, query, **arguments):
+        seen.append(query)
+        return await real_async(connector, query, **arguments)
+
+    monkeypatch.setattr(queueing.worker, "rows_walking_async", walking_async)
+    return seen
+
+
+def test_every_walk_of_an_index_runs_under_the_settings(clean_queue, walked):
+    """The rows-read tests measure these statements under the settings; here each call
+    site is seen to send them so (a site that lost them would read every waiting job)."""
+    from asgiref.sync import async_to_sync
+    from procrastinate.contrib.django import app
+
+    from queueing import worker
+    from queueing.jobs import unrunnable_tasks
+    from queueing.sql import queries as queueing_queries
+    from runs import processing, selectors
+    from runs.core import queries as runs_queries
+
+    unrunnable_tasks()
+    processing.analysis_jobs_requeue_lost(idle_seconds=60)
+    selectors.resume_work(idle_seconds=60, held_seconds=600)
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id")
+        (worker_id,) = cursor.fetchone()
+    async_to_sync(worker.fetch_by_task_name(app).fetch_job)(queues=None, worker_id=worker_id)
+    assert walked == [
+        queueing_queries["unrunnable_tasks"],
+        runs_queries["lost_process_jobs"],
+        runs_queries["resume_work"],
+        worker.queries["fetch_job"],
+    ]
