@@ -44,15 +44,17 @@ What it adds to procrastinate's worker (3.10):
 * **A job's outcome is never dropped, and never written over another run.** Saving it is
   retried until the database is back, and fenced on the worker: a job that stalled
   recovery took back (this worker looked dead) is left to its new run; if this worker
-  fetches that job again while its first run goes on, the second fetch waits for the
-  first run, whose outcome is saved on it, and runs the job only if that outcome was
-  refused (saved while the job waited, before the second fetch took it). A
+  fetches that job again while its first run goes on, the second fetch is not run: the
+  first run's outcome is saved on its row; when it was refused (saved while the job
+  waited, before the second fetch took it), the job is put back once the first run has
+  ended, and runs once more. A
   retry whose queueing lock a fresh job holds (procrastinate issues 1446/1543) ends
   ``failed`` as superseded instead of staying ``doing`` for ever.
 * **A fetch whose reply was lost** (the connection cut after the fetch committed) would
   leave a job ``doing`` under this live worker that never runs it; after a failed fetch
-  the worker puts such jobs back, one by one (superseded or aborted ones end), and looks
-  again whenever its fetch loop starts over a stall threshold after its last look.
+  the worker puts such jobs back, one by one (superseded or aborted ones end); it looks
+  again before a fetch a stall threshold after its last look (a backlog included), and
+  before the next fetch once a run it had fetched again has ended.
 * **Its row survives an outage.** Only workers silent far longer than any live one can be
   are pruned, and a worker whose row went missing registers again and takes its running
   jobs back, in one statement.
@@ -251,12 +253,18 @@ class TaskNameJobManager(manager.JobManager):
     def __init__(self, *, connector: Any, tasks: Callable[[], Mapping[str, Any]]):
         super().__init__(connector=connector)
         self._tasks = tasks
+        #: Per worker id, what that worker does before each of its fetches, none of its
+        #: fetches in flight then (:meth:`PgstageWorker._look_if_due`).
+        self.before_fetch: dict[int, Callable[[], Awaitable[None]]] = {}
 
     def task_names(self) -> list[str]:
         """Every name a job of this app's tasks may carry (aliases included)."""
         return sorted(self._tasks())
 
     async def fetch_job(self, queues: Iterable[str] | None, worker_id: int) -> jobs.Job | None:
+        hook = self.before_fetch.get(worker_id)
+        if hook is not None:
+            await hook()
         # The arrays go as array literals (cached): dumping them element by element on
         # every fetch was a third of the fetch's client time.
         timeout_tasks, timeout_seconds = timeouts.for_tasks(self._tasks())
@@ -319,8 +327,12 @@ class PgstageWorker(procrastinate_worker.Worker):
             window=outage_seconds(), on_expired=self._give_up, reachable=self._beat_lately
         )
         self._pool: Any = None
-        #: When the fetch loop last looked for jobs held but not run (``_requeue_orphans``).
+        #: When this worker last looked for jobs it holds but does not run
+        #: (``_requeue_orphans``); whether the next fetch must look first.
         self._orphans_checked = time.monotonic()
+        self._look_forced = False
+        #: The worker id its look is hooked to, before each fetch (``_hook_fetches``).
+        self._hooked_id: int | None = None
         #: The round trip that decides whether a streak of unreachable is an outage.
         self._probe: asyncio.Task[None] | None = None
         self._registering = asyncio.Lock()
@@ -608,8 +620,9 @@ class PgstageWorker(procrastinate_worker.Worker):
     async def _fetch_and_process_jobs(self) -> None:
         failed = False
         while not self._stop_event.is_set():
+            self._hook_fetches()
             try:
-                if failed or time.monotonic() - self._orphans_checked >= stalled_seconds():
+                if failed:
                     await self._requeue_orphans()
                 await super()._fetch_and_process_jobs()
             except procrastinate_exceptions.ConnectorException as exc:
@@ -626,14 +639,40 @@ class PgstageWorker(procrastinate_worker.Worker):
             self.failures.recovered("fetching jobs")
             return
 
+    def _hook_fetches(self) -> None:
+        """Before each fetch of this worker (its id may change: ``_register_again``), the
+        look for jobs it holds but does not run, when due (:meth:`_look_if_due`)."""
+        assert self.worker_id is not None
+        hooks = self.job_manager.before_fetch
+        if self._hooked_id is not None and self._hooked_id != self.worker_id:
+            hooks.pop(self._hooked_id, None)
+        hooks[self.worker_id] = self._look_if_due
+        self._hooked_id = self.worker_id
+
+    async def _look_if_due(self) -> None:
+        """Before a fetch: look for jobs held but not run when a run this worker was
+        fetched again during has ended (:meth:`_force_look`), or once a stall threshold
+        has passed since the last look — with a backlog too, since procrastinate's fetch
+        loop then never starts over."""
+        if self._look_forced or time.monotonic() - self._orphans_checked >= stalled_seconds():
+            await self._requeue_orphans()
+
+    def _force_look(self, _ended: asyncio.Task[Any] | None = None) -> None:
+        """A run ended that this worker had fetched again meanwhile: the next fetch looks
+        first (woken now, when the worker waits for work)."""
+        self._look_forced = True
+        self._new_job_event.set()
+
     async def _requeue_orphans(self) -> None:
         """Jobs 'doing' under this (live, heart-beating) worker that it does not run are
         invisible to stalled recovery: a fetch whose reply was lost may have committed
-        one. Put each back; one whose SHORT key a fresh job now holds ends failed
-        (superseded), one whose abort was requested ends aborted. Called from the fetch
-        loop only, so no fetch of ours is in flight: after a failed fetch, and whenever
-        the loop starts over once a stall threshold has passed since the last look (a
-        net for any other way to such a job: none is known)."""
+        one, and a second fetch of a job this worker still ran leaves one when the first
+        run's outcome was refused. Put each back; one whose SHORT key a fresh job now
+        holds ends failed (superseded), one whose abort was requested ends aborted. Only
+        with no fetch of ours in flight: from the fetch loop after a failed fetch, and
+        before a fetch (:meth:`_look_if_due`)."""
+        # A run that ends while this looks forces the next look: cleared before the read.
+        self._look_forced = False
         connector = self.app.connector
         running = [c.job.id for c in self._running_jobs.values() if c.job.id]
         orphans = await connector.execute_query_all_async(
@@ -657,9 +696,11 @@ class PgstageWorker(procrastinate_worker.Worker):
                 )
             else:
                 try:
-                    await connector.execute_query_all_async(
+                    requeued = await connector.execute_query_all_async(
                         queries["requeue_orphan"], job_id=orphan["id"], worker_id=self.worker_id
                     )
+                    if not requeued:
+                        continue  # no longer this worker's (re-registered meanwhile)
                     note = "put back to todo"
                 except procrastinate_exceptions.UniqueViolation:
                     note = "superseded by a waiting job with its queueing lock"
@@ -680,54 +721,31 @@ class PgstageWorker(procrastinate_worker.Worker):
         self.failures.recovered("fetching jobs")
         # This worker fetched a job it is still running: stalled recovery took it back
         # while this worker looked dead, and this worker fetched it again. The first run
-        # goes on and saves the outcome; a second one here would run it twice — unless
-        # the first run's outcome was refused before this fetch (_runs_again_after).
+        # goes on and saves its outcome on this fetch's row; a second one here would run
+        # it twice. When the first run's outcome was refused (saved while the job waited,
+        # before this fetch took it back), the job is this worker's and no run of it is
+        # left: the look before the next fetch once the first run has ended puts it back
+        # (_force_look), and it runs once. This fetch's slot is free meanwhile.
         # A run whose attempt recovery ended as timed out is no longer this job's: the
         # new attempt runs (the hung run's outcome will be refused).
         job_id, attempts = context.job.id, context.job.attempts
-        first = next(
-            (
-                task
-                for task, c in self._running_jobs.items()
-                if c.job.id == job_id and c.job.attempts == attempts and c is not context
-            ),
-            None,
-        )
-        if first is not None and not await self._runs_again_after(first, context.job):
+        earlier = [
+            task
+            for task, c in self._running_jobs.items()
+            if c.job.id == job_id and c.job.attempts == attempts and c is not context
+        ]
+        if earlier:
+            logger.warning(
+                "job %s was fetched again while this worker still runs it (it looked dead "
+                "for a moment); the running one goes on, and the job is looked at again "
+                "once it ends",
+                job_id,
+            )
+            for task in earlier:
+                task.add_done_callback(self._force_look)
             return
         self._unsettle(context.job)
         await super()._process_job(context)
-
-    async def _runs_again_after(self, first: asyncio.Task[Any], job: jobs.Job) -> bool:
-        """This worker fetched a job it is still running (recovery took it back while
-        the worker looked dead): the first run goes on, and its outcome is saved on this
-        fetch's row. Wait for it (this fetch keeps its slot meanwhile), then say whether
-        the job must run again: when the first run's outcome was refused — saved while
-        the job waited, before this fetch took it back — the job is this worker's, and
-        no run of it would be left."""
-        logger.warning(
-            "job %s was fetched again while this worker still runs it (it looked dead "
-            "for a moment); the running one goes on",
-            job.id,
-        )
-        await asyncio.wait([first])
-        row = await self._with_retries(
-            f"reading job {job.id} after its first run",
-            functools.partial(
-                self.app.connector.execute_query_one_async,
-                queries["held_unrun"],
-                job_id=job.id,
-                worker_id=self.worker_id,
-                attempts=job.attempts,
-            ),
-        )
-        if row["held"]:
-            logger.warning(
-                "job %s: its first run's outcome was refused before this worker fetched "
-                "it again; it runs again",
-                job.id,
-            )
-        return bool(row["held"])
 
     async def _update_heartbeat(self) -> None:
         """Beat every interval on a connection of its own, never the pool's: while the

@@ -383,21 +383,11 @@ RETURNING id
 )
 SELECT id FROM polled;
 
--- held_unrun --
--- Whether this worker still holds the job at this attempt: a second fetch of a job the
--- worker was running waited for the first run to end; when the first run's outcome was
--- refused (saved before the second fetch took the job back, while the job was 'todo'),
--- the job is this worker's and no run of it is left.
-SELECT EXISTS (
-    SELECT 1 FROM procrastinate_jobs
-     WHERE id = %(job_id)s AND status = 'doing' AND worker_id = %(worker_id)s
-       AND attempts = %(attempts)s
-) AS held;
-
 -- orphans --
--- Jobs this worker was given but never heard of: the fetch committed, then the connection
--- died before its reply arrived. They never started. Read only while no fetch is in
--- flight (the fetch loop, after a failed fetch).
+-- Jobs 'doing' under this worker that it does not run: a fetch committed, then the
+-- connection died before its reply arrived (they never started); or a second fetch of a
+-- job the worker still ran, whose first run's outcome was refused. Read only while no
+-- fetch of the worker is in flight (after a failed fetch; before a fetch).
 SELECT id, task_name, abort_requested
   FROM procrastinate_jobs
  WHERE worker_id = %(worker_id)s

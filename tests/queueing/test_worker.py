@@ -3,6 +3,7 @@ task, drain on SIGTERM, and recovery of a SIGKILLed worker's job."""
 
 from __future__ import annotations
 
+import logging
 import signal
 
 import pytest
@@ -406,7 +407,7 @@ def test_a_job_fetched_again_while_its_first_run_goes_on_is_not_run_twice(
 
 
 def test_a_job_fetched_again_after_its_first_runs_outcome_was_refused_runs_again(
-    effects, monkeypatch
+    effects, monkeypatch, caplog
 ):
     """The other order of the race above (found by the nemesis: an analysis complete,
     its job 'doing' under a live worker for good): recovery put the running job back,
@@ -420,20 +421,12 @@ def test_a_job_fetched_again_after_its_first_runs_outcome_was_refused_runs_again
     from procrastinate.contrib.django import app
 
     import tests.queueing.tasks  # noqa: F401  (registers tests.record in this process)
-    from queueing.worker import PgstageWorker
 
     job = enqueue("tests.record", args={"label": "j"})
     worker_app = app.with_connector(app.connector.get_worker_connector())
 
     async def scenario() -> str:
-        worker = PgstageWorker(
-            app=worker_app,
-            wait=True,
-            listen_notify=False,
-            concurrency=2,
-            fetch_job_polling_interval=0.05,
-            install_signal_handlers=False,
-        )
+        worker = _in_process_worker(worker_app, concurrency=2)
         real = worker._persist_job_status
         runs = []
 
@@ -454,15 +447,7 @@ def test_a_job_fetched_again_after_its_first_runs_outcome_was_refused_runs_again
                 "UPDATE procrastinate_jobs SET scheduled_at = now() WHERE id = %(id)s",
                 id=job.job_id,
             )
-            for _ in range(200):
-                row = await connector.execute_query_one_async(
-                    "SELECT status::text, worker_id FROM procrastinate_jobs WHERE id = %(id)s",
-                    id=job.job_id,
-                )
-                if (row["status"], row["worker_id"]) == ("doing", worker.worker_id):
-                    break
-                await asyncio.sleep(0.02)
-            await asyncio.sleep(0.2)  # the fetch's reply reaches the worker meanwhile
+            await _until_fetched_by(worker, job.job_id)
 
         monkeypatch.setattr(worker, "_persist_job_status", persist)
         async with worker_app.open_async():
@@ -481,8 +466,138 @@ def test_a_job_fetched_again_after_its_first_runs_outcome_was_refused_runs_again
             await asyncio.wait_for(running, timeout=30)
         return status
 
-    assert asyncio.run(scenario()) == "succeeded"
+    with caplog.at_level(logging.WARNING, logger="queueing.worker"):
+        assert asyncio.run(scenario()) == "succeeded"
     assert effects() == ["j", "j"]  # the first run's outcome was refused: a run again
+    assert f"job {job.job_id} was fetched again while this worker still runs it" in caplog.text
+    assert f"job {job.job_id} was held by this worker, which was not running it" in caplog.text
+
+
+def _in_process_worker(worker_app, *, concurrency: int):
+    """A pgstage worker in this process (the test drives its interleaving), polling fast."""
+    from queueing.worker import PgstageWorker
+
+    return PgstageWorker(
+        app=worker_app,
+        wait=True,
+        listen_notify=False,
+        concurrency=concurrency,
+        fetch_job_polling_interval=0.05,
+        install_signal_handlers=False,
+    )
+
+
+async def _until_fetched_by(worker, job_id: int) -> None:
+    """Until the job is 'doing' under ``worker``, and the fetch's reply has reached it."""
+    import asyncio
+
+    connector = worker.app.connector
+    for _ in range(300):
+        row = await connector.execute_query_one_async(
+            "SELECT status::text, worker_id FROM procrastinate_jobs WHERE id = %(id)s",
+            id=job_id,
+        )
+        if (row["status"], row["worker_id"]) == ("doing", worker.worker_id):
+            await asyncio.sleep(0.3)  # the fetch's reply reaches the worker meanwhile
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"job {job_id} was not fetched again by the worker")
+
+
+def test_a_job_fetched_again_twice_while_its_first_run_goes_on_runs_once_more(
+    effects, monkeypatch, tmp_path
+):
+    """Two recoveries during one run (the worker looked dead twice): the worker fetched
+    the job again after each, the first run's outcome was refused; both later fetches
+    are dropped, and the job runs once more, never twice at once."""
+    import asyncio
+
+    from procrastinate.contrib.django import app
+
+    import tests.queueing.tasks  # noqa: F401  (registers tests.two_phase in this process)
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.touch()  # the first run ends at once; a run after it waits for `second`
+    job = enqueue(
+        "tests.two_phase", args={"label": "j", "first": str(first), "second": str(second)}
+    )
+    worker_app = app.with_connector(app.connector.get_worker_connector())
+    seen: dict[str, list[str]] = {}
+
+    async def labels() -> list[str]:
+        rows = await worker_app.connector.execute_query_all_async(
+            "SELECT label FROM test_effects ORDER BY id"
+        )
+        return [row["label"] for row in rows]
+
+    async def scenario() -> None:
+        worker = _in_process_worker(worker_app, concurrency=3)
+        real = worker._persist_job_status
+        runs = []
+
+        async def put_back(when: str) -> None:
+            await worker_app.connector.execute_query_async(
+                "UPDATE procrastinate_jobs SET status = 'todo', worker_id = NULL, "
+                f"scheduled_at = {when} WHERE id = %(id)s",
+                id=job.job_id,
+            )
+
+        async def persist(**kwargs):
+            runs.append(kwargs["job"].id)
+            if len(runs) > 1:
+                return await real(**kwargs)
+            await put_back("now()")  # recovery, and this worker fetches it again
+            await _until_fetched_by(worker, job.job_id)
+            await put_back("now() + interval '1 hour'")  # recovery again; it waits
+            await real(**kwargs)  # refused
+            await worker_app.connector.execute_query_async(
+                "UPDATE procrastinate_jobs SET scheduled_at = now() WHERE id = %(id)s",
+                id=job.job_id,
+            )
+            await _until_fetched_by(worker, job.job_id)  # a third fetch, this run listed
+
+        monkeypatch.setattr(worker, "_persist_job_status", persist)
+        async with worker_app.open_async():
+            running = asyncio.create_task(worker.run())
+            for _ in range(200):
+                if (await labels()).count("j:started") >= 2:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)  # a twin run would have started by now
+            seen["while_the_rerun_waits"] = await labels()
+            second.touch()
+            for _ in range(200):
+                if (await labels()).count("j:finished") >= 2:
+                    break
+                await asyncio.sleep(0.05)
+            worker.stop()
+            await asyncio.wait_for(running, timeout=30)
+
+    asyncio.run(scenario())
+    assert seen["while_the_rerun_waits"] == ["j:started", "j:finished", "j:started"]
+    assert effects() == ["j:started", "j:finished", "j:started", "j:finished"]
+    assert jobs(id=job.job_id)[0]["status"] == "succeeded"
+
+
+def test_a_job_held_but_not_run_goes_back_during_a_backlog(effects, task_worker):
+    """The look for jobs held but not run comes before a fetch, so a backlog (which keeps
+    procrastinate's fetch loop from starting over) does not put it off."""
+    worker = task_worker(env=FAST_BEATS, concurrency=1)
+    wait_for(lambda: _workers() == 1, message="registration")
+    for i in range(120):
+        enqueue("tests.sleep", args={"label": f"backlog-{i}", "seconds": 0.1})
+    wait_for(lambda: len(effects()) >= 2, message="the backlog's first jobs")
+    held = _orphan(_the_worker_id(), label="held")
+    put_back = f"job {held} was held by this worker, which was not running it"
+    wait_for(
+        lambda: put_back in worker.log(),
+        timeout=30,
+        message=lambda: f"the held job put back\n{worker.log()[-2000:]}",
+    )
+    backlog_left = sum(1 for j in jobs() if j["status"] == "todo" and j["id"] != held)
+    assert backlog_left > 20, f"put back only once the backlog drained ({backlog_left} left)"
+    # Back in line (behind the backlog, by its id), it runs.
+    wait_for(lambda: "held" in effects(), timeout=60, message="the held job's run")
 
 
 def test_a_worker_loop_that_fails_anyway_stops_the_worker_as_a_failure(clean_queue, monkeypatch):
