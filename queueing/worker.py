@@ -855,14 +855,17 @@ class PgstageWorker(procrastinate_worker.Worker):
         each at ERROR with its traceback, every interval of an outage). It never stops
         the worker: a late abort is no outage."""
         loop = "polling for abort requests"
+        pause = self.abort_job_polling_interval
         while True:
-            await asyncio.sleep(self.abort_job_polling_interval)
+            await asyncio.sleep(pause)
+            pause = self.abort_job_polling_interval
             if not self._running_jobs:
                 continue
             try:
                 job_ids = await self.app.job_manager.list_jobs_to_abort_async()
             except procrastinate_exceptions.ConnectorException as exc:
-                self.failures.failed(loop, exc, bounded=False)
+                # The next attempt after the pause the failure's line names.
+                pause = self.failures.failed(loop, exc, bounded=False)
                 continue
             self.failures.recovered(loop)
             self._handle_abort_jobs_requested(job_ids)
