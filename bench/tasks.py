@@ -7,6 +7,9 @@ nothing but what the scenario needs of both sides:
 * ``bench.noop_next`` — defers its next hop with procrastinate's own ``defer``;
 * ``bench.hop`` — one hop of a plain chain: defers the next hop until the last.
 
+``bench.noop_task`` is a ``queueing.app.task`` that does nothing: pgstage's worker and
+task wrapper on a job with no work, set against ``bench.noop`` on procrastinate's worker.
+
 ``bench.stage`` is pgstage's stage path with no work in it, as ``pipeline_stage_run`` runs
 a stage: the task wrapper of ``queueing.app.task``, the ledger claim committed on its own,
 then ``complete`` and the next hop's enqueue with an EXCLUSIVE key in one statement.
@@ -30,6 +33,7 @@ NOOP = "bench.noop"
 NOOP_NEXT = "bench.noop_next"
 HOP = "bench.hop"
 STAGE = "bench.stage"
+NOOP_TASK = "bench.noop_task"
 #: Hops of a plain chain: as many as an inquiry has stages.
 CHAIN_HOPS = 4
 
@@ -68,6 +72,12 @@ def chain_hop(context, chain: str, hop: int) -> None:
         procrastinate_app.configure_task(HOP, queue=context.job.queue).defer(
             chain=chain, hop=hop + 1
         )
+
+
+@task(name=NOOP_TASK)
+def noop_task(**_: object) -> None:
+    """pgstage's task wrapper with nothing in it: what pgstage's worker spends on a job
+    before any work (the stage job is this plus its claim and its completion)."""
 
 
 @task(name=STAGE)

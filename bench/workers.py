@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -190,10 +190,80 @@ def running(
             _stop(group)
 
 
+#: Clock ticks per second of the CPU times in ``/proc/<pid>/stat``.
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid``, all its threads (Linux's /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def _local_backend(pid: int) -> bool:
+    """Whether ``pid`` is a PostgreSQL backend on this machine (a server elsewhere has its
+    own pids: they name nothing here, or a process that is not a backend)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"postgres")
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class CpuReading:
+    """CPU seconds so far of a group's worker processes and of its server sessions, each
+    session by pid (None: the server is not on this machine)."""
+
+    worker: float
+    sessions: dict[int, float] | None
+
+    def since(self, earlier: CpuReading) -> tuple[float, float | None]:
+        """Worker and server CPU seconds between ``earlier`` and this reading; a session
+        that connected in between counts from its start (one that closed in between is
+        lost: the workers keep theirs)."""
+        server = None
+        if self.sessions is not None and earlier.sessions is not None:
+            server = sum(cpu - earlier.sessions.get(pid, 0.0) for pid, cpu in self.sessions.items())
+        return self.worker - earlier.worker, server
+
+
+def cpu_reading(group: WorkerGroup) -> CpuReading:
+    """The group's CPU so far: its worker processes (every thread) and its sessions on the
+    server (named by the group's ``PGAPPNAME``), read from /proc."""
+    worker = sum(_cpu_seconds(p.pid) or 0.0 for p in group.processes)
+    pids = [row[0] for row in database.fetch_all("group_sessions", prefix=group.app_prefix + "%")]
+    sessions: dict[int, float] | None = {}
+    for pid in pids:
+        cpu = _cpu_seconds(pid) if _local_backend(pid) else None
+        if cpu is None:
+            sessions = None
+            break
+        sessions[pid] = cpu
+    return CpuReading(worker=worker, sessions=sessions)
+
+
 @dataclass(frozen=True)
 class Span:
     jobs: int
     seconds: float
+    #: CPU seconds of the group's worker processes and server sessions (``cpu_of``).
+    worker_cpu: float | None = None
+    server_cpu: float | None = None
+
+    def per_job_ms(self) -> dict[str, float | None]:
+        """Wall time, worker CPU and server CPU per job, in ms."""
+
+        def ms(seconds: float | None) -> float | None:
+            return None if seconds is None else round(seconds / self.jobs * 1000, 3)
+
+        return {
+            "wall": ms(self.seconds),
+            "worker_cpu": ms(self.worker_cpu),
+            "server_cpu": ms(self.server_cpu),
+        }
 
     @property
     def rate(self) -> float:
@@ -238,15 +308,22 @@ def run_batch(
     tasks: Sequence[str],
     expected: int,
     groups: Sequence[WorkerGroup],
+    cpu_of: WorkerGroup | None = None,
 ) -> Span:
     """Enqueue a batch in one transaction (visible at once, the table analysed with it:
     ``analyze_jobs``) and time it as it runs; its jobs are deleted, and the table
-    vacuumed, afterwards."""
+    vacuumed, afterwards. With ``cpu_of``, the span also carries the CPU that group's
+    worker processes and server sessions spent on the batch (read just before the batch
+    is enqueued and just after its last job ended)."""
     after = database.last_job_id()
+    before = cpu_reading(cpu_of) if cpu_of is not None else None
     with transaction.atomic():
         enqueue()
         database.execute("analyze_jobs")
     span = wait_done(after=after, queues=queues, tasks=tasks, expected=expected, groups=groups)
+    if cpu_of is not None and before is not None:
+        worker, server = cpu_reading(cpu_of).since(before)
+        span = replace(span, worker_cpu=worker, server_cpu=server)
     database.discard_batch(after)
     return span
 

@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from bench.tasks import (
     HOP,
     NOOP,
     NOOP_NEXT,
+    NOOP_TASK,
     STAGE,
     STAGE_KEY,
     chain_hop,
@@ -95,6 +97,16 @@ def _bare_jobs(n: int) -> Callable[[], None]:
             noop.configure(queue=PLAIN_QUEUE).defer()
 
     return defer_all
+
+
+def _noop_tasks(n: int) -> Callable[[], None]:
+    """pgstage's no-op (``bench.noop_task``), on the queue pgstage's stage workers take."""
+
+    def enqueue_all() -> None:
+        for _ in range(n):
+            enqueue(NOOP_TASK, queue=STAGE_QUEUE)
+
+    return enqueue_all
 
 
 def _chains(n: int) -> Callable[[], None]:
@@ -172,31 +184,47 @@ def _warm_up(groups: list[WorkerGroup], *, tenant=None) -> None:
 
 
 def _stage_rates(
-    ctx: Context, groups: list[WorkerGroup], *, bare: bool = False
-) -> tuple[Series, Series] | tuple[Series, Series, Series]:
-    """pgstage's stage jobs/s and the no-op that defers its next hop's, alternately; with
-    ``bare``, also the no-op that defers nothing's (third)."""
+    ctx: Context,
+    groups: list[WorkerGroup],
+    *,
+    bare: bool = False,
+    per_job: dict[str, list[dict[str, float | None]]] | None = None,
+) -> dict[str, tuple[Series, Series]]:
+    """pgstage's stage jobs/s against the no-op that defers its next hop's, alternately
+    (``stage``); with ``bare``, also against the no-op that defers nothing (``bare``), and
+    pgstage's no-op task on pgstage's worker against that plain no-op (``noop``). Each
+    batch's wall time, worker CPU and server CPU per job go to ``per_job`` by kind."""
     n = ctx.sizes.stage_jobs
+    plain_group, pgstage_group = groups
     bare_rates: list[float] = []
+    noop_task_rates: list[float] = []
+
+    def batch(kind: str, enqueue_all, queue: str, task: str, group: WorkerGroup) -> float:
+        span = run_batch(
+            enqueue_all, queues=[queue], tasks=[task], expected=n, groups=groups, cpu_of=group
+        )
+        if per_job is not None:
+            per_job.setdefault(kind, []).append(span.per_job_ms())
+        return span.rate
 
     def plain(_r: int) -> float:
         if bare:
-            bare_rates.append(
-                run_batch(
-                    _bare_jobs(n), queues=[PLAIN_QUEUE], tasks=[NOOP], expected=n, groups=groups
-                ).rate
-            )
-        return run_batch(
-            _noop_jobs(n), queues=[PLAIN_QUEUE], tasks=[NOOP_NEXT], expected=n, groups=groups
-        ).rate
+            bare_rates.append(batch("noop", _bare_jobs(n), PLAIN_QUEUE, NOOP, plain_group))
+        return batch("noop_next", _noop_jobs(n), PLAIN_QUEUE, NOOP_NEXT, plain_group)
 
     def pgstage(_r: int) -> float:
-        return run_batch(
-            _stage_jobs(n), queues=[STAGE_QUEUE], tasks=[STAGE], expected=n, groups=groups
-        ).rate
+        if bare:
+            noop_task_rates.append(
+                batch("noop_task", _noop_tasks(n), STAGE_QUEUE, NOOP_TASK, pgstage_group)
+            )
+        return batch("stage", _stage_jobs(n), STAGE_QUEUE, STAGE, pgstage_group)
 
     measured, baseline = alternate(ctx.sizes.repetitions, plain, pgstage)
-    return (measured, baseline, series(bare_rates)) if bare else (measured, baseline)
+    found = {"stage": (measured, baseline)}
+    if bare:
+        found["bare"] = measured, series(bare_rates)
+        found["noop"] = series(noop_task_rates), series(bare_rates)
+    return found
 
 
 def _inquiry_rates(ctx: Context, groups: list[WorkerGroup], tenant) -> tuple[Series, Series]:
@@ -397,6 +425,7 @@ def run(ctx: Context) -> list[Row]:
     tenant = bench_tenant("pipeline")
     rss: dict[str, list[float]] = {"plain": [], "pgstage": []}
     rates: dict[str, tuple[Series, Series]] = {}
+    cpu: dict[str, dict[str, list[dict[str, float | None]]]] = {}
 
     def session(name: str, processes: int, concurrency: int, body) -> None:
         say(f"workers: starting {name} ({processes} x concurrency {concurrency})")
@@ -413,14 +442,22 @@ def run(ctx: Context) -> list[Row]:
     try:
 
         def c1(groups):
-            measured, baseline, bare = _stage_rates(ctx, groups, bare=True)
-            rates["c1"] = measured, baseline
-            rates["c1_bare"] = measured, bare
+            found = _stage_rates(ctx, groups, bare=True, per_job=cpu.setdefault("c1", {}))
+            rates["c1"] = found["stage"]
+            rates["c1_bare"] = found["bare"]
+            rates["c1_noop"] = found["noop"]
             rates["inquiries"] = _inquiry_rates(ctx, groups, tenant)
             rates["latency"] = _latencies(ctx, groups, tenant)
 
         session("c1", 1, 1, c1)
-        session("c4", 1, 4, lambda groups: rates.__setitem__("c4", _stage_rates(ctx, groups)))
+        session(
+            "c4",
+            1,
+            4,
+            lambda groups: rates.__setitem__(
+                "c4", _stage_rates(ctx, groups, per_job=cpu.setdefault("c4", {}))["stage"]
+            ),
+        )
         for processes in sizes.worker_processes:
             if processes > 1:
                 session(
@@ -428,7 +465,7 @@ def run(ctx: Context) -> list[Row]:
                     processes,
                     1,
                     lambda groups, p=processes: rates.__setitem__(
-                        f"p{p}", _stage_rates(ctx, groups)
+                        f"p{p}", _stage_rates(ctx, groups)["stage"]
                     ),
                 )
         counted = _counted(ctx, tenant)
@@ -436,7 +473,7 @@ def run(ctx: Context) -> list[Row]:
     finally:
         database.purge_tenant(tenant.pk)
         database.delete_bench_jobs()
-    return _rows(ctx, rates, rss, counted, work)
+    return _rows(ctx, rates, rss, counted, work, cpu)
 
 
 def _per_job(entries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -450,8 +487,13 @@ def _rows(
     rss: dict[str, list[float]],
     counted: dict[str, list[dict[str, Any]]],
     work: dict[str, Any],
+    cpu: dict[str, dict[str, list[dict[str, float | None]]]],
 ) -> list[Row]:
     sizes = ctx.sizes
+    per_job = {
+        session: {kind: _median_ms(entries) for kind, entries in kinds.items()}
+        for session, kinds in cpu.items()
+    }
     n = sizes.stage_jobs
     stage_counts, noop_counts = _per_job(counted["stage"]), _per_job(counted["noop"])
     inquiry_counts, chain_counts = _per_job(counted["inquiry"]), _per_job(counted["chain"])
@@ -474,6 +516,7 @@ def _rows(
                 baseline_label=baseline_label,
                 baseline=baseline,
                 target=Target(on="ratio", op=">=", value=1.3),
+                profile={"per_job_ms": per_job.get(key, {})},
             )
         )
     measured, baseline = rates["c1_bare"]
@@ -491,6 +534,25 @@ def _rows(
             baseline_label="no-op that defers nothing",
             baseline=baseline,
             target=Target(on="ratio", op=">=", value=1.0),
+            profile={"per_job_ms": per_job.get("c1", {})},
+        )
+    )
+    measured, baseline = rates["c1_noop"]
+    rows.append(
+        Row(
+            key="noop_task_c1",
+            scenario="a job that does nothing, pgstage's worker, concurrency 1",
+            unit="jobs/s",
+            measures=(
+                f"{n:,} pgstage tasks with an empty body (bench.noop_task: queueing.app.task) on "
+                "pgstage's worker, in turns with the concurrency-1 stage batches; the baseline: "
+                "the plain no-ops that defer nothing on procrastinate's worker"
+            ),
+            parameters={"jobs": n, "processes": 1, "concurrency": 1},
+            result=measured,
+            baseline_label="no-op that defers nothing, procrastinate's worker",
+            baseline=baseline,
+            profile={"per_job_ms": per_job.get("c1", {})},
         )
     )
     one_measured, one_baseline = rates["c1"]
@@ -611,6 +673,94 @@ def _rows(
     return rows
 
 
+def _median_ms(entries: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """Per measure (wall, worker_cpu, server_cpu), the median over the repetitions."""
+    found: dict[str, float | None] = {}
+    for measure in ("wall", "worker_cpu", "server_cpu"):
+        values = [e[measure] for e in entries if e.get(measure) is not None]
+        found[measure] = round(percentile(values, 50), 3) if values else None
+    return found
+
+
+#: What each kind of batch is, in the cause texts.
+KIND_LABELS = {
+    "stage": "the stage job",
+    "noop_task": "pgstage's no-op task",
+    "noop": "the plain no-op",
+    "noop_next": "the no-op that defers its next hop",
+}
+
+
+def _ms_text(kind: str, ms: dict[str, float | None]) -> str:
+    server = (
+        "server not on this machine"
+        if ms["server_cpu"] is None
+        else (f"{ms['server_cpu']:.2f} ms server CPU")
+    )
+    return (
+        f"{KIND_LABELS[kind]} {ms['wall']:.2f} ms ({ms['worker_cpu']:.2f} ms worker CPU, {server})"
+    )
+
+
+def _cpu_cause(row: Row, per_job: dict[str, dict[str, float | None]], baseline: str) -> str:
+    """Where a stage job's time goes against ``baseline``'s, per job, measured: wall time
+    (1 / rate), the worker process's CPU (every thread) and its server sessions' CPU.
+    At concurrency 1 a job's statements and its Python run in turn, so the wall times
+    add up; the stage job is pgstage's no-op task plus its ledger work (claim, completion
+    and the next hop's insert), and what the target leaves for that work is set against
+    what that work costs the server alone."""
+    if row.target is None or row.baseline is None or "stage" not in per_job:
+        return ""
+    stage, base = per_job["stage"], per_job[baseline]
+    kinds = ["stage", "noop_task", baseline] if "noop_task" in per_job else ["stage", baseline]
+    text = (
+        "Per job, measured (medians; wall = 1 / rate, CPU from /proc: the worker process, "
+        "every thread, and its sessions' server backends): "
+        + "; ".join(_ms_text(kind, per_job[kind]) for kind in kinds)
+        + "."
+    )
+    allowed = base["wall"] / row.target.value
+    if row.parameters.get("concurrency") == 1 and "noop_task" in per_job:
+        noop = per_job["noop_task"]
+        left = allowed - noop["wall"]
+        text += (
+            f" The stage job is pgstage's no-op task plus its claim, its completion and the "
+            f"next hop's insert: +{stage['wall'] - noop['wall']:.2f} ms a job"
+        )
+        if stage["server_cpu"] is not None and noop["server_cpu"] is not None:
+            extra = stage["server_cpu"] - noop["server_cpu"]
+            text += (
+                f", +{stage['worker_cpu'] - noop['worker_cpu']:.2f} ms of it the worker's "
+                f"CPU and +{extra:.2f} ms the server's. The target allows {allowed:.2f} ms a "
+                f"job; pgstage's no-op task takes {noop['wall']:.2f} ms, which leaves "
+                f"{left:.2f} ms for the ledger's work"
+            )
+            text += (
+                f", less than its server CPU alone ({extra:.2f} ms): the target needs "
+                f"pgstage's fetch and finish to cost {extra - left:.2f} ms less than they do "
+                "today, however cheap the ledger's Python."
+                if extra > left
+                else "."
+            )
+        else:
+            text += f"; the target allows {allowed:.2f} ms a job."
+    elif stage["server_cpu"] is not None and base["server_cpu"] is not None:
+        cpus = os.cpu_count() or 1
+        spent = stage["worker_cpu"] + stage["server_cpu"]
+        base_spent = base["worker_cpu"] + base["server_cpu"]
+        busy = spent / (stage["wall"] * cpus)
+        text += (
+            f" Worker and server share the machine's {cpus} CPU(s): the stage job spends "
+            f"{spent:.2f} ms of CPU a job, the baseline {base_spent:.2f} ms "
+            f"({base_spent / spent:.2f}x as much; the rates' ratio is {row.ratio:.2f}); the "
+            f"CPUs were {busy:.0%} busy with the stage batch. At {row.target.value:g}x the "
+            f"baseline's rate on this machine's CPU a job would have to take at most "
+            f"{base_spent / row.target.value:.2f} ms, and the stage job's server CPU alone "
+            f"is {stage['server_cpu']:.2f} ms (the baseline's {base['server_cpu']:.2f} ms)."
+        )
+    return text
+
+
 def _work_text(row: Row, work: dict[str, Any]) -> str:
     """The stages' own work set against what the target leaves for an inquiry."""
     if row.baseline is None or row.target is None:
@@ -653,6 +803,10 @@ def _explain(rows, stage_counts, noop_counts, inquiry_counts, chain_counts, work
                 f"{counts_text(noop_counts)}. The stage job's work statements: "
                 f"{top_work(stage_counts, n=8)}"
             )
+            per_job = row.profile.get("per_job_ms")
+            if per_job:
+                baseline = "noop" if row.key == "stage_jobs_c1_bare" else "noop_next"
+                row.cause += ". " + _cpu_cause(row, per_job, baseline)
         elif row.key.startswith("inquir"):
             row.cause = (
                 f"an inquiry's four stage jobs take {counts_text(inquiry_counts)}; the plain "

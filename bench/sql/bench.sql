@@ -214,3 +214,11 @@ SELECT count(*) FROM procrastinate_jobs WHERE id > %(after)s AND status = 'doing
 INSERT INTO credit_ledger (user_id, kind, amount, note, created_at)
 SELECT %(user)s, 'grant', 1, 'bench history', now() - n * interval '1 second'
   FROM generate_series(1, %(entries)s) AS n;
+
+-- group_sessions --
+-- The server sessions of a group's worker processes (PGAPPNAME names each one): their
+-- backends' pids, whose CPU the harness reads from /proc when the server is local.
+SELECT pid
+  FROM pg_stat_activity
+ WHERE datname = current_database()
+   AND application_name LIKE %(prefix)s;
