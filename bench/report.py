@@ -226,6 +226,11 @@ def markdown(document: dict[str, Any], rows: Sequence[Row]) -> str:
             f"- **{_md(row.scenario)}**: {measured}, target {row.target.text(row.unit)} "
             f"({gap}). {row.cause or 'No profile explains it yet.'}"
         )
+    reported = [row for row in rows if row.target is None and row.cause and not row.error]
+    if reported:
+        lines += ["", "## Without a target, and why", ""]
+        for row in reported:
+            lines.append(f"- **{_md(row.scenario)}**: {row.cause}")
     lines += _statements_section(rows)
     lines += _waits_section(rows)
     lines += CAVEATS

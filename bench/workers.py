@@ -245,6 +245,18 @@ def cpu_reading(group: WorkerGroup) -> CpuReading:
     return CpuReading(worker=worker, sessions=sessions)
 
 
+def machine_cpu() -> tuple[float, float] | None:
+    """CPU seconds so far of the whole machine, busy and in all, every CPU summed
+    (``/proc/stat``; None off Linux). Busy is everything but idle and I/O wait."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    total = sum(fields[:8])  # user … steal; guest time is already in user
+    idle = fields[3] + fields[4]
+    return (total - idle) / _CLOCK_TICKS, total / _CLOCK_TICKS
+
+
 @dataclass(frozen=True)
 class Span:
     jobs: int

@@ -669,7 +669,15 @@ def _rows(
             profile={"counts": {"pgstage": inquiry_counts, "baseline": chain_counts}},
         )
     )
-    _explain(rows, stage_counts, noop_counts, inquiry_counts, chain_counts, work)
+    _explain(
+        rows,
+        stage_counts,
+        noop_counts,
+        inquiry_counts,
+        chain_counts,
+        work,
+        per_job.get("c1", {}).get("noop_task"),
+    )
     return rows
 
 
@@ -729,19 +737,24 @@ def _cpu_cause(row: Row, per_job: dict[str, dict[str, float | None]], baseline: 
         )
         if stage["server_cpu"] is not None and noop["server_cpu"] is not None:
             extra = stage["server_cpu"] - noop["server_cpu"]
+            ledger = stage["wall"] - noop["wall"]
             text += (
                 f", +{stage['worker_cpu'] - noop['worker_cpu']:.2f} ms of it the worker's "
                 f"CPU and +{extra:.2f} ms the server's. The target allows {allowed:.2f} ms a "
                 f"job; pgstage's no-op task takes {noop['wall']:.2f} ms, which leaves "
                 f"{left:.2f} ms for the ledger's work"
             )
-            text += (
-                f", less than its server CPU alone ({extra:.2f} ms): the target needs "
-                f"pgstage's fetch and finish to cost {extra - left:.2f} ms less than they do "
-                "today, however cheap the ledger's Python."
-                if extra > left
-                else "."
-            )
+            text += f", less than its server CPU alone ({extra:.2f} ms)." if extra > left else "."
+            if baseline == "noop":
+                floor = base["wall"] + ledger
+                text += (
+                    f" Were pgstage's fetch and finish as cheap as procrastinate's (its whole "
+                    f"no-op, {base['wall']:.2f} ms a job), the stage job would take "
+                    f"{floor:.2f} ms (ratio {base['wall'] / floor:.2f}): its claim commits "
+                    f"before its work (a round trip a no-op does not make) and its ledger "
+                    f"writes cost the server {extra:.2f} ms, which a job that does nothing "
+                    f"does not pay."
+                )
         else:
             text += f"; the target allows {allowed:.2f} ms a job."
     elif stage["server_cpu"] is not None and base["server_cpu"] is not None:
@@ -761,7 +774,7 @@ def _cpu_cause(row: Row, per_job: dict[str, dict[str, float | None]], baseline: 
     return text
 
 
-def _work_text(row: Row, work: dict[str, Any]) -> str:
+def _work_text(row: Row, work: dict[str, Any], noop: dict[str, float | None] | None) -> str:
     """The stages' own work set against what the target leaves for an inquiry."""
     if row.baseline is None or row.target is None:
         return ""
@@ -790,10 +803,30 @@ def _work_text(row: Row, work: dict[str, Any]) -> str:
             if inquiry["wall_p50"] > budget
             else "."
         )
+        + (_queue_text(inquiry["wall_p50"], budget, noop) if noop else "")
     )
 
 
-def _explain(rows, stage_counts, noop_counts, inquiry_counts, chain_counts, work) -> None:
+def _queue_text(work_ms: float, budget: float, noop: dict[str, float | None]) -> str:
+    """The stages' work plus four jobs' worth of pgstage's no-op task (its fetch, finish
+    and task wrapper, measured in the concurrency-1 stage batches) against the budget."""
+    queue = 4 * noop["wall"]
+    total = work_ms + queue
+    return (
+        f" pgstage's worker takes {noop['wall']:.2f} ms a job for a task that does nothing "
+        f"(its fetch, its finish and the task wrapper; the stage batches' no-op task), "
+        f"{queue:.1f} ms for four: with the stages' work, {total:.1f} ms an inquiry"
+        + (
+            ", over what the target leaves: the floor while each stage is a job of its own."
+            if total > budget
+            else f", {budget - total:.1f} ms under what the target leaves."
+        )
+    )
+
+
+def _explain(
+    rows, stage_counts, noop_counts, inquiry_counts, chain_counts, work, noop_task
+) -> None:
     for row in rows:
         if row.met is not False:
             continue
@@ -810,8 +843,8 @@ def _explain(rows, stage_counts, noop_counts, inquiry_counts, chain_counts, work
         elif row.key.startswith("inquir"):
             row.cause = (
                 f"an inquiry's four stage jobs take {counts_text(inquiry_counts)}; the plain "
-                f"chain {counts_text(chain_counts)}. {_work_text(row, work)} The most frequent "
-                f"work statements: {top_work(inquiry_counts, n=6)}"
+                f"chain {counts_text(chain_counts)}. {_work_text(row, work, noop_task)} The "
+                f"most frequent work statements: {top_work(inquiry_counts, n=6)}"
             )
         elif row.key == "worker_peak_rss":
             row.cause = (

@@ -222,3 +222,9 @@ SELECT pid
   FROM pg_stat_activity
  WHERE datname = current_database()
    AND application_name LIKE %(prefix)s;
+
+-- ledger_sum_plan --
+-- The admission's balance sum (runs.sql, admit_checks) for user %(user)s, run and timed
+-- on the server: its Execution Time line is the sum's own server time.
+EXPLAIN (ANALYZE, TIMING off, SUMMARY on)
+SELECT coalesce(sum(c.amount), 0) FROM credit_ledger c WHERE c.user_id = %(user)s;
