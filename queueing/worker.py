@@ -268,10 +268,12 @@ class TaskNameJobManager(manager.JobManager):
         # The arrays go as array literals (cached): dumping them element by element on
         # every fetch was a third of the fetch's client time.
         timeout_tasks, timeout_seconds = timeouts.for_tasks(self._tasks())
-        # Under the index walk's planner settings (queueing.planner), in one round trip.
+        # Under the index walk's planner settings (queueing.planner), in one round trip,
+        # on its generic plan (planned once per pooled connection).
         (row,) = await rows_walking_async(
             self.connector,
             queries["fetch_job"],
+            generic=True,
             queues=array_literal(tuple(queues)) if queues is not None else None,
             worker_id=worker_id,
             task_names=array_literal(tuple(self.task_names())),

@@ -55,6 +55,64 @@ def test_on_the_workers_pool_in_one_round_trip_and_not_after_it():
     assert after == {"sort": "on", "jit": "on"}
 
 
+#: A walk with a parameter (a statement without one never gets a custom plan).
+PLANNED = (
+    "SELECT current_setting('plan_cache_mode') AS mode, %(x)s::int AS x /* pgstage planner probe */"
+)
+PLANS = (
+    "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+    "WHERE statement LIKE '%%pgstage planner probe%%' AND statement NOT LIKE '%%pg_prepared%%'"
+)
+
+
+def _generic_walks(connector_args: dict, runs: int) -> tuple[list, list, dict]:
+    """``runs`` generic walks of PLANNED on a one-connection worker pool: what the walk
+    saw, its plans on that connection and the setting after it."""
+    from queueing.connector import worker_connector
+    from tests.queueing.test_round_trips import _on_the_wire
+
+    async def body(connector, counter):
+        await connector.open_async()
+        try:
+            seen = [
+                await rows_walking_async(connector, PLANNED, generic=True, x=i) for i in range(runs)
+            ]
+            plans = await connector.execute_query_all_async(PLANS)
+            after = await connector.execute_query_one_async(
+                "SELECT current_setting('plan_cache_mode') AS mode"
+            )
+            return seen, plans, after
+        finally:
+            await connector.close_async()
+
+    return _on_the_wire(lambda: worker_connector(**connector_args), body)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_generic_walk_is_prepared_at_once_and_planned_once():
+    """The worker's fetch (``generic=True``): prepared on its first run on a pooled
+    connection and run on its generic plan every time after — not planned for each of
+    the connection's first ten runs, nor for good when the custom plans looked cheaper."""
+    seen, plans, after = _generic_walks({"min_size": 1, "max_size": 1}, runs=8)
+    assert [rows[0]["mode"] for rows in seen] == ["force_generic_plan"] * 8
+    assert [rows[0]["x"] for rows in seen] == list(range(8))
+    assert plans == [{"generic_plans": 8, "custom_plans": 0}]
+    # The setting ends with the walk's implicit transaction.
+    assert after == {"mode": "auto"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_generic_walk_is_not_prepared_where_the_connection_does_not_prepare(
+    settings, monkeypatch
+):
+    """Behind a transaction pooler (``OPTIONS["prepare_threshold"] = None``) nothing is
+    prepared on the server, the fetch included."""
+    monkeypatch.setitem(settings.DATABASES["default"]["OPTIONS"], "prepare_threshold", None)
+    seen, plans, _ = _generic_walks({"min_size": 1, "max_size": 1}, runs=6)
+    assert [rows[0]["x"] for rows in seen] == list(range(6))
+    assert plans == []
+
+
 @pytest.mark.django_db(transaction=True)
 def test_on_another_connector_through_djangos_connection():
     from procrastinate.contrib.django.django_connector import DjangoConnector
@@ -159,6 +217,9 @@ def walked(monkeypatch):
 
     async def walking_async(connector, query, **arguments):
         seen.append(query)
+        if query == queueing.worker.queries["fetch_job"]:
+            # The fetch runs on its generic plan (test_a_generic_walk_is_prepared_at_once…).
+            assert arguments.get("generic") is True
         return await real_async(connector, query, **arguments)
 
     monkeypatch.setattr(queueing.worker, "rows_walking_async", walking_async)
