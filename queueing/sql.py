@@ -111,9 +111,11 @@ def forget_prepared(connection: psycopg.Connection) -> None:
     """Make the psycopg ``connection`` (idle, autocommit) and its server session forget
     every prepared statement: an empty transaction rolled back, after which psycopg
     always clears its names and sends ``DEALLOCATE ALL`` (a ``DEALLOCATE ALL`` of our
-    own is honoured only the first time psycopg meets its text on the connection)."""
+    own is honoured only the first time psycopg meets its text on the connection).
+    Each statement's next run on it is a first run again (:class:`_PreparingCursor`)."""
     with connection.transaction(force_rollback=True):
         pass
+    _seen.pop(connection, None)
 
 
 #: The statements each connection has run through a :class:`_PreparingCursor`.
@@ -138,7 +140,6 @@ class _PreparingCursor(psycopg.Cursor):
             if not may_replan(self.connection, error):
                 raise
             forget_prepared(self.connection)
-            _seen.pop(self.connection, None)
             return self._execute(query, params, prepare=prepare, binary=binary)
 
     def _execute(self, query, params, *, prepare, binary):

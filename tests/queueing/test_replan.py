@@ -221,3 +221,39 @@ def test_a_prepared_statement_the_server_lost_runs_again(probe):
     with statement_cursor(connection) as cursor:
         cursor.execute(PROBE)
         assert cursor.fetchall() == [(1, 10), (2, 20)]
+
+
+def test_after_the_connection_forgot_its_prepared_statements_each_runs_in_one_round_trip(
+    probe,
+):
+    """A statement's first run on a connection goes in a pipeline of its own (one round
+    trip while psycopg prepares it). Once the connection forgot its prepared statements
+    (``forget_prepared``: the planner's replan, or the cursor's), the next run is a first
+    run again: before the fix it ran outside a pipeline and waited for the server to
+    prepare it before sending the execution, a second round trip."""
+    from bench.scenarios.common import through
+    from bench.wire import WireCounter
+    from queueing.sql import forget_prepared
+    from tests.queueing.test_round_trips import _params
+
+    def run() -> list:
+        with statement_cursor(connection) as cursor:
+            cursor.execute(PROBE)
+            return cursor.fetchall()
+
+    with WireCounter(_params()) as counter:
+
+        def counted() -> tuple[list, int, int]:
+            run()
+            before = counter.snapshot()
+            run()
+            prepared = (counter.snapshot() - before).round_trips
+            forget_prepared(connection.connection)
+            before = counter.snapshot()
+            rows = run()
+            return rows, prepared, (counter.snapshot() - before).round_trips
+
+        rows, prepared, again = through(counter, counted)
+    assert rows == [(1, 10), (2, 20)]
+    assert prepared == 1
+    assert again == 1
