@@ -43,8 +43,8 @@ from typing import Any
 
 import psycopg
 from asgiref.sync import sync_to_async
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db import Error as DatabaseError
-from django.db import connection
 from procrastinate import exceptions as procrastinate_exceptions
 from procrastinate import psycopg_connector
 
@@ -63,14 +63,18 @@ _SAVED = "SELECT current_setting('enable_sort'), current_setting('jit')"
 _RESTORE = "SELECT set_config('enable_sort', %s, true), set_config('jit', %s, true)"
 
 
-def rows_walking(query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """``query``'s rows (as dicts) on Django's connection, under :data:`WALK_SETTINGS`.
+def rows_walking(
+    query: str, params: dict[str, Any], *, using: str = DEFAULT_DB_ALIAS
+) -> list[dict[str, Any]]:
+    """``query``'s rows (as dicts) on Django's connection ``using``, under
+    :data:`WALK_SETTINGS`.
     Outside a transaction, the settings and the statement travel in one pipeline (one
     round trip, one implicit transaction, as on the worker's pool), on the connection's
     statement cursor (:func:`queueing.sql.statement_cursor`: prepared where the
     connection prepares). Inside the caller's transaction the settings are restored after
     the statement."""
-    if _in_transaction():
+    connection = connections[using]
+    if _in_transaction(connection):
         with connection.cursor() as cursor:
             cursor.execute(_SAVED)
             saved = cursor.fetchone()
@@ -97,7 +101,7 @@ def rows_walking(query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     raise AssertionError("unreachable")
 
 
-def _in_transaction() -> bool:
+def _in_transaction(connection: Any) -> bool:
     """Whether a statement on Django's connection now runs inside a transaction: an
     ``atomic()`` block, autocommit turned off, or a transaction begun by hand (``BEGIN``
     on a cursor), which Django's own state does not see — the settings must then be
@@ -118,13 +122,16 @@ async def rows_walking_async(
 ) -> list[dict[str, Any]]:
     """``query``'s rows through procrastinate's ``connector``, under
     :data:`WALK_SETTINGS`: on the worker's psycopg pool in one round trip; on another
-    connector (Django's, in-process) as :func:`rows_walking`. With ``generic``, on the
+    connector (Django's, in-process) as :func:`rows_walking`, on that connector's
+    database alias. With ``generic``, on the
     pool the statement is prepared at once and runs on its generic plan
     (:data:`GENERIC_WALK_SETTINGS`)."""
     if isinstance(connector, psycopg_connector.PsycopgConnector):
         return await _pipelined(connector, query, arguments, generic=generic)
+    # procrastinate's Django connector runs on its database alias.
+    using = getattr(connector, "alias", DEFAULT_DB_ALIAS)
     try:
-        return await sync_to_async(rows_walking)(query, arguments)
+        return await sync_to_async(rows_walking)(query, arguments, using=using)
     except DatabaseError as exc:  # as procrastinate's connectors raise it: the worker's
         raise procrastinate_exceptions.ConnectorException from exc  # loops retry that
 
