@@ -8,7 +8,7 @@ PostgreSQL plans them by the table's statistics, and those are often wrong for a
 after a quiet spell autovacuum leaves statistics that say a few dozen rows, mostly
 finished; a burst of waiting jobs then looks like a handful. With that estimate the
 planner read the waiting jobs through procrastinate's priority index and sorted them,
-every one of them on every fetch (50,006 rows read per fetch at 10,000 waiting jobs,
+every one of them on every fetch (60,006 rows read per fetch at 10,000 waiting jobs,
 ``tests/queueing/test_fetch.py``): a backlog then slowed down its own fetch.
 
 So both run with ``enable_sort`` off, local to their own transaction: the only plan of a
