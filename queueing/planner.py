@@ -123,9 +123,8 @@ async def rows_walking_async(
     """``query``'s rows through procrastinate's ``connector``, under
     :data:`WALK_SETTINGS`: on the worker's psycopg pool in one round trip; on another
     connector (Django's, in-process) as :func:`rows_walking`, on that connector's
-    database alias. With ``generic``, on the
-    pool the statement is prepared at once and runs on its generic plan
-    (:data:`GENERIC_WALK_SETTINGS`)."""
+    database alias. With ``generic``, on the pool the statement is prepared at once and
+    runs on its generic plan (:data:`GENERIC_WALK_SETTINGS`)."""
     if isinstance(connector, psycopg_connector.PsycopgConnector):
         return await _pipelined(connector, query, arguments, generic=generic)
     # procrastinate's Django connector runs on its database alias.

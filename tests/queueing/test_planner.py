@@ -254,13 +254,12 @@ def test_every_walk_of_an_index_runs_under_the_settings(clean_queue, walked):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_on_djangos_connector_the_walk_runs_on_its_database_alias(monkeypatch):
+def test_on_djangos_connector_the_walk_runs_on_its_database_alias():
     """procrastinate's Django connector names a database alias; the walk runs there, not
-    on the default one."""
+    on the default one, and an error there is the connector's."""
+    from asgiref.sync import async_to_sync
     from django.db import connections
     from procrastinate.contrib.django.django_connector import DjangoConnector
-
-    import queueing.planner
 
     default = connections["default"]
     probe = {
@@ -273,26 +272,19 @@ def test_on_djangos_connector_the_walk_runs_on_its_database_alias(monkeypatch):
     named = (
         "SELECT current_setting('application_name') AS name, current_setting('enable_sort') AS sort"
     )
-    # Made here, not in the settings (the test database's alias list stays as it is);
-    # a connection of this thread only.
+    # Made here, not in the settings (the test database's alias list stays as it is):
+    # a connection of this thread only, where async_to_sync runs the walk's sync part.
     connections._connections.walk_probe = type(default)(probe, alias="walk_probe")
     try:
-        assert rows_walking(named, {}, using="walk_probe") == [
-            {"name": "pgstage-walk-alias-probe", "sort": "off"}
-        ]
+        on_probe = [{"name": "pgstage-walk-alias-probe", "sort": "off"}]
+        assert rows_walking(named, {}, using="walk_probe") == on_probe
         assert rows_walking(named, {})[0]["name"] != "pgstage-walk-alias-probe"
+        walk = async_to_sync(rows_walking_async)
+        assert walk(DjangoConnector(alias="walk_probe"), named) == on_probe
+        assert walk(DjangoConnector(), named)[0]["name"] != "pgstage-walk-alias-probe"
+        with pytest.raises(ConnectorException):
+            walk(DjangoConnector(alias="walk_probe"), FAILS, zero=0)
+        assert walk(DjangoConnector(alias="walk_probe"), named) == on_probe
     finally:
         connections["walk_probe"].close()
         del connections._connections.walk_probe
-    # The async walk, in a thread of asgiref's, hands the connector's alias on.
-    used = []
-    real = queueing.planner.rows_walking
-
-    def walking(query, params, *, using="default"):
-        used.append(using)
-        return real(query, params)
-
-    monkeypatch.setattr(queueing.planner, "rows_walking", walking)
-    asyncio.run(rows_walking_async(DjangoConnector(alias="walk_probe"), SEEN))
-    asyncio.run(rows_walking_async(DjangoConnector(), SEEN))
-    assert used == ["walk_probe", "default"]
