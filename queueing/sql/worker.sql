@@ -136,11 +136,19 @@ WITH RECURSIVE waiting AS (
         SELECT jobs.*
           FROM procrastinate_jobs AS jobs
          WHERE jobs.id = top.id
-           AND jobs.status = 'todo'
+           -- Looked up by its primary key, whatever the statistics say: every other
+           -- condition is written so that no index can serve it (the status as text: no
+           -- partial index of the waiting jobs; IS NOT DISTINCT FROM: no index of the
+           -- queue or the task). Statistics of an empty or vacuumed-quiet table made
+           -- such an index, filtered by id, the cheaper-looking path: every waiting job
+           -- read to lock one (tests/queueing/test_fetch_generic.py).
+           AND jobs.status::text = 'todo'
            -- Taken as it was read: a job run and retried meanwhile (another queue, a
            -- later schedule, another priority or lock) is left to a later fetch, as
            -- procrastinate's fetch leaves it (its row lock re-checks its whole WHERE).
-           AND (jobs.task_name, jobs.queue_name, jobs.priority) = (top.task_name, top.queue_name, top.priority)
+           AND jobs.task_name IS NOT DISTINCT FROM top.task_name
+           AND jobs.queue_name IS NOT DISTINCT FROM top.queue_name
+           AND jobs.priority IS NOT DISTINCT FROM top.priority
            AND jobs.lock IS NOT DISTINCT FROM top.lock
            AND (jobs.scheduled_at IS NULL OR jobs.scheduled_at <= now())
            FOR UPDATE OF jobs SKIP LOCKED) AS locked
@@ -186,8 +194,10 @@ WITH RECURSIVE waiting AS (
 ), fetched AS (
 UPDATE procrastinate_jobs
     SET status = 'doing', worker_id = %(worker_id)s
-    FROM (SELECT id FROM candidate UNION ALL SELECT id FROM contended) AS chosen
-    WHERE procrastinate_jobs.id = chosen.id
+    -- At most one id (contended only runs when candidate found none), as a scalar: the
+    -- row is updated through its primary key, never joined to the table.
+    WHERE procrastinate_jobs.id = (SELECT id FROM candidate UNION ALL SELECT id FROM contended
+                                   LIMIT 1)
     RETURNING procrastinate_jobs.*
 ), deadline AS (
 INSERT INTO pgstage_job_deadlines AS d

@@ -47,7 +47,7 @@ from procrastinate.sql import queries as procrastinate_queries
 import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
 from queueing.enqueue import enqueue
 from queueing.jobs import unrunnable_tasks
-from queueing.planner import WALK_SETTINGS
+from queueing.planner import FETCH_SETTINGS, WALK_SETTINGS
 from queueing.sql import queries as queueing_queries
 from queueing.worker import TaskNameJobManager, fetch_by_task_name, queries
 from tests.conftest import database_url, jobs, recovery_ran, registered_worker
@@ -400,4 +400,4 @@ def test_the_prepared_fetchs_generic_plan_never_reads_other_tasks_waiting_jobs(
     statement's sixth run PostgreSQL may plan it once for any parameters. That plan must
     walk past another task's backlog as the custom one does."""
     fetch = _fetch_params(_backlog_of_another_task(stale_statistics=stale_statistics), queues)
-    assert rows_read(queries["fetch_job"], fetch, settings=WALK_SETTINGS, generic=True) < 50
+    assert rows_read(queries["fetch_job"], fetch, settings=FETCH_SETTINGS, generic=True) < 50

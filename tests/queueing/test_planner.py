@@ -106,11 +106,15 @@ def test_a_generic_walk_is_not_prepared_where_the_connection_does_not_prepare(
     settings, monkeypatch
 ):
     """Behind a transaction pooler (``OPTIONS["prepare_threshold"] = None``) nothing is
-    prepared on the server, the fetch included."""
+    prepared on the server, the fetch included, and the fetch is planned for its own
+    parameters."""
     monkeypatch.setitem(settings.DATABASES["default"]["OPTIONS"], "prepare_threshold", None)
     seen, plans, _ = _generic_walks({"min_size": 1, "max_size": 1}, runs=6)
     assert [rows[0]["x"] for rows in seen] == list(range(6))
     assert plans == []
+    # Planned for each run, so on a plan that knows its parameters (a generic one would
+    # be planned each time too, and know less).
+    assert [rows[0]["mode"] for rows in seen] == ["auto"] * 6
 
 
 @pytest.mark.django_db(transaction=True)
