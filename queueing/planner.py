@@ -67,10 +67,9 @@ WALK_SETTINGS = "SELECT set_config('enable_sort', 'off', true), set_config('jit'
 #: The fetch's: :data:`WALK_SETTINGS`, and no sequential scan, hash join or merge join —
 #: its plan is index walks, lookups by primary key and nested loops, whatever the
 #: statistics say (a plan made while the table was empty must still fit a burst).
-FETCH_SETTINGS = (
-    "SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true), "
-    "set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true), "
-    "set_config('enable_mergejoin', 'off', true)"
+FETCH_SETTINGS = WALK_SETTINGS + (
+    ", set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true)"
+    ", set_config('enable_mergejoin', 'off', true)"
 )
 #: :data:`FETCH_SETTINGS`, and the statement's generic plan from its first prepared run.
 GENERIC_FETCH_SETTINGS = (

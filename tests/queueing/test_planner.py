@@ -57,7 +57,8 @@ def test_on_the_workers_pool_in_one_round_trip_and_not_after_it():
 
 #: A walk with a parameter (a statement without one never gets a custom plan).
 PLANNED = (
-    "SELECT current_setting('plan_cache_mode') AS mode, %(x)s::int AS x /* pgstage planner probe */"
+    "SELECT current_setting('plan_cache_mode') AS mode, "
+    "current_setting('enable_seqscan') AS seqscan, %(x)s::int AS x /* pgstage planner probe */"
 )
 PLANS = (
     "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
@@ -79,7 +80,8 @@ def _generic_walks(connector_args: dict, runs: int) -> tuple[list, list, dict]:
             ]
             plans = await connector.execute_query_all_async(PLANS)
             after = await connector.execute_query_one_async(
-                "SELECT current_setting('plan_cache_mode') AS mode"
+                "SELECT current_setting('plan_cache_mode') AS mode, "
+                "current_setting('enable_seqscan') AS seqscan"
             )
             return seen, plans, after
         finally:
@@ -95,10 +97,12 @@ def test_a_generic_walk_is_prepared_at_once_and_planned_once():
     the connection's first ten runs, nor for good when the custom plans looked cheaper."""
     seen, plans, after = _generic_walks({"min_size": 1, "max_size": 1}, runs=8)
     assert [rows[0]["mode"] for rows in seen] == ["force_generic_plan"] * 8
+    # Its plan's shape does not depend on the statistics it was made under.
+    assert [rows[0]["seqscan"] for rows in seen] == ["off"] * 8
     assert [rows[0]["x"] for rows in seen] == list(range(8))
     assert plans == [{"generic_plans": 8, "custom_plans": 0}]
-    # The setting ends with the walk's implicit transaction.
-    assert after == {"mode": "auto"}
+    # The settings end with the walk's implicit transaction.
+    assert after == {"mode": "auto", "seqscan": "on"}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -115,6 +119,7 @@ def test_a_generic_walk_is_not_prepared_where_the_connection_does_not_prepare(
     # Planned for each run, so on a plan that knows its parameters (a generic one would
     # be planned each time too, and know less).
     assert [rows[0]["mode"] for rows in seen] == ["auto"] * 6
+    assert [rows[0]["seqscan"] for rows in seen] == ["off"] * 6
 
 
 @pytest.mark.django_db(transaction=True)
