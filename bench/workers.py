@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 from django.db import transaction
 
 from bench import database
@@ -190,25 +191,21 @@ def running(
             _stop(group)
 
 
-#: Clock ticks per second of the CPU times in ``/proc/<pid>/stat``.
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
 def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of process ``pid``, all its threads (Linux's /proc)."""
+    """User + system CPU seconds of process ``pid``, all its threads."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return None
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    return times.user + times.system
 
 
 def _local_backend(pid: int) -> bool:
     """Whether ``pid`` is a PostgreSQL backend on this machine (a server elsewhere has its
     own pids: they name nothing here, or a process that is not a backend)."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"postgres")
-    except OSError:
+        return psutil.Process(pid).name() == "postgres"
+    except psutil.Error:
         return False
 
 
@@ -232,7 +229,7 @@ class CpuReading:
 
 def cpu_reading(group: WorkerGroup) -> CpuReading:
     """The group's CPU so far: its worker processes (every thread) and its sessions on the
-    server (named by the group's ``PGAPPNAME``), read from /proc."""
+    server (named by the group's ``PGAPPNAME``), as the kernel counts them (psutil)."""
     worker = sum(_cpu_seconds(p.pid) or 0.0 for p in group.processes)
     pids = [row[0] for row in database.fetch_all("group_sessions", prefix=group.app_prefix + "%")]
     sessions: dict[int, float] | None = {}
@@ -245,16 +242,13 @@ def cpu_reading(group: WorkerGroup) -> CpuReading:
     return CpuReading(worker=worker, sessions=sessions)
 
 
-def machine_cpu() -> tuple[float, float] | None:
-    """CPU seconds so far of the whole machine, busy and in all, every CPU summed
-    (``/proc/stat``; None off Linux). Busy is everything but idle and I/O wait."""
-    try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    total = sum(fields[:8])  # user … steal; guest time is already in user
-    idle = fields[3] + fields[4]
-    return (total - idle) / _CLOCK_TICKS, total / _CLOCK_TICKS
+def machine_cpu() -> tuple[float, float]:
+    """CPU seconds so far of the whole machine, busy and in all, every CPU summed. Busy
+    is everything but idle and I/O wait."""
+    times = psutil.cpu_times()
+    waiting = times.idle + getattr(times, "iowait", 0.0)
+    busy = sum(times) - waiting - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    return busy, busy + waiting
 
 
 @dataclass(frozen=True)

@@ -727,8 +727,8 @@ def _cpu_cause(row: Row, per_job: dict[str, dict[str, float | None]], baseline: 
     stage, base = per_job["stage"], per_job[baseline]
     kinds = ["stage", "noop_task", baseline] if "noop_task" in per_job else ["stage", baseline]
     text = (
-        "Per job, measured (medians; wall = 1 / rate, CPU from /proc: the worker process, "
-        "every thread, and its sessions' server backends): "
+        "Per job, measured (medians; wall = 1 / rate, CPU as the kernel counts it: the "
+        "worker process, every thread, and its sessions' server backends): "
         + "; ".join(_ms_text(kind, per_job[kind]) for kind in kinds)
         + "."
     )

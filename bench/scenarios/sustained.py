@@ -116,11 +116,6 @@ def _discard(after: int) -> None:
     database.discard_batch(after)
 
 
-def _harness_cpu() -> float:
-    """CPU seconds of this process so far, every thread."""
-    return time.process_time()
-
-
 def _run_side(
     ctx: Context,
     groups: list[WorkerGroup],
@@ -132,14 +127,20 @@ def _run_side(
 ) -> dict[str, Any]:
     seconds = ctx.sizes.sustained_seconds
     after = database.last_job_id()
-    group = groups[1] if queue == STAGE_QUEUE else groups[0]
-    cpu_before, machine_before, harness_before = cpu_reading(group), machine_cpu(), _harness_cpu()
+    side = "pgstage" if queue == STAGE_QUEUE else "plain"
+    group = next(g for g in groups if g.side == side)
+    # The harness's own CPU: this process, every thread (time.process_time).
+    cpu_before, machine_before, harness_before = (
+        cpu_reading(group),
+        machine_cpu(),
+        time.process_time(),
+    )
     window_start = database.fetch_value("now")
     insert = _jobs(tag=uuid.uuid4().hex[:8], queue=queue, task=task, keyed=keyed)
     sent, offering = _offer(rate, seconds, insert)
     window_end = database.fetch_value("now")
     worker_cpu, server_cpu = cpu_reading(group).since(cpu_before)
-    machine_after, harness_cpu = machine_cpu(), _harness_cpu() - harness_before
+    machine_after, harness_cpu = machine_cpu(), time.process_time() - harness_before
     rows, cutoff = _wait_ended(
         after=after,
         queue=queue,
@@ -174,11 +175,7 @@ def _run_side(
             "worker": round(worker_cpu / offering, 3),
             "server": None if server_cpu is None else round(server_cpu / offering, 3),
             "harness": round(harness_cpu / offering, 3),
-            "machine_busy": (
-                round((machine_after[0] - machine_before[0]) / offering, 3)
-                if machine_before and machine_after
-                else None
-            ),
+            "machine_busy": round((machine_after[0] - machine_before[0]) / offering, 3),
             "cpus": os.cpu_count(),
         },
     }
