@@ -112,13 +112,20 @@ def query(pg: PrivateServer, sql: str, params=None) -> list[tuple]:
     return []
 
 
+#: How long a long job waits for its release file before it gives up: past every wait
+#: of a test that holds it (a restart, a 30 s outage and their recoveries, each waited
+#: for up to 60 s), so that a slow machine fails the test's own wait, not the job.
+LONG_JOB_SECONDS = 300
+
+
 def defer_long(pg: PrivateServer, task: str, release: Path) -> None:
     """One job labelled ``long`` of ``task``, which runs until ``release`` exists."""
     with pg.connect(application_name="pgstage-test") as conn:
         conn.execute(
             "INSERT INTO procrastinate_jobs (queue_name, task_name, args) VALUES "
-            "('default', %s, jsonb_build_object('label', 'long', 'release_file', %s::text))",
-            [task, str(release)],
+            "('default', %s, jsonb_build_object('label', 'long', 'release_file', %s::text,"
+            " 'timeout', %s::float8))",
+            [task, str(release), LONG_JOB_SECONDS],
         )
 
 
