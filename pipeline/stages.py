@@ -209,7 +209,9 @@ class _StageWork:
     reads: _Reads
     prepare: Callable[[_Inquiry], tuple[Any, str]]
     compute: Callable[[_Inquiry, Any], Any]
-    write: Callable[[_Inquiry, Any], None]
+    #: Sends the results (no result read: the closing transaction's statements travel in
+    #: one round trip); may return what to run once they are back.
+    write: Callable[[_Inquiry, Any], Callable[[], None] | None]
 
 
 def _intake_prepare(anfrage: _Inquiry) -> tuple[list[dict], str]:
@@ -234,7 +236,7 @@ def _intake_compute(anfrage: _Inquiry, manifest: list[dict]) -> list[dict]:
     return stored
 
 
-def _intake_write(anfrage: _Inquiry, stored: list[dict]) -> None:
+def _intake_write(anfrage: _Inquiry, stored: list[dict]) -> Callable[[], None]:
     # The files and their audit entries in one statement (``intake_write``): the distinct
     # files in upload order (the first upload of the same bytes names the row), and per
     # upload its file's number and whether it is that file's first upload.
@@ -249,28 +251,33 @@ def _intake_write(anfrage: _Inquiry, stored: list[dict]) -> None:
             numbers[key] = len(distinct)
         upload_files.append(numbers[key])
         upload_first.append(first)
-    with sql.statement_cursor(connection) as cursor:
-        cursor.execute(
-            QUERIES["intake_write"],
-            {
-                "tenant_id": anfrage.tenant_id,
-                "anfrage_id": anfrage.id,
-                "actor": WORKER_ACTOR,
-                "sha256s": [f["sha256"] for f in distinct],
-                "storage_keys": [f["storage_key"] for f in distinct],
-                "sizes": [f["size"] for f in distinct],
-                "filenames": [f["filename"] for f in distinct],
-                "formats": [f["format"] for f in distinct],
-                "upload_files": upload_files,
-                "upload_filenames": [e["filename"] for e in stored],
-                "upload_first": upload_first,
-            },
-        )
-        unsettled = [n for (n,) in cursor.fetchall()]
-    for n in unsettled:
-        # Its row was committed by another transaction while the statement waited for
-        # it: a statement of its own sees it (or raises RowVanished).
-        _file_stored(anfrage, stored[n - 1])
+    cursor = sql.statement_cursor(connection)
+    cursor.execute(
+        QUERIES["intake_write"],
+        {
+            "tenant_id": anfrage.tenant_id,
+            "anfrage_id": anfrage.id,
+            "actor": WORKER_ACTOR,
+            "sha256s": [f["sha256"] for f in distinct],
+            "storage_keys": [f["storage_key"] for f in distinct],
+            "sizes": [f["size"] for f in distinct],
+            "filenames": [f["filename"] for f in distinct],
+            "formats": [f["format"] for f in distinct],
+            "upload_files": upload_files,
+            "upload_filenames": [e["filename"] for e in stored],
+            "upload_first": upload_first,
+        },
+    )
+
+    def settle() -> None:
+        with cursor:
+            unsettled = [n for (n,) in cursor.fetchall()]
+        for n in unsettled:
+            # Its row was committed by another transaction while the statement waited for
+            # it: a statement of its own sees it (or raises RowVanished).
+            _file_stored(anfrage, stored[n - 1])
+
+    return settle
 
 
 def _file_stored(anfrage: _Inquiry, entry: dict) -> None:
@@ -676,14 +683,18 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
         if renewal.lost.is_set():
             raise LeaseLost(f"run {claim.entry_id}: taken over while {stage.value} computed")
         with transaction.atomic():
-            _check_inputs_unchanged(stage, prerequisite)
-            work.write(anfrage, result)
-            # Success, the next stage's job and this job's own success: one statement.
-            LEDGER.complete(
-                claim,
-                then=_stage_job(anfrage=anfrage, stage=stage.next) if stage.next else None,
-                finish_job=True,
-            )
+            # The stage before share-locked and checked, the results, and success with the
+            # next stage's job and this job's own success (one statement): one round trip.
+            try:
+                LEDGER.complete(
+                    claim,
+                    hold=prerequisite,
+                    write=lambda: work.write(anfrage, result),
+                    then=_stage_job(anfrage=anfrage, stage=stage.next) if stage.next else None,
+                    finish_job=True,
+                )
+            except PrerequisiteChanged as exc:
+                raise _input_changed(stage, exc) from None
     except LeaseLost:
         logger.warning("%s of inquiry %s: lease lost, result discarded", stage, anfrage.id)
         return StageOutcome.LEASE_LOST
@@ -739,32 +750,26 @@ def _prerequisite(anfrage: _Inquiry, stage: Stage) -> Prerequisite | None:
     )
 
 
-def _check_inputs_unchanged(stage: Stage, prerequisite: Prerequisite | None) -> None:
-    """First in the closing transaction, one statement: the stage before must still be
-    ``success`` with the token it had when this stage read its input (in the statement,
-    and so the snapshot, that read the input).
+def _input_changed(stage: Stage, exc: PrerequisiteChanged) -> PipelineError:
+    """What the closing transaction's first statement found, when the stage before is no
+    longer ``success`` with the token it had when this stage read its input (in the
+    statement, and so the snapshot, that read the input).
 
-    The stage before's ledger row is read ``FOR SHARE``: a replay reopening it, or the
-    stage before committing new output (its claim and ``complete`` update that row), waits
-    for this transaction or is seen by it — never half of each. A reopened stage before
-    supersedes this one; one that ran again (e.g. extract replayed and finished while this
-    stage computed: its claim moved the token) means the input changed, and the stage is
-    retried with the fresh input. A stage's input is written by the stage before, or by
-    one further back that runs again only after a replay that reopened the stage before
-    too, so its token says what re-reading and hashing the input would, without reading
-    it.
+    The stage before's ledger row is read ``FOR SHARE`` (``LEDGER.complete(hold=...)``):
+    a replay reopening it, or the stage before committing new output (its claim and
+    ``complete`` update that row), waits for this transaction or is seen by it — never
+    half of each. A reopened stage before supersedes this one; one that ran again (e.g.
+    extract replayed and finished while this stage computed: its claim moved the token)
+    means the input changed, and the stage is retried with the fresh input. A stage's
+    input is written by the stage before, or by one further back that runs again only
+    after a replay that reopened the stage before too, so its token says what re-reading
+    and hashing the input would, without reading it.
     """
-    if prerequisite is None:
-        return
-    try:
-        LEDGER.hold(prerequisite)
-    except PrerequisiteChanged as exc:
-        previous = stage.previous[-1]
-        if exc.status != LedgerStatus.SUCCESS:
-            raise StageSuperseded(
-                f"stage {previous.value} was reopened by a replay; "
-                f"{stage.value} runs again after it"
-            ) from None
-        raise StageInputStale(
-            f"the input of {stage.value} changed while it ran; it is retried with the new input"
-        ) from None
+    previous = stage.previous[-1]
+    if exc.status != LedgerStatus.SUCCESS:
+        return StageSuperseded(
+            f"stage {previous.value} was reopened by a replay; {stage.value} runs again after it"
+        )
+    return StageInputStale(
+        f"the input of {stage.value} changed while it ran; it is retried with the new input"
+    )

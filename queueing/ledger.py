@@ -276,7 +276,13 @@ class Ledger:
         )
 
     def complete(
-        self, claim: Claim, *, then: dict[str, Any] | None = None, finish_job: bool = False
+        self,
+        claim: Claim,
+        *,
+        then: dict[str, Any] | None = None,
+        finish_job: bool = False,
+        hold: Prerequisite | None = None,
+        write: Callable[[], Callable[[], None] | None] | None = None,
     ) -> None:
         """Mark the claimed stage ``success``; raises :class:`LeaseLost` when another
         worker re-claimed it meanwhile (so the caller's transaction rolls back).
@@ -293,15 +299,53 @@ class Ledger:
         transaction may idle no longer than the worker's stall threshold (a vanished
         worker's session is then ended, and its job recovered as any stalled job). Should
         the task raise after that commit, the saved success stands (the worker says so).
-        Outside a pgstage worker's job it changes nothing."""
+        Outside a pgstage worker's job it changes nothing.
+
+        ``hold`` and ``write`` make it the work's whole closing transaction in one round
+        trip (call it inside ``transaction.atomic()``, first in it; the caller commits):
+        the transaction's BEGIN, the :meth:`hold` of ``hold``, the statements ``write()``
+        executes and the completion are sent together (``queueing.sql.pipelined``), and
+        their results are read when they are back: the hold's first
+        (:class:`PrerequisiteChanged`, also when a later statement failed), then the
+        callable ``write()`` returned, if any (it may read its statements' results and
+        run more), then the completion's (:class:`LeaseLost`). ``write`` must read no
+        result itself (each read waits for the round trip); everything it sent is rolled
+        back with the caller's transaction when a check raises."""
+        params, run = self._complete_params(then=then, finish_job=finish_job)
+        if hold is None and write is None:
+            self._completed(self._close("complete", claim, params), run)
+            return
+        if not claim.claimed:
+            raise LeaseLost(f"cannot complete a claim that is {claim.outcome}")
+        hold_params = self._hold_params(hold) if hold is not None else None
+        self._require_transaction("complete(hold=..., write=...)")
+        held = closing = None
+        try:
+            with sql.pipelined(connections[self.using]):
+                if hold_params is not None:
+                    held = self._send("prerequisite", hold_params)
+                after = write() if write is not None else None
+                closing = self._send(
+                    "complete", {"id": claim.entry_id, "token": claim.token, **params}
+                )
+        except DatabaseError:
+            if held is not None and hold is not None:
+                # The hold's verdict first: a later statement may have failed because the
+                # stage before changed under it.
+                self._raise_if_changed(hold, held)
+            raise
+        if held is not None and hold is not None:
+            self._check_held(hold, self._fetch(held))
+        if after is not None:
+            after()
+        assert closing is not None
+        self._completed(self._closed(claim, self._fetch(closing)), run)
+
+    def _complete_params(
+        self, *, then: dict[str, Any] | None, finish_job: bool
+    ) -> tuple[dict[str, Any], current.JobRun | None]:
         run = current.run() if finish_job else None
-        params: dict[str, Any] = {
-            "id": claim.entry_id,
-            "token": claim.token,
-            **_NO_JOB,
-            **(then or {}),
-            "enqueue": then is not None,
-        }
+        params: dict[str, Any] = {**_NO_JOB, **(then or {}), "enqueue": then is not None}
         if run is not None and run.worker_id is not None:
             params.update(
                 finish=True,
@@ -311,7 +355,9 @@ class Ledger:
                 delete_job=run.delete_on_success,
                 idle_ms=str(max(1, round(run.commit_within_seconds * 1000))),
             )
-        row = self._close("complete", claim, params)
+        return params, run
+
+    def _completed(self, row: tuple[Any, ...], run: current.JobRun | None) -> None:
         if row[2]:
             assert run is not None
             transaction.on_commit(run.saved, using=self.using)
@@ -321,24 +367,41 @@ class Ledger:
         names (a reopening of it waits for the caller's transaction) and require it to be
         ``success`` with ``prerequisite.token``; else :class:`PrerequisiteChanged` says
         what it is now. Call it first in the transaction that writes the work's results
-        (outside one it raises ``TransactionManagementError``)."""
+        (outside one it raises ``TransactionManagementError``); ``complete(hold=...)``
+        sends it with the results and the completion in one round trip."""
+        params = self._hold_params(prerequisite)
+        self._require_transaction("hold()")
+        self._check_held(prerequisite, self._fetch(self._send("prerequisite", params)))
+
+    def _hold_params(self, prerequisite: Prerequisite) -> dict[str, Any]:
         missing = set(self.key_fields) ^ set(prerequisite.key)
         if missing:
             raise TypeError(f"a prerequisite needs exactly the key fields {self.key_fields}")
+        return {f"key_{i}": prerequisite.key[f] for i, f in enumerate(self.key_fields)}
+
+    def _require_transaction(self, what: str) -> None:
         if not connections[self.using].in_atomic_block:
             # In autocommit the share lock ends with the statement: the check would vouch
             # for nothing the caller writes afterwards.
             raise TransactionManagementError(
-                "hold() share-locks the prerequisite for the caller's transaction: "
+                f"{what} share-locks the prerequisite for the caller's transaction: "
                 "call it inside transaction.atomic()"
             )
-        params = {f"key_{i}": prerequisite.key[f] for i, f in enumerate(self.key_fields)}
-        with sql.statement_cursor(connections[self.using]) as cursor:
-            cursor.execute(self._statements["prerequisite"], params)
-            row = cursor.fetchone()
+
+    @staticmethod
+    def _check_held(prerequisite: Prerequisite, row: tuple[Any, ...] | None) -> None:
         status, token = row if row is not None else (None, None)
         if status != LedgerStatus.SUCCESS or token != prerequisite.token:
             raise PrerequisiteChanged(status=status, token=token)
+
+    def _raise_if_changed(self, prerequisite: Prerequisite, cursor: Any) -> None:
+        """After a failed round trip: the hold's :class:`PrerequisiteChanged`, if its row
+        came back and says so; nothing if it did not come back."""
+        try:
+            row = self._fetch(cursor)
+        except Exception:
+            return
+        self._check_held(prerequisite, row)
 
     def fail(self, claim: Claim, *, error: str) -> None:
         """Mark the claimed stage ``failed`` with ``error``; it stays claimable. Raises
@@ -441,11 +504,26 @@ class Ledger:
     def _close(self, statement: str, claim: Claim, extra: dict[str, Any]) -> tuple[Any, ...]:
         if not claim.claimed:
             raise LeaseLost(f"cannot {statement} a claim that is {claim.outcome}")
-        with sql.statement_cursor(connections[self.using]) as cursor:
-            cursor.execute(
-                self._statements[statement], {"id": claim.entry_id, "token": claim.token, **extra}
-            )
-            row = cursor.fetchone()
+        cursor = self._send(statement, {"id": claim.entry_id, "token": claim.token, **extra})
+        return self._closed(claim, self._fetch(cursor))
+
+    def _closed(self, claim: Claim, row: tuple[Any, ...] | None) -> tuple[Any, ...]:
         if row is None:
             raise LeaseLost(f"{self.model.__name__} {claim.entry_id}: token {claim.token} is stale")
         return tuple(row)
+
+    def _send(self, statement: str, params: dict[str, Any]) -> Any:
+        """Execute one of the ledger's statements; the open cursor, to :meth:`_fetch`
+        its row from (in a pipeline, once the pipeline has it)."""
+        cursor = sql.statement_cursor(connections[self.using])
+        try:
+            cursor.execute(self._statements[statement], params)
+        except BaseException:
+            cursor.close()
+            raise
+        return cursor
+
+    @staticmethod
+    def _fetch(cursor: Any) -> tuple[Any, ...] | None:
+        with cursor:
+            return cursor.fetchone()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import re
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -143,14 +145,82 @@ class _PreparingCursor(psycopg.Cursor):
             return self._execute(query, params, prepare=prepare, binary=binary)
 
     def _execute(self, query, params, *, prepare, binary):
-        seen = _seen.setdefault(self.connection, set())
-        if query in seen or self.connection.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+        connection = self.connection
+        seen = _seen.setdefault(connection, set())
+        if connection.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+            super().execute(query, params, prepare=prepare, binary=binary)
+        elif _opens_transaction(connection):
+            # The statement opens the caller's transaction: BEGIN travels with it.
+            with _beginning(connection):
+                super().execute(query, params, prepare=prepare, binary=binary)
+        elif query in seen:
             super().execute(query, params, prepare=prepare, binary=binary)
         else:
-            with self.connection.pipeline():
+            with connection.pipeline():
                 super().execute(query, params, prepare=prepare, binary=binary)
         seen.add(query)
         return self
+
+
+def _opens_transaction(connection: psycopg.Connection) -> bool:
+    """Whether psycopg would open a transaction before the next statement on the
+    ``connection`` (not autocommit, none open yet: Django's ``atomic()`` before its first
+    statement). psycopg sends that BEGIN on its own and waits for it, even in a pipeline."""
+    return (
+        not connection.autocommit
+        and connection.pgconn.transaction_status == pq.TransactionStatus.IDLE
+        and _CAN_SEND_BEGIN
+        and hasattr(connection, "_autocommit")
+    )
+
+
+#: Whether the caller can send psycopg's own BEGIN (with the connection's isolation level
+#: and read-only setting) for it (psycopg 3: :func:`_beginning`).
+_CAN_SEND_BEGIN = hasattr(psycopg.Connection, "_get_tx_start_command")
+
+
+@contextmanager
+def _beginning(connection: psycopg.Connection) -> Iterator[None]:
+    """A pipeline on the ``connection`` (not autocommit, no transaction open) whose first
+    statement is the BEGIN psycopg would send: the statements of the block follow it in
+    the same round trip, where psycopg would wait for its BEGIN alone first. psycopg is
+    told the connection is in autocommit for the block's length only, so it sends no
+    BEGIN of its own; when the block ends the server has the transaction open (or
+    failed), as after psycopg's own BEGIN."""
+    begin = connection._get_tx_start_command()
+    connection._autocommit = True
+    try:
+        with connection.pipeline():
+            psycopg.Cursor(connection).execute(begin, prepare=False)
+            yield
+    finally:
+        connection._autocommit = False
+
+
+@contextmanager
+def pipelined(connection: Any) -> Iterator[None]:
+    """Send every statement the block executes on the Django ``connection`` without
+    waiting for it, and wait once, when the block ends (a psycopg pipeline): one round
+    trip for all of them, and for the BEGIN too when the block's first statement opens the
+    caller's transaction. Read no result inside the block (each read waits for the
+    statements sent so far: a round trip more); read them after it.
+
+    A statement that fails makes the server skip the rest up to the block's end; the
+    error is raised when the block ends (as Django's ``DatabaseError``), and the caller's
+    transaction is then failed, as after any failed statement in it. Results of the
+    statements before the failed one can still be read."""
+    connection.ensure_connection()
+    raw = connection.connection
+    if raw.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+        yield
+        return
+    with connection.wrap_database_errors:
+        if _opens_transaction(raw):
+            with _beginning(raw):
+                yield
+        else:
+            with raw.pipeline():
+                yield
 
 
 def prepares(connection: Any) -> bool:
