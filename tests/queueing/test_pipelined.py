@@ -114,9 +114,12 @@ def test_after_the_first_statement_the_transaction_goes_on_as_ever(clean_queue):
 
 
 def test_a_failed_first_statement_fails_the_transaction_only():
-    with pytest.raises(DatabaseError), transaction.atomic():
-        with sql.statement_cursor(connection) as cursor:
-            cursor.execute("SELECT 1 / (%(zero)s::int)", {"zero": 0})
+    with (
+        pytest.raises(DatabaseError),
+        transaction.atomic(),
+        sql.statement_cursor(connection) as cursor,
+    ):
+        cursor.execute("SELECT 1 / (%(zero)s::int)", {"zero": 0})
     with transaction.atomic(), sql.statement_cursor(connection) as cursor:
         cursor.execute("SELECT 2")
         assert cursor.fetchone() == (2,)
