@@ -15,6 +15,7 @@ from django.db import connections
 
 from queueing.exceptions import DuplicateNamespace, LockOutsideTransaction, UnknownNamespace
 from queueing.keys import validate_part
+from queueing import sql
 from queueing.sql import queries
 
 __all__ = ["namespace", "try_xact_lock", "xact_lock"]
@@ -54,7 +55,8 @@ def xact_lock(ns: Namespace, key: str | int, *, using: str = "default") -> None:
     """Block until this transaction holds the lock on ``(ns, key)``; released at commit
     or rollback. Refuses to run outside ``transaction.atomic()``."""
     _check(ns, using)
-    with connections[using].cursor() as cursor:
+    # A statement cursor: when the lock opens the transaction, BEGIN travels with it.
+    with sql.statement_cursor(connections[using]) as cursor:
         cursor.execute(queries["advisory_xact_lock"], {"namespace": ns.name, "key": str(key)})
 
 
@@ -71,6 +73,6 @@ def xact_lock_statement(ns: Namespace, key: str | int) -> tuple[str, dict[str, s
 def try_xact_lock(ns: Namespace, key: str | int, *, using: str = "default") -> bool:
     """Take the lock on ``(ns, key)`` if free, without waiting; True when taken."""
     _check(ns, using)
-    with connections[using].cursor() as cursor:
+    with sql.statement_cursor(connections[using]) as cursor:
         cursor.execute(queries["try_advisory_xact_lock"], {"namespace": ns.name, "key": str(key)})
         return bool(cursor.fetchone()[0])

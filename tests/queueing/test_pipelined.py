@@ -7,6 +7,8 @@ the BEGIN a statement opens ``atomic()`` with
   - it travels with the statement, and the transaction is the caller's: not visible
     before the COMMIT, gone on a rollback
     (test_the_statement_that_opens_a_transaction_brings_its_begin)
+  - an advisory lock that opens the transaction brings it too
+    (test_a_lock_that_opens_a_transaction_brings_its_begin)
   - the connection's isolation level is the transaction's
     (test_the_begin_it_brings_keeps_the_connections_isolation_level)
   - psycopg is left as it was: statements after it (Django's own too) run in the same
@@ -38,7 +40,7 @@ from django.db import DatabaseError, connection, connections, transaction
 from django.db.transaction import TransactionManagementError
 
 import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
-from queueing import sql
+from queueing import locks, sql
 from queueing.enqueue import Policy, enqueue, job_params
 from queueing.exceptions import LeaseLost, PrerequisiteChanged
 from queueing.ledger import Ledger, Prerequisite
@@ -47,6 +49,7 @@ from tests.queueing.models import Step
 from tests.queueing.test_round_trips import round_trips
 
 LEDGER = Ledger(model=Step, key_fields=("unit", "stage"), lease_seconds=60)
+LOCKS = locks.namespace("test_pipelined_lock")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,6 +87,20 @@ def test_the_statement_that_opens_a_transaction_brings_its_begin(clean_queue):
         enqueue("tests.record", args={"label": "b"}, key="pl:b", policy=Policy.EXCLUSIVE)
         raise Undo
     assert [j["queueing_lock"] for j in jobs()] == ["exclusive/pl:a"]
+
+
+def test_a_lock_that_opens_a_transaction_brings_its_begin():
+    namespace = LOCKS
+    def lock_in_atomic():
+        with transaction.atomic():
+            locks.xact_lock(namespace, 1)
+            assert locks.try_xact_lock(namespace, 1)  # held by this transaction
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+                return cursor.fetchone()[0]
+
+    held, n = round_trips(lock_in_atomic)
+    assert held >= 1 and n == 4  # BEGIN with the lock; the try; the count; COMMIT
 
 
 def test_the_begin_it_brings_keeps_the_connections_isolation_level():
