@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from django.db import connections
 
+from queueing import sql
 from queueing.exceptions import DuplicateNamespace, LockOutsideTransaction, UnknownNamespace
 from queueing.keys import validate_part
-from queueing import sql
 from queueing.sql import queries
 
 __all__ = ["namespace", "try_xact_lock", "xact_lock"]

@@ -91,6 +91,7 @@ def test_the_statement_that_opens_a_transaction_brings_its_begin(clean_queue):
 
 def test_a_lock_that_opens_a_transaction_brings_its_begin():
     namespace = LOCKS
+
     def lock_in_atomic():
         with transaction.atomic():
             locks.xact_lock(namespace, 1)
