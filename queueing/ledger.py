@@ -310,7 +310,10 @@ class Ledger:
         callable ``write()`` returned, if any (it may read its statements' results and
         run more), then the completion's (:class:`LeaseLost`). ``write`` must read no
         result itself (each read waits for the round trip); everything it sent is rolled
-        back with the caller's transaction when a check raises."""
+        back with the caller's transaction when a check raises: a failed check marks it
+        for rollback (Django's ``set_rollback``), so leave the ``atomic()`` block with the
+        error (a query inside it raises ``TransactionManagementError``). ``write`` sends
+        one statement per execute (a pipeline takes no string of several)."""
         params, run = self._complete_params(then=then, finish_job=finish_job)
         if hold is None and write is None:
             self._completed(self._close("complete", claim, params), run)
@@ -321,25 +324,34 @@ class Ledger:
         self._require_transaction("complete(hold=..., write=...)")
         held = closing = None
         try:
-            with sql.pipelined(connections[self.using]):
-                if hold_params is not None:
-                    held = self._send("prerequisite", hold_params)
-                after = write() if write is not None else None
-                closing = self._send(
-                    "complete", {"id": claim.entry_id, "token": claim.token, **params}
-                )
-        except DatabaseError:
+            try:
+                with sql.pipelined(connections[self.using]):
+                    if hold_params is not None:
+                        held = self._send("prerequisite", hold_params)
+                    after = write() if write is not None else None
+                    closing = self._send(
+                        "complete", {"id": claim.entry_id, "token": claim.token, **params}
+                    )
+            except Exception:
+                if held is not None and hold is not None:
+                    # The hold's verdict first: a later statement may have failed because
+                    # the stage before changed under it.
+                    self._raise_if_changed(hold, held)
+                raise
             if held is not None and hold is not None:
-                # The hold's verdict first: a later statement may have failed because the
-                # stage before changed under it.
-                self._raise_if_changed(hold, held)
+                self._check_held(hold, self._fetch(held))
+            if after is not None:
+                after()
+            assert closing is not None
+            self._completed(self._closed(claim, self._fetch(closing)), run)
+        except BaseException:
+            # What was sent ran on the server (the completion too): it must not commit,
+            # even for a caller that catches the error inside its atomic() block.
+            transaction.set_rollback(True, using=self.using)
+            for cursor in (held, closing):
+                if cursor is not None:
+                    cursor.close()
             raise
-        if held is not None and hold is not None:
-            self._check_held(hold, self._fetch(held))
-        if after is not None:
-            after()
-        assert closing is not None
-        self._completed(self._closed(claim, self._fetch(closing)), run)
 
     def _complete_params(
         self, *, then: dict[str, Any] | None, finish_job: bool

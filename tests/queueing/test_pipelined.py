@@ -24,6 +24,10 @@ the closing transaction (``complete(hold=..., write=...)``)
     row stays claimable (test_a_changed_prerequisite_rolls_back_what_was_sent_with_it)
   - it changed and a write failed on it: the hold's verdict is what the caller sees
     (test_the_holds_verdict_comes_before_a_later_statements_error)
+  - it changed and the write raised in Python: the hold's verdict still
+    (test_the_holds_verdict_comes_before_a_python_error_in_the_write)
+  - the caller catches the error inside its ``atomic()``: nothing sent commits, and a
+    statement after it is refused (test_a_caught_check_failure_commits_nothing)
   - a write fails: its database error, nothing stays, the row stays claimable
     (test_a_failed_write_rolls_back_and_leaves_the_row_claimable)
   - the token is stale: ``LeaseLost``, nothing stays, no next job
@@ -252,3 +256,32 @@ def test_a_closing_transaction_outside_atomic_is_refused(clean_queue):
     with pytest.raises(TransactionManagementError):
         LEDGER.complete(claim, hold=before, write=_write("c7"))
     assert _state("c7") == ("running", False, [])
+
+
+def test_the_holds_verdict_comes_before_a_python_error_in_the_write(clean_queue):
+    before = _done("c8")
+    claim = LEDGER.claim(unit="c8", stage="after")
+    stale = Prerequisite(key=before.key, token=before.token + 1)
+
+    def write() -> None:
+        _write("c8")()
+        raise ValueError("a bug in building the results")
+
+    with pytest.raises(PrerequisiteChanged), transaction.atomic():
+        LEDGER.complete(claim, hold=stale, write=write, then=_next("c8"))
+    assert _state("c8") == ("running", False, [])
+
+
+def test_a_caught_check_failure_commits_nothing(clean_queue):
+    before = _done("c9")
+    claim = LEDGER.claim(unit="c9", stage="after")
+    stale = Prerequisite(key=before.key, token=before.token + 1)
+    with transaction.atomic():
+        try:
+            LEDGER.complete(claim, hold=stale, write=_write("c9"), then=_next("c9"))
+        except PrerequisiteChanged:
+            with pytest.raises(TransactionManagementError):
+                LEDGER.fail(claim, error="input changed")
+    assert _state("c9") == ("running", False, [])
+    LEDGER.fail(claim, error="input changed")  # in a transaction of its own
+    assert Step.objects.get(unit="c9", stage="after").status == "failed"
