@@ -307,8 +307,9 @@ class SerialQueue:
             for attempt in (1, 2):
                 try:
                     # Errors surface at an execute or at the pipeline's end: Django's
-                    # either way.
-                    with connection.wrap_database_errors, raw.pipeline():
+                    # either way. Inside the caller's transaction, not yet begun, its
+                    # BEGIN travels in the same pipeline.
+                    with connection.wrap_database_errors, sql.pipelined(connection):
                         if own:
                             cursor.execute("BEGIN")
                             if prepared:

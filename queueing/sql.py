@@ -17,7 +17,7 @@ from importlib import resources
 from typing import Any
 
 import psycopg
-from django.db.backends.utils import CursorDebugWrapper
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from psycopg import pq
 from psycopg import sql as psql
 
@@ -251,8 +251,43 @@ def preparing_cursor(connection: Any) -> Any:
     return connection.make_cursor(cursor)
 
 
+class _BeginRides:
+    """Django's cursor wrapper, except that a statement that opens the caller's transaction
+    sends psycopg's BEGIN with it, in one round trip (:func:`_beginning`)."""
+
+    db: Any
+
+    def execute(self, sql, params=None):
+        raw = self.db.connection
+        if raw.pgconn.pipeline_status != pq.PipelineStatus.OFF or not _opens_transaction(raw):
+            return super().execute(sql, params)  # type: ignore[misc]
+        # The pipeline's errors arrive at its end, outside Django's own wrapping.
+        with self.db.wrap_database_errors, _beginning(raw):
+            return super().execute(sql, params)  # type: ignore[misc]
+
+
+class _BeginRidesCursor(_BeginRides, CursorWrapper):
+    pass
+
+
+class _BeginRidesDebugCursor(_BeginRides, CursorDebugWrapper):
+    pass
+
+
 def statement_cursor(connection: Any) -> Any:
     """The cursor for one of the framework's hot named statements on the Django
-    ``connection``: :func:`preparing_cursor` where :func:`prepares`, else Django's own."""
+    ``connection``: :func:`preparing_cursor` where :func:`prepares`, else Django's own
+    (its binding, wrappers and query log), whose statement that opens the caller's
+    transaction brings psycopg's BEGIN with it, as a preparing cursor's does."""
     connection.ensure_connection()
-    return preparing_cursor(connection) if prepares(connection) else connection.cursor()
+    if prepares(connection):
+        return preparing_cursor(connection)
+    # As Django's connection.cursor() makes its cursor.
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    with connection.wrap_database_errors:
+        cursor = connection.create_cursor()
+    if connection.queries_logged:
+        return _BeginRidesDebugCursor(cursor, connection)
+    return _BeginRidesCursor(cursor, connection)

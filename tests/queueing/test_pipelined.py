@@ -7,6 +7,10 @@ the BEGIN a statement opens ``atomic()`` with
   - it travels with the statement, and the transaction is the caller's: not visible
     before the COMMIT, gone on a rollback
     (test_the_statement_that_opens_a_transaction_brings_its_begin)
+  - with Django's default (nothing prepared, bound on the client) too
+    (test_with_djangos_default_binding_the_begin_rides_too)
+  - a serial queue's admit inside the caller's not yet begun transaction too
+    (test_a_serial_admit_that_opens_the_callers_transaction_brings_its_begin)
   - an advisory lock that opens the transaction brings it too
     (test_a_lock_that_opens_a_transaction_brings_its_begin)
   - the connection's isolation level is the transaction's
@@ -54,6 +58,7 @@ from tests.queueing.test_round_trips import round_trips
 
 LEDGER = Ledger(model=Step, key_fields=("unit", "stage"), lease_seconds=60)
 LOCKS = locks.namespace("test_pipelined_lock")
+SERIAL_LOCKS = locks.namespace("test_pipelined_serial")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -91,6 +96,54 @@ def test_the_statement_that_opens_a_transaction_brings_its_begin(clean_queue):
         enqueue("tests.record", args={"label": "b"}, key="pl:b", policy=Policy.EXCLUSIVE)
         raise Undo
     assert [j["queueing_lock"] for j in jobs()] == ["exclusive/pl:a"]
+
+
+def test_with_djangos_default_binding_the_begin_rides_too(clean_queue, settings, monkeypatch):
+    """A database whose OPTIONS prepare nothing (Django's default; a transaction pooler):
+    the statement is Django's own (bound on the client), and still brings its BEGIN."""
+    monkeypatch.setitem(settings.DATABASES["default"]["OPTIONS"], "prepare_threshold", None)
+    connections["default"].close()
+    direct = connection.get_connection_params()
+
+    def enqueue_in_atomic():
+        assert not sql.prepares(connection)
+        with transaction.atomic():
+            job = enqueue("tests.record", args={"label": "e"}, key="pl:e", policy=Policy.EXCLUSIVE)
+            assert not _other_sees_job(job.job_id, direct)
+        return job
+
+    job, n = round_trips(enqueue_in_atomic)
+    assert n == 2
+    assert _other_sees_job(job.job_id)
+    with (
+        pytest.raises(DatabaseError, match="division by zero"),
+        transaction.atomic(),
+        sql.statement_cursor(connection) as cursor,
+    ):
+        cursor.execute("SELECT 1 / %s", [0])
+    connections["default"].close()
+
+
+def test_a_serial_admit_that_opens_the_callers_transaction_brings_its_begin(clean_queue):
+    from queueing.serial import SerialQueue, StartJob
+    from tests.queueing.models import Item
+
+    queue = SerialQueue(
+        model=Item,
+        namespace=SERIAL_LOCKS,
+        key_field="owner",
+        parent_field="parent",
+        deleted_field="deleted_at",
+    )
+    job = StartJob(task="tests.record", id_arg="item", args={"label": "s"})
+
+    def admit_in_atomic():
+        with transaction.atomic():
+            return queue.admit(key="pl-owner", values={"label": "s"}, start_job=job)
+
+    admitted, n = round_trips(admit_in_atomic)
+    assert (admitted.status, n) == ("pending", 2)  # BEGIN, lock, statement; COMMIT
+    assert len(jobs()) == 1
 
 
 def test_a_lock_that_opens_a_transaction_brings_its_begin():
