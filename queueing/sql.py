@@ -256,14 +256,22 @@ class _BeginRides:
     sends psycopg's BEGIN with it, in one round trip (:func:`_beginning`)."""
 
     db: Any
+    cursor: Any
 
-    def execute(self, sql, params=None):
-        raw = self.db.connection
-        if raw.pgconn.pipeline_status != pq.PipelineStatus.OFF or not _opens_transaction(raw):
-            return super().execute(sql, params)  # type: ignore[misc]
+    def _execute(self, sql, params, *ignored):
+        # Django's executor, inside its execute wrappers and its query log's timing: they
+        # see the whole round trip and its error. The raw connection is the cursor's own.
+        raw = self.cursor.connection
+        if (
+            raw.closed
+            or raw.pgconn.pipeline_status != pq.PipelineStatus.OFF
+            or not _opens_transaction(raw)
+        ):
+            return super()._execute(sql, params, *ignored)  # type: ignore[misc]
+        self.db.validate_no_broken_transaction()  # before a BEGIN is sent, as Django does
         # The pipeline's errors arrive at its end, outside Django's own wrapping.
         with self.db.wrap_database_errors, _beginning(raw):
-            return super().execute(sql, params)  # type: ignore[misc]
+            return super()._execute(sql, params, *ignored)  # type: ignore[misc]
 
 
 class _BeginRidesCursor(_BeginRides, CursorWrapper):
@@ -278,7 +286,8 @@ def statement_cursor(connection: Any) -> Any:
     """The cursor for one of the framework's hot named statements on the Django
     ``connection``: :func:`preparing_cursor` where :func:`prepares`, else Django's own
     (its binding, wrappers and query log), whose statement that opens the caller's
-    transaction brings psycopg's BEGIN with it, as a preparing cursor's does."""
+    transaction brings psycopg's BEGIN with it, as a preparing cursor's does. One
+    statement per execute: a pipeline takes no string of several."""
     connection.ensure_connection()
     if prepares(connection):
         return preparing_cursor(connection)

@@ -11,6 +11,8 @@ the BEGIN a statement opens ``atomic()`` with
     (test_with_djangos_default_binding_the_begin_rides_too)
   - a serial queue's admit inside the caller's not yet begun transaction too
     (test_a_serial_admit_that_opens_the_callers_transaction_brings_its_begin)
+  - Django's execute wrappers and query log see that round trip, its error and its time
+    (test_on_djangos_default_binding_execute_wrappers_see_the_round_trip)
   - an advisory lock that opens the transaction brings it too
     (test_a_lock_that_opens_a_transaction_brings_its_begin)
   - the connection's isolation level is the transaction's
@@ -41,6 +43,8 @@ the closing transaction (``complete(hold=..., write=...)``)
 """
 
 from __future__ import annotations
+
+import time
 
 import psycopg
 import pytest
@@ -144,6 +148,42 @@ def test_a_serial_admit_that_opens_the_callers_transaction_brings_its_begin(clea
     admitted, n = round_trips(admit_in_atomic)
     assert (admitted.status, n) == ("pending", 2)  # BEGIN, lock, statement; COMMIT
     assert len(jobs()) == 1
+
+
+def test_on_djangos_default_binding_execute_wrappers_see_the_round_trip(settings, monkeypatch):
+    """Django's execute wrappers (error reporting, tracing) and its query log see the
+    statement that brings the BEGIN as any other: its error, and its time on the server."""
+    monkeypatch.setitem(settings.DATABASES["default"]["OPTIONS"], "prepare_threshold", None)
+    connections["default"].close()
+    seen: list[tuple[str, float]] = []
+
+    def wrapper(execute, sql_text, params, many, context):
+        started = time.perf_counter()
+        try:
+            return execute(sql_text, params, many, context)
+        except Exception as exc:
+            seen.append((type(exc).__name__, time.perf_counter() - started))
+            raise
+        finally:
+            if not seen or seen[-1][0] == "ok":
+                seen.append(("ok", time.perf_counter() - started))
+
+    with connection.execute_wrapper(wrapper):
+        with transaction.atomic(), sql.statement_cursor(connection) as cursor:
+            cursor.execute("SELECT pg_sleep(%s)", [0.2])
+        with (
+            pytest.raises(DatabaseError),
+            transaction.atomic(),
+            sql.statement_cursor(connection) as cursor,
+        ):
+            cursor.execute("SELECT 1 / %s", [0])
+    assert seen[0][0] == "ok" and seen[0][1] >= 0.2
+    assert seen[1][0] == "DataError"
+    cursor = sql.statement_cursor(connection)
+    connection.close()
+    with pytest.raises(DatabaseError), transaction.atomic():
+        cursor.execute("SELECT 1")
+    connections["default"].close()
 
 
 def test_a_lock_that_opens_a_transaction_brings_its_begin():

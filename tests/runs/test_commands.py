@@ -193,7 +193,12 @@ def test_replay_failed_analyses_dry_run_shows_what_each_retry_replaces_or_why_no
 
     out = run("replay_failed_analyses", "--dry-run")
 
-    lines = {line.split()[0]: line for line in out.splitlines() if line.split()[:1]}
+    # The table's rows by job id (not the summary line, which starts with a count).
+    lines = {
+        line.split()[0]: line
+        for line in out.splitlines()
+        if line.split()[:1] and "failed analysis job(s)" not in line
+    }
     assert f"superseded by job {v3}" in lines[str(v2)] and "refused" in lines[str(v2)]
     assert f"replaces run {run_id}'s job {v1} (saved by client)" in lines[str(v3)]
     assert "1 refused, 1 would retry (dry run: nothing changed)" in out
