@@ -105,6 +105,11 @@ def test_sigterm_mid_sweep_finishes_the_row_it_holds_and_leaves_no_run_unjudged(
 
 
 def _waiting_on_locks() -> int:
+    """Sessions of this test's database waiting for a lock (the server's other databases
+    are other test processes')."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE NOT l.granted AND a.datname = current_database()"
+        )
         return cursor.fetchone()[0]
