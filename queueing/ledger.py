@@ -333,12 +333,14 @@ class Ledger:
                         "complete", {"id": claim.entry_id, "token": claim.token, **params}
                     )
             except Exception:
-                if held is not None and hold is not None:
+                if held is not None:
+                    assert hold is not None
                     # The hold's verdict first: a later statement may have failed because
                     # the stage before changed under it.
                     self._raise_if_changed(hold, held)
                 raise
-            if held is not None and hold is not None:
+            if held is not None:
+                assert hold is not None
                 self._check_held(hold, self._fetch(held))
             if after is not None:
                 after()

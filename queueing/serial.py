@@ -309,7 +309,7 @@ class SerialQueue:
                     # Errors surface at an execute or at the pipeline's end: Django's
                     # either way. Inside the caller's transaction, not yet begun, its
                     # BEGIN travels in the same pipeline.
-                    with connection.wrap_database_errors, sql.pipelined(connection):
+                    with sql.pipelined(connection):
                         if own:
                             cursor.execute("BEGIN")
                             if prepared:

@@ -162,6 +162,11 @@ class _PreparingCursor(psycopg.Cursor):
         return self
 
 
+#: Whether the caller can send psycopg's own BEGIN (with the connection's isolation level
+#: and read-only setting) for it (psycopg 3: :func:`_beginning`).
+_CAN_SEND_BEGIN = hasattr(psycopg.Connection, "_get_tx_start_command")
+
+
 def _opens_transaction(connection: psycopg.Connection) -> bool:
     """Whether psycopg would open a transaction before the next statement on the
     ``connection`` (not autocommit, none open yet: Django's ``atomic()`` before its first
@@ -172,11 +177,6 @@ def _opens_transaction(connection: psycopg.Connection) -> bool:
         and _CAN_SEND_BEGIN
         and hasattr(connection, "_autocommit")
     )
-
-
-#: Whether the caller can send psycopg's own BEGIN (with the connection's isolation level
-#: and read-only setting) for it (psycopg 3: :func:`_beginning`).
-_CAN_SEND_BEGIN = hasattr(psycopg.Connection, "_get_tx_start_command")
 
 
 @contextmanager
@@ -211,11 +211,10 @@ def pipelined(connection: Any) -> Iterator[None]:
     statements before the failed one can still be read."""
     connection.ensure_connection()
     raw = connection.connection
-    if raw.pgconn.pipeline_status != pq.PipelineStatus.OFF:
-        yield
-        return
     with connection.wrap_database_errors:
-        if _opens_transaction(raw):
+        if raw.pgconn.pipeline_status != pq.PipelineStatus.OFF:
+            yield  # inside the caller's pipeline: its end is the round trip
+        elif _opens_transaction(raw):
             with _beginning(raw):
                 yield
         else:

@@ -208,12 +208,17 @@ def test_the_begin_it_brings_keeps_the_connections_isolation_level():
     connection.ensure_connection()
     raw = connection.connection
     raw.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+    raw.read_only = True
     try:
         with transaction.atomic(), sql.statement_cursor(connection) as cursor:
-            cursor.execute("SELECT current_setting('transaction_isolation')")
-            assert cursor.fetchone() == ("serializable",)
+            cursor.execute(
+                "SELECT current_setting('transaction_isolation'), "
+                "current_setting('transaction_read_only')"
+            )
+            assert cursor.fetchone() == ("serializable", "on")
     finally:
         raw.isolation_level = None
+        raw.read_only = None
 
 
 def test_after_the_first_statement_the_transaction_goes_on_as_ever(clean_queue):
