@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 
 import pytest
 from django.core.management import call_command
@@ -687,15 +688,30 @@ def test_a_starting_worker_leaves_a_prune_held_by_a_locked_job_for_later(effects
     """A dead worker's job row another session holds locked (a stage's closing transaction
     whose worker vanished before its COMMIT, until the server ends it) would hold the
     prune's ON DELETE SET NULL, and the starting worker with it: the prune gives up after
-    its lock timeout and the worker starts and works."""
+    its lock timeout and the worker starts and works.
+
+    A silence counts from no earlier than the server's start (prune_dead_workers), so the
+    dead worker is due only once the server has run longer than the prune threshold: the
+    worker's is 4 + 4 x 3 = 16 s here, and the test waits for a server started just now
+    (the embedded one `make test` starts) to have run that long."""
     import psycopg
     from procrastinate.contrib.django.utils import connector_params
 
+    windows = {
+        "DATABASE_OUTAGE_SECONDS": "4",
+        "STALLED_WORKER_SECONDS": "3",
+        "WORKER_HEARTBEAT_SECONDS": "0.5",
+        "STALLED_RECOVERY_SECONDS": "0.5",
+    }
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extract(epoch FROM now() - pg_postmaster_start_time())")
+        (uptime,) = cursor.fetchone()
+    time.sleep(max(0.0, 17 - float(uptime)))
     held = enqueue("tests.record", args={"label": "held"}).job_id
     make_doing(held, heartbeat_age_s=100_000)  # dead for certain: due for the prune
     with psycopg.connect(**connector_params()) as holder:
         holder.execute("SELECT id FROM procrastinate_jobs WHERE id = %s FOR UPDATE", [held])
-        worker = task_worker()
+        worker = task_worker(env=windows)
         enqueue("tests.record", args={"label": "after"})
         wait_for(lambda: "after" in effects(), message=f"a job after the start\n{worker.log()}")
         assert "did not prune dead workers now" in worker.log()
