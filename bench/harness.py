@@ -51,7 +51,7 @@ class Sizes:
 
 FULL = Sizes(
     mode="full",
-    repetitions=3,
+    repetitions=5,
     admits=800,
     admit_users=100,
     admit_threads=8,
