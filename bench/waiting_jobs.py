@@ -10,7 +10,8 @@ rolled back (a fetch takes its job back). The worker rows are registered as the 
 would, with its task names (and, for the scrape in which every task has a worker, with
 both). Its own rows are deleted afterwards. Nothing here asserts a time.
 
-* ``fetch``: the worker's fetch (``fetch_job``), its queues all;
+* ``fetch``: the worker's fetch (``fetch_job``, which calls ``pgstage_fetch_job_v1``, under
+  its own settings), its queues all;
 * ``procrastinate fetch``: ``procrastinate_fetch_job_v2``, the baseline (it takes the
   other task's job, which the worker would then fail);
 * ``unrunnable, all served``: ``unrunnable_tasks`` when a live worker takes every job;
@@ -108,7 +109,8 @@ def measure(url: str, sizes: list[int], repetitions: int) -> list[tuple[int, str
                 ]
                 for name, query, params in statements:
                     params = {"seconds": 30, "clock": "stalled_jobs", **params}
-                    walk = not name.startswith("procrastinate")
+                    # The fetch function carries its own settings.
+                    walk = name.startswith("unrunnable")
                     rows.append((size, name, _timed(conn, query, params, repetitions, walk=walk)))
                 _register(conn, [MINE, OTHER])
                 served = _timed(

@@ -1,9 +1,10 @@
 """The statements that walk the waiting jobs' index run under planner settings of their own.
 
-The worker's fetch (``fetch_job`` in ``sql/worker.sql``) and the count of jobs no live
-worker can run (``unrunnable_tasks`` in ``sql/queueing.sql``) list the distinct (task,
-queue) pairs of the waiting jobs with one descent each of
-``pgstage_jobs_todo_by_task_idx`` (a loose index scan, ordered by that index's key).
+The worker's fetch (``pgstage_fetch_job_v1``, which ``fetch_job`` in ``sql/worker.sql``
+calls) and the count of jobs no live worker can run (``unrunnable_tasks`` in
+``sql/queueing.sql``) list the distinct (task, queue) pairs of the waiting jobs with one
+descent each of ``pgstage_jobs_todo_by_task_idx`` (a loose index scan, ordered by that
+index's key).
 PostgreSQL plans them by the table's statistics, and those are often wrong for a queue:
 after a quiet spell autovacuum leaves statistics that say a few dozen rows, mostly
 finished; a burst of waiting jobs then looks like a handful. With that estimate the
@@ -22,23 +23,24 @@ for each analysis instead). ``jit`` is off too: a disabled sort that a plan cann
 rows a statement orders after the walk) costs the planner's penalty, which would
 otherwise put the statement above ``jit_above_cost`` and compile it (0.8 s).
 
-On the worker's pool the settings and the statement travel in one pipeline, which
-PostgreSQL runs as one implicit transaction: still one round trip, and the settings end
-with it (also when the statement fails). So it is on a Django connection outside a
-transaction; inside the caller's, they are restored after the statement.
+For the other walks the settings and the statement travel in one pipeline, on the
+worker's pool and on a Django connection outside a transaction: PostgreSQL runs them as
+one implicit transaction, so still one round trip, and the settings end with it (also
+when the statement fails). Inside the caller's transaction they are restored after the
+statement.
 
-The fetch (``generic=True``) runs on its generic plan from its first run on a pooled
-connection: it is prepared at once (where the connection prepares at all) and planned
-once per connection. Left to PostgreSQL, each connection of the pool (lent in turn)
-planned it anew for its first ten runs (psycopg prepares on the fifth, the server tries
-five custom plans before a generic one), and for good when the custom plans' estimates
-came out below the generic one's: 1.8 ms of planning before a 0.4 ms fetch. A generic
-plan is kept until the table's statistics change, so it must not depend on them: the
-fetch runs without sequential scans, hash or merge joins (:data:`FETCH_SETTINGS`), and
-its statement looks each job up by primary key (``fetch_job``); a plan made on an empty
-table then walks a later burst as a fresh one does
-(``tests/queueing/test_fetch_generic.py``). Where the connection does not prepare (a
-transaction pooler) it is planned for each run, under :data:`FETCH_SETTINGS` alone.
+The fetch is a function, ``pgstage_fetch_job_v1`` (migration ``0015_fetch_job_function``),
+whose own ``SET`` clauses are :data:`FETCH_SETTINGS` and ``plan_cache_mode =
+force_generic_plan``: in force while it runs, undone when it returns, and the worker sends
+one short statement. PL/pgSQL plans its statement on the first call in a server session
+and keeps that plan for the session, behind a transaction pooler too. Left to
+PostgreSQL, a prepared fetch was planned anew for its first runs on each connection (the
+server tries five custom plans before a generic one), and for good when the custom plans'
+estimates came out below the generic one's: 1.8 ms of planning before a 0.4 ms fetch. A
+generic plan is kept until the table's statistics change, so it must not depend on them:
+the fetch runs without sequential scans, hash or merge joins (:data:`FETCH_SETTINGS`), and
+its statement looks each job up by primary key; a plan made on an empty table then walks
+a later burst as a fresh one does (``tests/queueing/test_fetch_generic.py``).
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ from queueing import sql
 
 __all__ = [
     "FETCH_SETTINGS",
-    "GENERIC_FETCH_SETTINGS",
     "WALK_SETTINGS",
     "rows_walking",
     "rows_walking_async",
@@ -66,14 +67,13 @@ __all__ = [
 WALK_SETTINGS = "SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
 #: The fetch's: :data:`WALK_SETTINGS`, and no sequential scan, hash join or merge join —
 #: its plan is index walks, lookups by primary key and nested loops, whatever the
-#: statistics say (a plan made while the table was empty must still fit a burst).
+#: statistics say (a plan made while the table was empty must still fit a burst). The
+#: fetch function's own ``SET`` clauses say the same, and ``plan_cache_mode =
+#: force_generic_plan`` besides; as a statement, for a session that plans its statement
+#: as the function does (the tests' EXPLAIN).
 FETCH_SETTINGS = WALK_SETTINGS + (
     ", set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true)"
     ", set_config('enable_mergejoin', 'off', true)"
-)
-#: :data:`FETCH_SETTINGS`, and the statement's generic plan from its first prepared run.
-GENERIC_FETCH_SETTINGS = (
-    FETCH_SETTINGS + ", set_config('plan_cache_mode', 'force_generic_plan', true)"
 )
 _SAVED = "SELECT current_setting('enable_sort'), current_setting('jit')"
 _RESTORE = "SELECT set_config('enable_sort', %s, true), set_config('jit', %s, true)"
@@ -133,17 +133,13 @@ def _dicts(cursor: Any) -> list[dict[str, Any]]:
     return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
 
 
-async def rows_walking_async(
-    connector: Any, query: str, *, generic: bool = False, **arguments: Any
-) -> list[dict[str, Any]]:
+async def rows_walking_async(connector: Any, query: str, **arguments: Any) -> list[dict[str, Any]]:
     """``query``'s rows through procrastinate's ``connector``, under
     :data:`WALK_SETTINGS`: on the worker's psycopg pool in one round trip; on another
     connector (Django's, in-process) as :func:`rows_walking`, on that connector's
-    database alias. With ``generic`` (the fetch), on the pool the statement runs under
-    :data:`FETCH_SETTINGS`, prepared at once and on its generic plan where the
-    connection prepares (:data:`GENERIC_FETCH_SETTINGS`)."""
+    database alias."""
     if isinstance(connector, psycopg_connector.PsycopgConnector):
-        return await _pipelined(connector, query, arguments, generic=generic)
+        return await _pipelined(connector, query, arguments)
     # procrastinate's Django connector runs on its database alias.
     using = getattr(connector, "alias", DEFAULT_DB_ALIAS)
     try:
@@ -154,28 +150,15 @@ async def rows_walking_async(
 
 @psycopg_connector.wrap_exceptions()
 async def _pipelined(
-    connector: psycopg_connector.PsycopgConnector,
-    query: str,
-    arguments: dict[str, Any],
-    *,
-    generic: bool = False,
+    connector: psycopg_connector.PsycopgConnector, query: str, arguments: dict[str, Any]
 ) -> list[dict[str, Any]]:
     async with connector.pool.connection() as conn:
-        # Prepared at once only where the connection prepares (not behind a pooler);
-        # a generic plan only where it is kept.
-        prepare = True if generic and conn.prepare_threshold is not None else None
-        if generic:
-            settings = GENERIC_FETCH_SETTINGS if prepare else FETCH_SETTINGS
-        else:
-            settings = WALK_SETTINGS
         for attempt in (1, 2):
             async with connector._get_cursor(connection=conn) as cursor:
                 try:
                     async with conn.pipeline():
-                        await conn.execute(settings)
-                        await cursor.execute(
-                            query, connector._wrap_json(arguments), prepare=prepare
-                        )
+                        await conn.execute(WALK_SETTINGS)
+                        await cursor.execute(query, connector._wrap_json(arguments))
                     return await cursor.fetchall()
                 except sql.STALE_PLAN_ERRORS as error:
                     # queueing.connector.ReplanningCursor's rule; in a pipeline the

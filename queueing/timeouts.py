@@ -123,8 +123,9 @@ def for_tasks(tasks: Mapping[str, Any]) -> tuple[list[str], list[float]]:
     """The names (aliases included) and bounds of ``tasks`` (procrastinate's name → task
     mapping) that have a bound, as the fetch statement takes them."""
     names, seconds = [], []
+    default = default_seconds()  # read once per call: the worker calls this per fetch
     for name, task in sorted(tasks.items()):
-        bound = timeout_seconds(getattr(task, "name", name))
+        bound = _declared.get(getattr(task, "name", name), default)
         if bound > 0:
             names.append(name)
             seconds.append(bound)

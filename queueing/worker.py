@@ -245,8 +245,9 @@ class TaskNameJobManager(manager.JobManager):
     procrastinate's fetch takes any job of the worker's queues; a job of a task the worker
     lacks then fails for good (``TaskNotFound``) — during a rolling deploy, every job of a
     task the new release added that an old worker fetches. Here such a job waits for a
-    worker that has its task (``fetch_job`` in ``sql/worker.sql``: procrastinate's fetch
-    with one more condition, in the same one statement). The names registered with the
+    worker that has its task (``fetch_job`` in ``sql/worker.sql``, which calls
+    ``pgstage_fetch_job_v1``: procrastinate's fetch with one more condition, in one
+    statement). The names registered with the
     worker (``pgstage_worker_tasks``) tell which waiting jobs no live worker can run
     (:func:`queueing.jobs.unrunnable_tasks`)."""
 
@@ -268,12 +269,11 @@ class TaskNameJobManager(manager.JobManager):
         # The arrays go as array literals (cached): dumping them element by element on
         # every fetch was a third of the fetch's client time.
         timeout_tasks, timeout_seconds = timeouts.for_tasks(self._tasks())
-        # Under the index walk's planner settings (queueing.planner), in one round trip,
-        # on its generic plan (planned once per pooled connection).
-        (row,) = await rows_walking_async(
-            self.connector,
+        # One short statement: the function (pgstage_fetch_job_v1) runs under the index
+        # walk's planner settings and keeps its generic plan per server session
+        # (queueing.planner).
+        row = await self.connector.execute_query_one_async(
             queries["fetch_job"],
-            generic=True,
             queues=array_literal(tuple(queues)) if queues is not None else None,
             worker_id=worker_id,
             task_names=array_literal(tuple(self.task_names())),

@@ -87,3 +87,37 @@ def _read(node: dict[str, Any], relation: str | None) -> int:
         )
         own = (node["Actual Rows"] + removed) * node["Actual Loops"]
     return own + sum(_read(child, relation) for child in node.get("Plans", []))
+
+
+#: The parameters of ``pgstage_fetch_job_v1``, in order, by the names the worker's fetch
+#: statement (``fetch_job`` in ``queueing/sql/worker.sql``) passes them under.
+FETCH_PARAMETERS = ("queues", "worker_id", "task_names", "timeout_tasks", "timeout_seconds")
+
+
+def fetch_statement() -> str:
+    """The statement ``pgstage_fetch_job_v1`` runs, read from the installed function (its
+    ``RETURN QUERY``), with its parameters as the named placeholders of
+    :data:`FETCH_PARAMETERS`: what the tests hold to procrastinate's conditions and
+    measure under the function's settings (``queueing.planner.FETCH_SETTINGS``)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT prosrc FROM pg_proc WHERE proname = 'pgstage_fetch_job_v1'")
+        (source,) = cursor.fetchone()
+    start = source.index("RETURN QUERY") + len("RETURN QUERY")
+    end = source.rindex(";", 0, source.rindex("END;"))
+    statement = source[start:end].strip()
+    for number, name in enumerate(FETCH_PARAMETERS, 1):
+        statement = re.sub(rf"\${number}(?!\d)", f"%({name})s", statement)
+    assert "$" not in statement, statement
+    return statement
+
+
+#: The rows this session's transaction has read from ``procrastinate_jobs`` so far: the
+#: tuples its sequential scans read and its index scans returned, by the server's
+#: per-transaction counters (``pg_stat_get_xact_*``), which see inside a function, where
+#: EXPLAIN sees only the call.
+SESSION_ROWS_READ = (
+    "SELECT coalesce(pg_stat_get_xact_tuples_returned('procrastinate_jobs'::regclass), 0)"
+    " + coalesce((SELECT sum(pg_stat_get_xact_tuples_returned(i.indexrelid))"
+    "               FROM pg_index i"
+    "              WHERE i.indrelid = 'procrastinate_jobs'::regclass), 0)"
+)

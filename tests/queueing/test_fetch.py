@@ -51,7 +51,7 @@ from queueing.planner import FETCH_SETTINGS, WALK_SETTINGS
 from queueing.sql import queries as queueing_queries
 from queueing.worker import TaskNameJobManager, fetch_by_task_name, queries
 from tests.conftest import database_url, jobs, recovery_ran, registered_worker
-from tests.plans import rows_read
+from tests.plans import SESSION_ROWS_READ, fetch_statement, rows_read
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -98,7 +98,8 @@ def _reference_fetch() -> str:
 
 
 def test_the_fetch_judges_each_job_by_procrastinates_conditions():
-    ours = _normalized(queries["fetch_job"])
+    # The statement of the installed function (pgstage_fetch_job_v1), the one that runs.
+    ours = _normalized(fetch_statement())
     pair = "AND jobs.task_name = mine.task_name AND jobs.queue_name = mine.queue_name"
     order = "ORDER BY jobs.priority DESC, jobs.id ASC LIMIT 1"
     judged = f"{_procrastinate_conditions()} {pair} {order}"
@@ -113,10 +114,16 @@ def test_the_fetch_judges_each_job_by_procrastinates_conditions():
     # It hands back the columns procrastinate's fetch query does (Job.from_row reads them).
     theirs = procrastinate_queries["fetch_job"]
     columns = theirs[theirs.index("SELECT") : theirs.index("FROM")]
-    raw = queries["fetch_job"]
+    raw = fetch_statement()
     # The statement's last SELECT (after the deadline's CTE, queueing.timeouts).
     tail = raw[raw.rindex("\nSELECT ") :]
-    assert _normalized(columns) == _normalized(tail[tail.index("SELECT") : tail.index("FROM")])
+    # Each cast to the type the function declares (migration 0015).
+    returned = re.sub(r"::\w+", "", tail[tail.index("SELECT") : tail.index("FROM")])
+    assert _normalized(columns) == _normalized(returned)
+    # The worker's statement calls the function and hands those columns on.
+    call = queries["fetch_job"]
+    assert "pgstage_fetch_job_v1(" in call
+    assert _normalized(columns) == _normalized(call[call.index("SELECT") : call.index("FROM")])
 
 
 def _register() -> int:
@@ -380,7 +387,10 @@ def test_the_fetch_and_the_unrunnable_count_never_read_other_tasks_waiting_jobs(
     clean_queue, stale_statistics
 ):
     fetch = _fetch_params(_backlog_of_another_task(stale_statistics=stale_statistics))
-    assert rows_read(queries["fetch_job"], fetch, settings=WALK_SETTINGS) < 50
+    assert rows_read(fetch_statement(), fetch, settings=WALK_SETTINGS) < 50
+    # The function itself, on the plan it makes in this session (EXPLAIN sees only the
+    # call: the server's counters of this transaction see inside it).
+    assert _rows_read_by_the_fetch(fetch) < 50
     assert (
         rows_read(
             queueing_queries["unrunnable_tasks"],
@@ -400,4 +410,23 @@ def test_the_prepared_fetchs_generic_plan_never_reads_other_tasks_waiting_jobs(
     statement's sixth run PostgreSQL may plan it once for any parameters. That plan must
     walk past another task's backlog as the custom one does."""
     fetch = _fetch_params(_backlog_of_another_task(stale_statistics=stale_statistics), queues)
-    assert rows_read(queries["fetch_job"], fetch, settings=FETCH_SETTINGS, generic=True) < 50
+    assert rows_read(fetch_statement(), fetch, settings=FETCH_SETTINGS, generic=True) < 50
+    assert _rows_read_by_the_fetch(fetch) < 50
+
+
+def _rows_read_by_the_fetch(fetch: dict) -> int:
+    """Rows the worker's fetch statement (the function) reads, in a transaction rolled
+    back (the job it takes stays waiting)."""
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+        try:
+            cursor.execute(SESSION_ROWS_READ)
+            (before,) = cursor.fetchone()
+            cursor.execute(queries["fetch_job"], fetch)
+            (row,) = cursor.fetchall()
+            assert row[0] is not None  # it took a job of its own task
+            cursor.execute(SESSION_ROWS_READ)
+            (after,) = cursor.fetchone()
+        finally:
+            cursor.execute("ROLLBACK")
+    return int(after - before)

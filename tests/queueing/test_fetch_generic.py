@@ -1,6 +1,7 @@
-"""The worker's fetch runs on a generic plan that its pooled connection keeps
-(``queueing.planner``): the plan must fit whatever the table holds later, not the
-statistics it was made under. Real PostgreSQL, the worker's own pool.
+"""The worker's fetch runs on a generic plan that its server session keeps (the function
+``pgstage_fetch_job_v1``, ``queueing.planner``): the plan must fit whatever the table
+holds later, not the statistics it was made under. Real PostgreSQL, the worker's own
+pool.
 
 Fault model:
 - a worker starts on a quiet queue (the table empty, or three jobs, analysed) and a
@@ -12,10 +13,11 @@ Fault model:
   test_the_locked_pick_reads_only_its_job_under_vacuumed_quiet_statistics (before the
   fix the pick of the chosen job went through a partial index of the waiting jobs,
   filtered by id: 20,012 rows, 100,012 at 100,000 + 100,000, on either plan);
-- the server forgets the prepared fetch behind psycopg's back (a pooler's DISCARD ALL,
-  a DEALLOCATE ALL): test_the_fetch_recovers_from_a_deallocate_all_behind_psycopgs_back;
+- the server forgets the prepared fetch and the function's plan behind psycopg's back (a
+  pooler's DISCARD ALL, a DEALLOCATE ALL):
+  test_the_fetch_recovers_from_a_deallocate_all_behind_psycopgs_back;
 - a walk fails (on the server, or a parameter psycopg cannot send):
-  test_the_generic_settings_end_with_a_failed_walk.
+  test_the_walk_settings_end_with_a_failed_walk.
 """
 
 from __future__ import annotations
@@ -26,13 +28,12 @@ import psycopg
 import pytest
 from django.db import connection, transaction
 from procrastinate.contrib.django.utils import connector_params
-from psycopg import sql as psql
 
 import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
 from queueing.planner import FETCH_SETTINGS
 from queueing.sql import array_literal, statement_cursor
 from queueing.worker import queries
-from tests.plans import Read, _read, rows_read
+from tests.plans import SESSION_ROWS_READ, fetch_statement, rows_read
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,31 +53,24 @@ def _burst(task_name: str, priority: int, n: int) -> None:
 
 
 def _cached_fetch_rows_read(conn: psycopg.AsyncConnection, worker_id: int) -> int:
-    """Rows read by the fetch's prepared statement on ``conn`` as it is cached there
-    (EXPLAIN ANALYZE EXECUTE of psycopg's own statement name, rolled back)."""
+    """Rows read by a fetch on ``conn`` on the plan its session keeps for the function
+    (the server's counters of a transaction rolled back: the job it takes stays
+    waiting)."""
 
     async def body() -> int:
-        cursor = await conn.execute(
-            "SELECT name FROM pg_prepared_statements"
-            " WHERE statement LIKE 'WITH RECURSIVE waiting%%'"
-        )
-        (name,) = await cursor.fetchone()
-        args = [
-            array_literal(("tests.record",)),
-            None,
-            worker_id,
-            array_literal(()),
-            array_literal(()),
-        ]
-        explain = psql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {} ({})").format(
-            psql.Identifier(name), psql.SQL(", ").join(psql.Literal(a) for a in args)
-        )
+        params = {
+            "queues": None,
+            "worker_id": worker_id,
+            "task_names": array_literal(("tests.record",)),
+            "timeout_tasks": array_literal(()),
+            "timeout_seconds": array_literal(()),
+        }
         async with conn.transaction(force_rollback=True):
-            await conn.execute(FETCH_SETTINGS)
-            await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            cursor = await conn.execute(explain)
-            ((plan,),) = await cursor.fetchall()
-        return Read(_read(plan[0]["Plan"], None), plan[0]["Plan"])
+            before = await (await conn.execute(SESSION_ROWS_READ)).fetchone()
+            fetched = await (await conn.execute(queries["fetch_job"], params)).fetchone()
+            after = await (await conn.execute(SESSION_ROWS_READ)).fetchone()
+        assert fetched[0] is not None
+        return int(after[0] - before[0])
 
     return body
 
@@ -141,23 +135,30 @@ def test_the_locked_pick_reads_only_its_job_under_vacuumed_quiet_statistics(clea
         "timeout_tasks": [],
         "timeout_seconds": [],
     }
-    generic = rows_read(queries["fetch_job"], fetch, settings=FETCH_SETTINGS, generic=True)
-    custom = rows_read(queries["fetch_job"], fetch, settings=FETCH_SETTINGS)
+    generic = rows_read(fetch_statement(), fetch, settings=FETCH_SETTINGS, generic=True)
+    custom = rows_read(fetch_statement(), fetch, settings=FETCH_SETTINGS)
     assert generic < 50 and custom < 50, (generic, custom)
 
 
 def test_the_fetch_recovers_from_a_deallocate_all_behind_psycopgs_back(clean_queue):
     """A pooler's DISCARD ALL / DEALLOCATE ALL that psycopg never sees: the prepared
-    fetch's name is gone on the server; the next fetch replans once and takes its job,
-    and the statement is prepared again."""
+    fetch's name is gone on the server (and DISCARD ALL drops the function's plan too);
+    the next fetch replans once and takes its job, and the statement is prepared again
+    once it has run as often as a new one."""
     from procrastinate.contrib.django import app
 
-    from queueing.connector import worker_connector
+    from queueing.connector import PREPARE_THRESHOLD, worker_connector
     from queueing.enqueue import enqueue
     from queueing.worker import TaskNameJobManager
 
-    for n in range(3):
+    runs = PREPARE_THRESHOLD + 1
+    for n in range(2 * runs + 2):
         enqueue("tests.record", args={"label": f"job {n}"})
+    prepared = (
+        "SELECT count(*) AS n FROM pg_prepared_statements"
+        " WHERE statement LIKE '%%pgstage_fetch_job_v1(%%'"
+        " AND statement NOT LIKE '%%pg_prepared_statements%%'"
+    )
 
     async def body() -> tuple[list, list]:
         connector = worker_connector(min_size=1, max_size=1)
@@ -165,7 +166,10 @@ def test_the_fetch_recovers_from_a_deallocate_all_behind_psycopgs_back(clean_que
         try:
             manager = TaskNameJobManager(connector=connector, tasks=lambda: app.tasks)
             worker_id = await manager.register_worker()
-            taken = [(await manager.fetch_job(queues=None, worker_id=worker_id)).id]
+            taken = [
+                (await manager.fetch_job(queues=None, worker_id=worker_id)).id for _ in range(runs)
+            ]
+            counts = [(await connector.execute_query_one_async(prepared))["n"]]
             for behind_its_back in (b"DEALLOCATE ALL", b"DISCARD ALL"):
                 async with connector.pool.connection() as conn:
                     assert (
@@ -174,17 +178,16 @@ def test_the_fetch_recovers_from_a_deallocate_all_behind_psycopgs_back(clean_que
                     )
                 job = await manager.fetch_job(queues=None, worker_id=worker_id)
                 taken.append(job.id)
-            plans = await connector.execute_query_all_async(
-                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-                " WHERE statement LIKE 'WITH RECURSIVE waiting%%'"
-            )
-            return taken, plans
+            for _ in range(runs):
+                taken.append((await manager.fetch_job(queues=None, worker_id=worker_id)).id)
+            counts.append((await connector.execute_query_one_async(prepared))["n"])
+            return taken, counts
         finally:
             await connector.close_async()
 
-    taken, plans = asyncio.run(body())
-    assert len(set(taken)) == 3
-    assert plans == [{"generic_plans": 1, "custom_plans": 0}]
+    taken, counts = asyncio.run(body())
+    assert len(set(taken)) == 2 * runs + 2
+    assert counts == [1, 1]
 
 
 @pytest.mark.xfail(
@@ -224,10 +227,10 @@ def test_after_a_rollback_each_statement_runs_again_in_one_round_trip():
     assert again == 1
 
 
-def test_the_generic_settings_end_with_a_failed_walk(clean_queue):
-    """A generic walk that fails on the server (division by zero) or on
-    the client (a parameter psycopg cannot adapt) leaves the pooled connection with
-    PostgreSQL's own plan_cache_mode, enable_sort and jit."""
+def test_the_walk_settings_end_with_a_failed_walk(clean_queue):
+    """A walk that fails on the server (division by zero) or on the client (a parameter
+    psycopg cannot adapt) leaves the pooled connection with PostgreSQL's own
+    plan_cache_mode, enable_sort and jit."""
     from procrastinate import exceptions as procrastinate_exceptions
 
     from queueing.connector import worker_connector
@@ -245,7 +248,7 @@ def test_the_generic_settings_end_with_a_failed_walk(clean_queue):
                 with pytest.raises(
                     (procrastinate_exceptions.ConnectorException, TypeError, psycopg.Error)
                 ):
-                    await rows_walking_async(connector, query, generic=True, **arguments)
+                    await rows_walking_async(connector, query, **arguments)
                 seen.append(
                     await connector.execute_query_one_async(
                         "SELECT current_setting('plan_cache_mode') AS mode,"

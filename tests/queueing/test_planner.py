@@ -9,6 +9,7 @@ that read every waiting job (``tests/queueing/test_fetch.py``)."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import django.db
 import psycopg
@@ -16,7 +17,7 @@ import pytest
 from django.db import connection, transaction
 from procrastinate.exceptions import ConnectorException
 
-from queueing.planner import rows_walking, rows_walking_async
+from queueing.planner import FETCH_SETTINGS, rows_walking, rows_walking_async
 
 SEEN = "SELECT current_setting('enable_sort') AS sort, current_setting('jit') AS jit"
 FAILS = "SELECT 1 / %(zero)s AS never"
@@ -55,71 +56,78 @@ def test_on_the_workers_pool_in_one_round_trip_and_not_after_it():
     assert after == {"sort": "on", "jit": "on"}
 
 
-#: A walk with a parameter (a statement without one never gets a custom plan).
-PLANNED = (
-    "SELECT current_setting('plan_cache_mode') AS mode, "
-    "current_setting('enable_seqscan') AS seqscan, %(x)s::int AS x /* pgstage planner probe */"
-)
-PLANS = (
-    "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
-    "WHERE statement LIKE '%%pgstage planner probe%%' AND statement NOT LIKE '%%pg_prepared%%'"
-)
+#: The fetch function's own settings (its SET clauses), as pg_proc keeps them.
+FETCH_FUNCTION_SETTINGS = [
+    "enable_sort=off",
+    "jit=off",
+    "enable_seqscan=off",
+    "enable_hashjoin=off",
+    "enable_mergejoin=off",
+    "plan_cache_mode=force_generic_plan",
+]
 
 
-def _generic_walks(connector_args: dict, runs: int) -> tuple[list, list, dict]:
-    """``runs`` generic walks of PLANNED on a one-connection worker pool: what the walk
-    saw, its plans on that connection and the setting after it."""
-    from queueing.connector import worker_connector
+@pytest.mark.django_db(transaction=True)
+def test_the_fetch_function_plans_under_the_fetch_settings_and_keeps_a_generic_plan():
+    """``pgstage_fetch_job_v1`` carries FETCH_SETTINGS and the generic plan as its own
+    settings, which PostgreSQL applies for the call and undoes after it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT proconfig FROM pg_proc WHERE proname = 'pgstage_fetch_job_v1'")
+        (config,) = cursor.fetchone()
+    assert config == FETCH_FUNCTION_SETTINGS
+    # FETCH_SETTINGS (the statement the tests plan the function's statement under) says
+    # the same as the function's clauses but the plan cache's mode.
+    said = dict(re.findall(r"set_config\('(\w+)', '(\w+)', true\)", FETCH_SETTINGS))
+    assert said == dict(c.split("=") for c in FETCH_FUNCTION_SETTINGS[:-1])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("prepare_threshold", ["prepares", None])
+def test_the_fetch_is_one_round_trip_and_leaves_the_session_as_it_was(
+    settings, monkeypatch, prepare_threshold
+):
+    """On the worker's pool, directly or behind a transaction pooler (``OPTIONS
+    ["prepare_threshold"] = None``: nothing prepared): each fetch is one round trip (and
+    preparing the call, once per connection, one more), and whatever runs next on that
+    connection runs under the session's own settings."""
+    from procrastinate.contrib.django import app
+
+    from queueing.connector import PREPARE_THRESHOLD, worker_connector
+    from queueing.worker import TaskNameJobManager
     from tests.queueing.test_round_trips import _on_the_wire
+
+    if prepare_threshold is None:
+        monkeypatch.setitem(settings.DATABASES["default"]["OPTIONS"], "prepare_threshold", None)
 
     async def body(connector, counter):
         await connector.open_async()
         try:
-            seen = [
-                await rows_walking_async(connector, PLANNED, generic=True, x=i) for i in range(runs)
-            ]
-            plans = await connector.execute_query_all_async(PLANS)
+            manager = TaskNameJobManager(connector=connector, tasks=lambda: app.tasks)
+            worker_id = await manager.register_worker()
+            spent = []
+            for _ in range(8):
+                before = counter.snapshot()
+                assert await manager.fetch_job(queues=None, worker_id=worker_id) is None
+                spent.append((counter.snapshot() - before).round_trips)
             after = await connector.execute_query_one_async(
-                "SELECT current_setting('plan_cache_mode') AS mode, "
-                "current_setting('enable_seqscan') AS seqscan"
+                "SELECT current_setting('enable_sort') AS sort, current_setting('jit') AS jit,"
+                " current_setting('enable_seqscan') AS seqscan,"
+                " current_setting('plan_cache_mode') AS mode"
             )
-            return seen, plans, after
+            prepared = await connector.execute_query_all_async(
+                "SELECT name FROM pg_prepared_statements"
+            )
+            return spent, after, prepared
         finally:
             await connector.close_async()
 
-    return _on_the_wire(lambda: worker_connector(**connector_args), body)
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_generic_walk_is_prepared_at_once_and_planned_once():
-    """The worker's fetch (``generic=True``): prepared on its first run on a pooled
-    connection and run on its generic plan every time after — not planned for each of
-    the connection's first ten runs, nor for good when the custom plans looked cheaper."""
-    seen, plans, after = _generic_walks({"min_size": 1, "max_size": 1}, runs=8)
-    assert [rows[0]["mode"] for rows in seen] == ["force_generic_plan"] * 8
-    # Its plan's shape does not depend on the statistics it was made under.
-    assert [rows[0]["seqscan"] for rows in seen] == ["off"] * 8
-    assert [rows[0]["x"] for rows in seen] == list(range(8))
-    assert plans == [{"generic_plans": 8, "custom_plans": 0}]
-    # The settings end with the walk's implicit transaction.
-    assert after == {"mode": "auto", "seqscan": "on"}
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_generic_walk_is_not_prepared_where_the_connection_does_not_prepare(
-    settings, monkeypatch
-):
-    """Behind a transaction pooler (``OPTIONS["prepare_threshold"] = None``) nothing is
-    prepared on the server, the fetch included, and the fetch is planned for its own
-    parameters."""
-    monkeypatch.setitem(settings.DATABASES["default"]["OPTIONS"], "prepare_threshold", None)
-    seen, plans, _ = _generic_walks({"min_size": 1, "max_size": 1}, runs=6)
-    assert [rows[0]["x"] for rows in seen] == list(range(6))
-    assert plans == []
-    # Planned for each run, so on a plan that knows its parameters (a generic one would
-    # be planned each time too, and know less).
-    assert [rows[0]["mode"] for rows in seen] == ["auto"] * 6
-    assert [rows[0]["seqscan"] for rows in seen] == ["off"] * 6
+    spent, after, prepared = _on_the_wire(lambda: worker_connector(min_size=1, max_size=1), body)
+    if prepare_threshold is None:
+        assert spent == [1] * 8
+    else:  # prepared on its sixth run (psycopg's threshold): a parse of its own, once
+        assert spent == [1] * PREPARE_THRESHOLD + [2] + [1] * (7 - PREPARE_THRESHOLD)
+    assert after == {"sort": "on", "jit": "on", "seqscan": "on", "mode": "auto"}
+    assert bool(prepared) is (prepare_threshold is not None)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -226,9 +234,6 @@ def walked(monkeypatch):
 
     async def walking_async(connector, query, **arguments):
         seen.append(query)
-        if query == queueing.worker.queries["fetch_job"]:
-            # The fetch runs on its generic plan (test_a_generic_walk_is_prepared_at_once…).
-            assert arguments.get("generic") is True
         return await real_async(connector, query, **arguments)
 
     monkeypatch.setattr(queueing.worker, "rows_walking_async", walking_async)
@@ -237,7 +242,8 @@ def walked(monkeypatch):
 
 def test_every_walk_of_an_index_runs_under_the_settings(clean_queue, walked):
     """The rows-read tests measure these statements under the settings; here each call
-    site is seen to send them so (a site that lost them would read every waiting job)."""
+    site is seen to send them so (a site that lost them would read every waiting job).
+    The fetch carries its own (the function's, test_the_fetch_function_plans_under_…)."""
     from asgiref.sync import async_to_sync
     from procrastinate.contrib.django import app
 
@@ -258,7 +264,6 @@ def test_every_walk_of_an_index_runs_under_the_settings(clean_queue, walked):
         queueing_queries["unrunnable_tasks"],
         runs_queries["lost_process_jobs"],
         runs_queries["resume_work"],
-        worker.queries["fetch_job"],
     ]
 
 

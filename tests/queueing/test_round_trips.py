@@ -209,7 +209,7 @@ def _fetches_on_one_connection(connector_factory) -> tuple[bool, int]:
             row = await connector.execute_query_one_async(
                 "SELECT count(*) > 0 AS prepared FROM pg_prepared_statements"
                 " WHERE statement LIKE %(fetch)s",
-                fetch="%WITH RECURSIVE waiting AS%",
+                fetch="%pgstage_fetch_job_v1(%",
             )
             return row["prepared"], spent
         finally:
@@ -219,9 +219,9 @@ def _fetches_on_one_connection(connector_factory) -> tuple[bool, int]:
 
 
 def test_the_workers_connector_prepares_its_fetch(clean_queue, monkeypatch):
-    """A worker's pool plans its large fetch once per connection (from its fifth run),
-    still in one round trip; a database whose OPTIONS say ``prepare_threshold: None``
-    (e.g. behind a transaction pooler) prepares nothing."""
+    """A worker's pool prepares its fetch (the function's call) once per connection, from
+    its fifth run, each fetch still one round trip; a database whose OPTIONS say
+    ``prepare_threshold: None`` (e.g. behind a transaction pooler) prepares nothing."""
     from queueing.connector import worker_connector
 
     def connector():
