@@ -149,7 +149,8 @@ def markdown(document: dict[str, Any], rows: Sequence[Row]) -> str:
         "pgstage, plain, pgstage, … — and each figure is the median of "
         f"{run['sizes']['repetitions']} repetition(s) (min-max beside it). Worker start-up is "
         "never measured: jobs are timed from procrastinate's events, the first job's start "
-        "to the last job's end. No figure here is a test; nothing asserts a time.",
+        "to the last job's end. The workers of both sides log warnings only (no line per "
+        "job). No figure here is a test; nothing asserts a time.",
         "",
         f"Measured {run['started_at']} in `{run['sizes']['mode']}` mode, commit "
         f"`{git_facts['commit'][:12]}`{' (with local changes)' if git_facts['dirty'] else ''}"
