@@ -662,22 +662,34 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
     prerequisite = _prerequisite(anfrage, stage)
     inputs, input_hash = work.prepare(anfrage)
     lease = lease_seconds()
-    claim = LEDGER.claim(
-        tenant=anfrage.tenant_id,
-        anfrage=anfrage.id,
-        stage=stage.value,
-        input_hash=input_hash,
-        lease_seconds=lease,
-    )
-    if claim.outcome is Outcome.DONE:
-        return StageOutcome.SKIPPED
-    if claim.outcome is Outcome.BUSY:
-        # Never skip: the holder may die; recovery then takes its job back, its lease
-        # ends with it, and a poll takes over. A poll is no attempt.
-        raise PollLater(f"{stage.value} of inquiry {anfrage.id} is running elsewhere")
+    # The tenant's catalog (feasibility, calculate) is read right after the claim, in its
+    # round trip: a statement after the claim's, so on a snapshot that sees what the claim
+    # saw (a replay that reopened the stage, the catalog it changed before).
+    catalog = _CatalogRead(anfrage) if work.reads is _Reads.POSITIONS else None
     try:
-        if work.reads is _Reads.POSITIONS:
-            anfrage = _read_catalog(anfrage)
+        claim = LEDGER.claim(
+            tenant=anfrage.tenant_id,
+            anfrage=anfrage.id,
+            stage=stage.value,
+            input_hash=input_hash,
+            lease_seconds=lease,
+            also=catalog.send if catalog else None,
+        )
+        if claim.outcome is Outcome.DONE:
+            if catalog:
+                catalog.close()
+            return StageOutcome.SKIPPED
+        if claim.outcome is Outcome.BUSY:
+            # Never skip: the holder may die; recovery then takes its job back, its lease
+            # ends with it, and a poll takes over. A poll is no attempt.
+            raise PollLater(f"{stage.value} of inquiry {anfrage.id} is running elsewhere")
+    except BaseException:
+        if catalog:
+            catalog.close()
+        raise
+    try:
+        if catalog:
+            anfrage = catalog.read()
         with LEDGER.renewing(claim, lease_seconds=lease) as renewal:
             result = work.compute(anfrage, inputs)
         if renewal.lost.is_set():
@@ -732,12 +744,26 @@ def _read_input(anfrage_id: int, stage: Stage, work: _StageWork) -> _Inquiry | N
     return replace(inquiry, positions=json.loads(read[0]))
 
 
-def _read_catalog(anfrage: _Inquiry) -> _Inquiry:
-    """The tenant's own catalog (``stage_catalog``), read after the claim."""
-    with sql.statement_cursor(connection) as cursor:
-        cursor.execute(QUERIES["stage_catalog"], {"tenant_id": anfrage.tenant_id})
-        row = cursor.fetchone()
-    return replace(anfrage, catalog=row[0] if row else None)
+class _CatalogRead:
+    """The tenant's own catalog (``stage_catalog``), sent after the claim in its round
+    trip (``LEDGER.claim(also=...)``) and read once the claim is back."""
+
+    def __init__(self, anfrage: _Inquiry):
+        self.anfrage = anfrage
+        self.cursor: Any = None
+
+    def send(self) -> None:
+        self.cursor = sql.statement_cursor(connection)
+        self.cursor.execute(QUERIES["stage_catalog"], {"tenant_id": self.anfrage.tenant_id})
+
+    def read(self) -> _Inquiry:
+        with self.cursor:
+            row = self.cursor.fetchone()
+        return replace(self.anfrage, catalog=row[0] if row else None)
+
+    def close(self) -> None:
+        if self.cursor is not None:
+            self.cursor.close()
 
 
 def _prerequisite(anfrage: _Inquiry, stage: Stage) -> Prerequisite | None:

@@ -249,12 +249,26 @@ class Ledger:
         }
 
     def claim(
-        self, *, input_hash: str = "", lease_seconds: float | None = None, **key: Any
+        self,
+        *,
+        input_hash: str = "",
+        lease_seconds: float | None = None,
+        also: Callable[[], None] | None = None,
+        **key: Any,
     ) -> Claim:
         """Claim the stage named by ``key`` in one statement. Race-free: of any number of
         concurrent claimers exactly one gets *claimed*; the others see *busy* or *done*.
         Inside a job, the claim records the job as its holder (see the module
-        docstring)."""
+        docstring).
+
+        ``also`` sends statements that follow the claim in its round trip (a psycopg
+        pipeline; one statement per execute, on cursors it keeps): what the work reads
+        only once it holds the claim. It must read no result itself; its caller reads
+        them after ``claim`` returns, whatever the outcome. Outside a transaction the
+        claim and those statements are one implicit transaction: a statement of
+        ``also`` that fails rolls the claim back with it, and raises. A Python error in
+        ``also`` raises after the claim was sent: the claim may have run, and then holds
+        the stage until its lease ends (as after a crash right after a claim)."""
         missing = set(self.key_fields) ^ set(key)
         if missing:
             raise TypeError(f"claim() needs exactly the key fields {self.key_fields}")
@@ -262,9 +276,21 @@ class Ledger:
         params["input_hash"] = input_hash
         params["lease_seconds"] = self.lease_seconds if lease_seconds is None else lease_seconds
         params["job_id"] = current.job_id()
-        with sql.statement_cursor(connections[self.using]) as cursor:
-            cursor.execute(self._statements["claim"], params)
-            row = cursor.fetchone()
+        if also is None:
+            with sql.statement_cursor(connections[self.using]) as cursor:
+                cursor.execute(self._statements["claim"], params)
+                row = cursor.fetchone()
+        else:
+            sent = None
+            try:
+                with sql.pipelined(connections[self.using]):
+                    sent = self._send("claim", params)
+                    also()
+            except BaseException:
+                if sent is not None:
+                    sent.close()
+                raise
+            row = self._fetch(sent)
         if row is None:
             return Claim(outcome=Outcome.BUSY, entry_id=None, token=None)
         outcome, entry_id, attempts = row

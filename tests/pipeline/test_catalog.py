@@ -150,7 +150,9 @@ def test_a_stage_reads_the_same_catalog_as_catalog_for(tenant):
     anfrage = submit(tenant)
     run_stages(anfrage.id, (Stage.INTAKE, Stage.EXTRACT))
     for stage in (Stage.FEASIBILITY, Stage.CALCULATE):
-        inquiry = stages._read_catalog(stages._read_input(anfrage.id, stage, stages._STAGES[stage]))
+        read = stages._CatalogRead(stages._read_input(anfrage.id, stage, stages._STAGES[stage]))
+        read.send()
+        inquiry = read.read()
         assert stages._stage_catalog(inquiry) == catalog_for(tenant_id=tenant.id)
     assert [e.code for e in catalog_for(tenant_id=tenant.id).items] == ["beam", "bolt"]
 

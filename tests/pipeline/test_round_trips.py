@@ -6,8 +6,9 @@ the inquiry has. A change that adds a statement, or one per row, fails here by n
 
 What a stage spends, in order: one statement that reads the inquiry, its tenant, the
 stage before's token and the stage's input (the upload manifest, the files, or the
-positions), the claim, the tenant's catalog (feasibility and calculate: after the claim,
-so a run that claims after a replay prices with the catalog the replay saw); then the
+positions), the claim (for feasibility and calculate with the tenant's catalog after it,
+in its round trip, so a run that claims after a replay prices with the catalog the replay
+saw); then the
 closing transaction in two: BEGIN, the stage before share-locked (not for intake, which
 has none), the results, and success with the next stage's job and the job's own success
 (one statement) travel together; then COMMIT."""
@@ -28,10 +29,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 #: extract: read (with the files), claim, [BEGIN, lock, the positions and warnings
 #: replaced and the inquiry's old quote cleared (one statement), success + next job],
 #: COMMIT.
-#: feasibility, calculate: read (with the positions), claim, the catalog, [BEGIN, lock,
+#: feasibility, calculate: read (with the positions), [claim, the catalog], [BEGIN, lock,
 #: the results and the inquiry (one statement), success (+ next job)], COMMIT.
 #: (Brackets: one round trip.)
-PINNED = {Stage.INTAKE: 4, Stage.EXTRACT: 4, Stage.FEASIBILITY: 5, Stage.CALCULATE: 5}
+PINNED = {Stage.INTAKE: 4, Stage.EXTRACT: 4, Stage.FEASIBILITY: 4, Stage.CALCULATE: 4}
 
 
 def spent_per_stage(anfrage) -> dict[Stage, int]:

@@ -1,0 +1,111 @@
+"""``Ledger.claim(also=...)``: statements that follow the claim in its round trip.
+
+Fault model: what the work reads only once it holds the claim (a tenant's catalog that a
+replay may have changed) travels with the claim instead of a round trip of its own; so
+- it must still run after the claim, on a snapshot that sees what the claim saw:
+  test_what_also_sends_runs_after_the_claim_and_is_read_after_it;
+- one round trip for both: test_the_claim_and_what_also_sends_are_one_round_trip;
+- its statement fails (outside a transaction the claim and it are one implicit
+  transaction): the claim is rolled back with it and the error raised:
+  test_a_failing_statement_of_also_rolls_the_claim_back;
+- it raises in Python: the error propagates and nothing is left half-read on the
+  connection (its next statement works): test_a_python_error_in_also_propagates;
+- inside the caller's transaction: its BEGIN rides with the claim and both are the
+  caller's to commit: test_inside_a_transaction_the_claim_and_also_are_the_callers;
+- a claim that is done or busy still hands back what also read.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import DatabaseError, connection, transaction
+
+from queueing import sql
+from queueing.ledger import Ledger, Outcome
+from tests.queueing.models import Step
+from tests.queueing.test_round_trips import round_trips
+
+LEDGER = Ledger(model=Step, key_fields=("unit", "stage"), lease_seconds=60)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: What the claim wrote, as a statement after it sees it.
+SEEN = "SELECT status, attempts FROM test_steps WHERE unit = %(unit)s AND stage = %(stage)s"
+
+
+class Read:
+    """A statement sent by ``also``, read after the claim returns."""
+
+    def __init__(self, query: str, params: dict):
+        self.query, self.params, self.cursor = query, params, None
+
+    def send(self) -> None:
+        self.cursor = sql.statement_cursor(connection)
+        self.cursor.execute(self.query, self.params)
+
+    def rows(self) -> list[tuple]:
+        with self.cursor:
+            return self.cursor.fetchall()
+
+
+def test_what_also_sends_runs_after_the_claim_and_is_read_after_it():
+    read = Read(SEEN, {"unit": "a1", "stage": "s"})
+    claim = LEDGER.claim(unit="a1", stage="s", also=read.send)
+    assert claim.outcome is Outcome.CLAIMED and claim.token == 1
+    assert read.rows() == [("running", 1)]
+    # Done and busy claims hand back what also read, too.
+    LEDGER.complete(claim)
+    again = Read(SEEN, {"unit": "a1", "stage": "s"})
+    assert LEDGER.claim(unit="a1", stage="s", also=again.send).outcome is Outcome.DONE
+    assert again.rows() == [("success", 1)]
+    LEDGER.claim(unit="a2", stage="s")
+    busy = Read(SEEN, {"unit": "a2", "stage": "s"})
+    assert LEDGER.claim(unit="a2", stage="s", also=busy.send).outcome is Outcome.BUSY
+    assert busy.rows() == [("running", 1)]
+
+
+def test_the_claim_and_what_also_sends_are_one_round_trip():
+    read = Read("SELECT 1", {})
+    claim, spent = round_trips(lambda: LEDGER.claim(unit="b1", stage="s", also=read.send))
+    assert claim.outcome is Outcome.CLAIMED and spent == 1
+    assert read.rows() == [(1,)]
+    plain, spent_alone = round_trips(lambda: LEDGER.claim(unit="b2", stage="s"))
+    assert plain.outcome is Outcome.CLAIMED and spent_alone == 1
+
+
+def test_a_failing_statement_of_also_rolls_the_claim_back():
+    read = Read("SELECT 1 / %(zero)s", {"zero": 0})
+    with pytest.raises(DatabaseError, match="division by zero"):
+        LEDGER.claim(unit="c1", stage="s", also=read.send)
+    assert not Step.objects.filter(unit="c1").exists()
+    read.cursor.close()
+    # The connection is clean: the next claim takes the stage.
+    assert LEDGER.claim(unit="c1", stage="s").outcome is Outcome.CLAIMED
+
+
+def test_a_python_error_in_also_propagates():
+    def broken() -> None:
+        raise RuntimeError("not sent")
+
+    with pytest.raises(RuntimeError, match="not sent"):
+        LEDGER.claim(unit="d1", stage="s", also=broken)
+    # The claim was sent before the error: it ran (as after a crash right after a claim,
+    # its lease ends it), and nothing is left unread on the connection.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 2")
+        assert cursor.fetchone() == (2,)
+    assert LEDGER.claim(unit="d1", stage="s").outcome is Outcome.BUSY
+
+
+def test_inside_a_transaction_the_claim_and_also_are_the_callers():
+    read = Read(SEEN, {"unit": "e1", "stage": "s"})
+    with pytest.raises(RuntimeError, match="rolled back"), transaction.atomic():
+        claim = LEDGER.claim(unit="e1", stage="s", also=read.send)
+        assert claim.outcome is Outcome.CLAIMED and read.rows() == [("running", 1)]
+        raise RuntimeError("rolled back")
+    assert not Step.objects.filter(unit="e1").exists()
+    with transaction.atomic():
+        committed = Read(SEEN, {"unit": "e2", "stage": "s"})
+        assert LEDGER.claim(unit="e2", stage="s", also=committed.send).claimed
+        assert committed.rows() == [("running", 1)]
+    assert Step.objects.get(unit="e2").status == "running"
