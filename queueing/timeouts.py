@@ -114,9 +114,12 @@ def declared() -> Mapping[str, float]:
     return dict(_declared)
 
 
-def timeout_seconds(task_name: str) -> float:
-    """The bound of one run of the task (0: none)."""
-    return _declared.get(task_name, default_seconds())
+def timeout_seconds(task_name: str, *, default: float | None = None) -> float:
+    """The bound of one run of the task (0: none); ``default``: :func:`default_seconds`,
+    when the caller has read it already."""
+    if task_name in _declared:
+        return _declared[task_name]
+    return default_seconds() if default is None else default
 
 
 def for_tasks(tasks: Mapping[str, Any]) -> tuple[list[str], list[float]]:
@@ -125,7 +128,7 @@ def for_tasks(tasks: Mapping[str, Any]) -> tuple[list[str], list[float]]:
     names, seconds = [], []
     default = default_seconds()  # read once per call: the worker calls this per fetch
     for name, task in sorted(tasks.items()):
-        bound = _declared.get(getattr(task, "name", name), default)
+        bound = timeout_seconds(getattr(task, "name", name), default=default)
         if bound > 0:
             names.append(name)
             seconds.append(bound)

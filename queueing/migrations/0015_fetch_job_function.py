@@ -18,7 +18,9 @@ and holds it to procrastinate's conditions). Its parameters, in order: the queue
 all), the worker's id, its task names, and the tasks with a timeout and their seconds
 (``queueing.timeouts``). Each column it returns is cast to the type it declares, so a
 migration that widens one of them (procrastinate's, in an upgrade) leaves it working: the
-server replans its statement, and what the worker receives keeps its types. The function
+server replans its statement, and what the worker receives keeps its types. The status
+goes as text (psycopg hands procrastinate's enum to Python as a string either way), so the
+function does not depend on procrastinate's type, which an upgrade may rebuild. The function
 is versioned: a change to it is a new function (``_v2``) in a new migration, and this one
 stays while a release that calls it may still run (a rolling deploy), so no migration
 ever changes what an older worker calls.
@@ -43,7 +45,7 @@ CREATE OR REPLACE FUNCTION pgstage_fetch_job_v1(
     timeout_task_seconds double precision[]
 ) RETURNS TABLE (
     id bigint,
-    status procrastinate_job_status,
+    status text,
     task_name character varying,
     priority integer,
     lock text,
@@ -243,7 +245,7 @@ ON CONFLICT (job_id) DO UPDATE
        polled = false,
        owned_run_deadline = EXCLUDED.run_deadline
 )
-SELECT id::bigint, status::procrastinate_job_status, task_name::varchar, priority::integer,
+SELECT id::bigint, status::text, task_name::varchar, priority::integer,
        lock::text, queueing_lock::text, args::jsonb, scheduled_at::timestamptz,
        queue_name::varchar, attempts::integer, worker_id::bigint
   FROM (SELECT) AS one LEFT JOIN fetched ON true;
