@@ -92,9 +92,10 @@ def _start(spec: GroupSpec, log_dir: Path) -> WorkerGroup:
             "DATABASE_URL": spec.database_url,
             "DJANGO_SETTINGS_MODULE": SETTINGS[spec.side],
             "PGSTAGE_TASK_MODULES": "bench.tasks",
-            # Both sides log warnings only: procrastinate's worker its job lines at INFO
-            # (off), pgstage's its own job lines at JOB_LOG_LEVEL (off too; on, at INFO,
-            # they cost its worker about 0.1 ms of CPU a job).
+            # Both sides log warnings only. Each side's job lines (procrastinate's worker
+            # records, through the project's LOGGING, which bench.plain_settings
+            # inherits) are kept at JOB_LOG_LEVEL: off on both (on, at INFO, they cost
+            # each worker about 0.1 ms of CPU a job or more).
             "LOG_LEVEL": "WARNING",
             "PROCRASTINATE_LOG_LEVEL": "WARNING",
             "JOB_LOG_LEVEL": "WARNING",
