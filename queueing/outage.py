@@ -142,10 +142,24 @@ def is_connection_error(exc: BaseException) -> bool:
     return isinstance(cause, psycopg.OperationalError | psycopg.InterfaceError | OSError)
 
 
+#: What the database says when the code is newer than its schema: a release started
+#: before its migrations ran (docs/deploy.md, rolling a deploy).
+SCHEMA_BEHIND = (
+    psycopg.errors.UndefinedFunction,
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedColumn,
+)
+
+
 def describe(exc: BaseException) -> str:
+    """``exc`` (or what caused it) in one line: its type and the first line of its message,
+    and what to do when the database's schema is older than the code."""
     cause = exc.__cause__ or exc
     text = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-    return f"{type(cause).__name__}: {text}" if text else type(cause).__name__
+    line = f"{type(cause).__name__}: {text}" if text else type(cause).__name__
+    if isinstance(cause, SCHEMA_BEHIND):
+        line += " (is the database migrated? run `manage.py migrate`)"
+    return line
 
 
 def pause_after(attempt: int, *, unreachable: bool, rng: random.Random) -> float:

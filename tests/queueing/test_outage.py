@@ -332,3 +332,27 @@ def test_an_authentication_service_out_of_reach_is_no_refusal(clock, method):
 def test_a_local_authentication_failure_is_a_refusal(clock, method):
     message = f'FATAL:  {method} authentication failed for user "app"'
     assert outage.refusal(psycopg.OperationalError(message)) is not None
+
+
+@pytest.mark.django_db
+def test_an_error_of_a_schema_older_than_the_code_says_to_migrate():
+    """A worker of a release started before its migrations (the fetch function missing)
+    logs, on every failed attempt, what to do; other errors read as before."""
+    from procrastinate.exceptions import ConnectorException
+
+    def raised(statement: str) -> BaseException:
+        with psycopg.connect(**connector_params(), autocommit=True) as conn:
+            try:
+                conn.execute(statement)
+            except psycopg.Error as error:
+                try:
+                    raise ConnectorException() from error
+                except ConnectorException as wrapped:
+                    return wrapped
+        raise AssertionError(f"{statement} did not fail")
+
+    missing = outage.describe(raised("SELECT pgstage_fetch_job_v0()"))
+    assert missing.startswith("UndefinedFunction: function pgstage_fetch_job_v0() does not exist")
+    assert missing.endswith("(is the database migrated? run `manage.py migrate`)")
+    assert "migrate" in outage.describe(raised("SELECT * FROM pgstage_no_such_table"))
+    assert outage.describe(raised("SELECT 1 / 0")) == "DivisionByZero: division by zero"
