@@ -663,8 +663,9 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
     inputs, input_hash = work.prepare(anfrage)
     lease = lease_seconds()
     # The tenant's catalog (feasibility, calculate) is read right after the claim, in its
-    # round trip: a statement after the claim's, so on a snapshot that sees what the claim
-    # saw (a replay that reopened the stage, the catalog it changed before).
+    # round trip: a statement after the claim's, so (under READ COMMITTED) on a snapshot
+    # that sees what the claim saw (a replay that reopened the stage, the catalog it
+    # changed before). On a busy or done claim it is read too, and not used.
     catalog = _CatalogRead(anfrage) if work.reads is _Reads.POSITIONS else None
     try:
         claim = LEDGER.claim(
@@ -753,6 +754,7 @@ class _CatalogRead:
         self.cursor: Any = None
 
     def send(self) -> None:
+        self.close()  # sent again with a claim that is (a stale plan's retry)
         self.cursor = sql.statement_cursor(connection)
         self.cursor.execute(QUERIES["stage_catalog"], {"tenant_id": self.anfrage.tenant_id})
 
@@ -764,6 +766,7 @@ class _CatalogRead:
     def close(self) -> None:
         if self.cursor is not None:
             self.cursor.close()
+            self.cursor = None
 
 
 def _prerequisite(anfrage: _Inquiry, stage: Stage) -> Prerequisite | None:

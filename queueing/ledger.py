@@ -264,11 +264,19 @@ class Ledger:
         ``also`` sends statements that follow the claim in its round trip (a psycopg
         pipeline; one statement per execute, on cursors it keeps): what the work reads
         only once it holds the claim. It must read no result itself; its caller reads
-        them after ``claim`` returns, whatever the outcome. Outside a transaction the
-        claim and those statements are one implicit transaction: a statement of
-        ``also`` that fails rolls the claim back with it, and raises. A Python error in
-        ``also`` raises after the claim was sent: the claim may have run, and then holds
-        the stage until its lease ends (as after a crash right after a claim)."""
+        them after ``claim`` returns, whatever the outcome, or closes them when ``claim``
+        raises. ``also`` may be called twice: a claim refused because its prepared plan
+        went stale is sent again, with what ``also`` sends. Outside a transaction the
+        claim and those statements are one implicit transaction: a statement of ``also``
+        that fails rolls the claim back with it, and raises. A Python error (or an
+        interrupt) in ``also`` raises after the claim was sent, and the claim still runs
+        and commits: the stage is then held as after a crash right after a claim (inside
+        a job, its retry takes it back at once; else its lease ends it).
+
+        Each statement of ``also`` runs on a snapshot taken after the claim under READ
+        COMMITTED, PostgreSQL's default, which the ledger assumes: it sees what the claim
+        saw and what committed while the claim waited for a lock. Under REPEATABLE READ
+        it would see the transaction's first snapshot, taken before that wait."""
         missing = set(self.key_fields) ^ set(key)
         if missing:
             raise TypeError(f"claim() needs exactly the key fields {self.key_fields}")
@@ -281,16 +289,7 @@ class Ledger:
                 cursor.execute(self._statements["claim"], params)
                 row = cursor.fetchone()
         else:
-            sent = None
-            try:
-                with sql.pipelined(connections[self.using]):
-                    sent = self._send("claim", params)
-                    also()
-            except BaseException:
-                if sent is not None:
-                    sent.close()
-                raise
-            row = self._fetch(sent)
+            row = self._claim_with(params, also)
         if row is None:
             return Claim(outcome=Outcome.BUSY, entry_id=None, token=None)
         outcome, entry_id, attempts = row
@@ -551,6 +550,34 @@ class Ledger:
         if row is None:
             raise LeaseLost(f"{self.model.__name__} {claim.entry_id}: token {claim.token} is stale")
         return tuple(row)
+
+    def _claim_with(self, params: dict[str, Any], also: Callable[[], None]) -> Any:
+        """The claim and what ``also`` sends, in one pipeline; the claim's row. Refused
+        because the claim's prepared plan went stale (a migration changed what it returns,
+        a pooler's ``DISCARD ALL``), outside a transaction (where nothing ran), both are
+        sent again, once, as a lone claim's statement cursor runs its statement again."""
+        connection = connections[self.using]
+        for attempt in (1, 2):
+            sent = None
+            try:
+                with sql.pipelined(connection):
+                    sent = self._send("claim", params)
+                    also()
+            except BaseException as exc:
+                if sent is not None:
+                    sent.close()
+                raw = connection.connection
+                if (
+                    attempt == 1
+                    and not connection.in_atomic_block
+                    and raw is not None
+                    and sql.may_replan(raw, exc)
+                ):
+                    sql.forget_prepared(raw)
+                    continue
+                raise
+            return self._fetch(sent)
+        raise AssertionError("unreachable")
 
     def _send(self, statement: str, params: dict[str, Any]) -> Any:
         """Execute one of the ledger's statements; the open cursor, to :meth:`_fetch`

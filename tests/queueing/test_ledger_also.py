@@ -12,7 +12,11 @@ replay may have changed) travels with the claim instead of a round trip of its o
   connection (its next statement works): test_a_python_error_in_also_propagates;
 - inside the caller's transaction: its BEGIN rides with the claim and both are the
   caller's to commit: test_inside_a_transaction_the_claim_and_also_are_the_callers;
-- a claim that is done or busy still hands back what also read.
+- a claim that is done or busy still hands back what also read;
+- the claim's prepared plan went stale (a migration widened a column it returns; a
+  pooler's DISCARD ALL): the pipeline is sent again, once, ``also`` with it
+  (test_a_claim_whose_prepared_plan_went_stale_is_sent_again_with_also; before the fix
+  every such claim on that connection failed until the connection was replaced).
 """
 
 from __future__ import annotations
@@ -109,3 +113,38 @@ def test_inside_a_transaction_the_claim_and_also_are_the_callers():
         assert LEDGER.claim(unit="e2", stage="s", also=committed.send).claimed
         assert committed.rows() == [("running", 1)]
     assert Step.objects.get(unit="e2").status == "running"
+
+
+def test_a_claim_whose_prepared_plan_went_stale_is_sent_again_with_also():
+    """A migration widens a column the claim returns while the connection holds the
+    claim prepared: the refused pipeline (nothing ran) is sent again, once, what ``also``
+    sends with it, and the claim is taken — as a lone claim's cursor runs it again."""
+    import psycopg
+    from procrastinate.contrib.django.utils import connector_params
+
+    connection.ensure_connection()
+    if not sql.prepares(connection):
+        pytest.skip("the connection prepares nothing (a pooler's settings)")
+
+    def ddl(statement: str) -> None:
+        with psycopg.connect(**connector_params(), autocommit=True) as other:
+            other.execute(statement)
+
+    first = Read(SEEN, {"unit": "f1", "stage": "s"})
+    assert LEDGER.claim(unit="f1", stage="s", also=first.send).claimed
+    first.rows()
+    ddl("ALTER TABLE test_steps ALTER COLUMN attempts TYPE bigint")
+    try:
+        sends = []
+
+        def send() -> None:
+            sends.append(1)
+            again.send()
+
+        again = Read(SEEN, {"unit": "f2", "stage": "s"})
+        claim = LEDGER.claim(unit="f2", stage="s", also=send)
+        assert claim.claimed and again.rows() == [("running", 1)]
+        assert len(sends) == 2  # refused once, sent again
+    finally:
+        connection.close()
+        ddl("ALTER TABLE test_steps ALTER COLUMN attempts TYPE integer")
