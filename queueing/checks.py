@@ -50,11 +50,44 @@ def check_database(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> li
                 id="queueing.E006",
             )
         )
+    errors.extend(_check_isolation_level())
     errors.extend(_check_stall_threshold())
     errors.extend(_check_recovery_period())
     errors.extend(_check_job_timeouts())
     errors.extend(_check_busy_poll())
     return errors
+
+
+def _check_isolation_level() -> list[Warning]:
+    """The ledger, the serial queue and the sweeps read under READ COMMITTED (each
+    statement sees what committed before it: a claim what a replay just committed, a
+    statement after a lock wait what the lock's holder wrote)."""
+    import psycopg
+
+    level = (settings.DATABASES.get(DEFAULT_DB_ALIAS, {}).get("OPTIONS") or {}).get(
+        "isolation_level"
+    )
+    if level is None:
+        return []
+    try:
+        level = psycopg.IsolationLevel(level)
+    except ValueError:
+        return []  # Django's own check refuses it
+    if level in (psycopg.IsolationLevel.READ_COMMITTED, psycopg.IsolationLevel.READ_UNCOMMITTED):
+        return []  # PostgreSQL runs READ UNCOMMITTED as READ COMMITTED
+    return [
+        Warning(
+            f"DATABASES['default']['OPTIONS']['isolation_level'] is "
+            f"{level.name.replace('_', ' ')}: pgstage's "
+            "ledger, serial queue and sweeps assume READ COMMITTED, where each statement "
+            "sees what committed before it; under a stricter level a claim or an admission "
+            "that waited for a lock fails with a serialization error, or reads data older "
+            "than the lock it waited for.",
+            hint="Leave OPTIONS['isolation_level'] unset (PostgreSQL's READ COMMITTED) on the "
+            "connection pgstage uses.",
+            id="queueing.W003",
+        )
+    ]
 
 
 def _check_job_timeouts() -> list[Error]:

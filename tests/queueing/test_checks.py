@@ -38,6 +38,19 @@ def test_a_stalled_threshold_no_longer_than_a_heartbeat_is_an_error(settings, th
     assert "queueing.W001" not in ids(check_database(None))
 
 
+@pytest.mark.parametrize(
+    ("level", "flagged"),
+    [(None, False), (1, False), (2, False), (3, True), (4, True)],
+)
+def test_an_isolation_level_stricter_than_read_committed_is_flagged(
+    settings, monkeypatch, level, flagged
+):
+    """psycopg's IsolationLevel: 1 READ UNCOMMITTED (PostgreSQL's READ COMMITTED), 2 READ
+    COMMITTED, 3 REPEATABLE READ, 4 SERIALIZABLE."""
+    _isolation_level(settings, monkeypatch, level)
+    assert ids(check_database(None)) == (["queueing.W003"] if flagged else [])
+
+
 def test_a_worker_that_stops_beating_while_it_drains_is_flagged(settings):
     """Without pgstage's worker, no stall threshold covers a drain of sync jobs."""
     settings.PROCRASTINATE_ON_APP_READY = None
@@ -64,12 +77,20 @@ def documented_settings() -> set[str]:
     return set(re.findall(r"^\| `([A-Z][A-Z0-9_]+)` \|", table, re.MULTILINE))
 
 
+def _isolation_level(settings, monkeypatch, level: int | None) -> None:
+    """``OPTIONS["isolation_level"]`` of the default database, for this test only."""
+    default = settings.DATABASES["default"]
+    options = {**default.get("OPTIONS", {}), "isolation_level": level}
+    monkeypatch.setitem(default, "OPTIONS", options)
+
+
 def every_message(settings, monkeypatch) -> list:
     """Each message check_database can give, in a project that has nothing else: not
     PostgreSQL, a recovery period too long, a threshold too short, procrastinate's worker."""
     monkeypatch.setattr(connections["default"], "vendor", "sqlite")
     settings.QUEUEING_STALLED_RECOVERY_SECONDS = 45
     settings.PROCRASTINATE_ON_APP_READY = None
+    _isolation_level(settings, monkeypatch, 3)
     messages = check_database(None)
     # A threshold within two heartbeats leaves no recovery period to weigh (E003).
     settings.QUEUEING_STALLED_WORKER_SECONDS = 15
@@ -89,6 +110,7 @@ def test_each_message_names_only_settings_a_project_has(settings, monkeypatch):
         "queueing.E007",
         "queueing.W001",
         "queueing.W002",
+        "queueing.W003",
     ]
     known = documented_settings() | {"DATABASES", "INSTALLED_APPS", "ENGINE"}
     for message in messages:
