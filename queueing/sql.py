@@ -120,8 +120,22 @@ def forget_prepared(connection: psycopg.Connection) -> None:
     _seen.pop(connection, None)
 
 
-#: The statements each connection has run through a :class:`_PreparingCursor`.
-_seen: weakref.WeakKeyDictionary[Any, set[Any]] = weakref.WeakKeyDictionary()
+#: The statements each connection has run through a :class:`_PreparingCursor`, each with
+#: psycopg's key of its prepared statement (:attr:`_PreparingCursor._prepared_as`).
+_seen: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
+
+#: A statement whose key psycopg did not tell (a psycopg without the cursor hook
+#: :meth:`_PreparingCursor._get_prepared` overrides): taken for prepared as long as the
+#: connection has run it.
+_UNKNOWN = object()
+
+
+def _still_prepared(connection: psycopg.Connection, key: Any) -> bool:
+    """Whether psycopg still holds the statement of ``key`` as prepared on ``connection``:
+    a rollback, a ``ROLLBACK TO SAVEPOINT``, a ``DROP`` or an ``ALTER`` on it makes
+    psycopg forget every prepared statement, and a full cache its oldest one."""
+    names = getattr(getattr(connection, "_prepared", None), "_names", None)
+    return key is _UNKNOWN or names is None or key in names
 
 
 class _PreparingCursor(psycopg.Cursor):
@@ -130,10 +144,21 @@ class _PreparingCursor(psycopg.Cursor):
     A statement's first run on a connection, outside a pipeline, runs in one of its own:
     psycopg would otherwise wait for the server to prepare it before it sends the
     execution (a second round trip). Later runs need no pipeline (its bookkeeping costs
-    the client more than the one round trip it would save).
+    the client more than the one round trip it would save) while psycopg still holds the
+    statement prepared; after a rollback, which makes psycopg forget them all, its next
+    run is a first run again.
 
     A statement refused because its plan went stale (:func:`plan_went_stale`) outside a
     transaction runs again, once, after the connection forgets its prepared statements."""
+
+    #: psycopg's key of the statement this cursor last sent, in its connection's cache of
+    #: prepared statements.
+    _prepared_as: Any = _UNKNOWN
+
+    def _get_prepared(self, pgq, prepare=None):
+        # psycopg asks its connection's cache here whether the statement is prepared.
+        self._prepared_as = self._conn._prepared.key(pgq)
+        return super()._get_prepared(pgq, prepare)
 
     def execute(self, query, params=None, *, prepare=True, binary=None):
         try:
@@ -146,19 +171,20 @@ class _PreparingCursor(psycopg.Cursor):
 
     def _execute(self, query, params, *, prepare, binary):
         connection = self.connection
-        seen = _seen.setdefault(connection, set())
+        seen = _seen.setdefault(connection, {})
+        self._prepared_as = _UNKNOWN
         if connection.pgconn.pipeline_status != pq.PipelineStatus.OFF:
             super().execute(query, params, prepare=prepare, binary=binary)
         elif _opens_transaction(connection):
             # The statement opens the caller's transaction: BEGIN travels with it.
             with _beginning(connection):
                 super().execute(query, params, prepare=prepare, binary=binary)
-        elif query in seen:
+        elif query in seen and _still_prepared(connection, seen[query]):
             super().execute(query, params, prepare=prepare, binary=binary)
         else:
             with connection.pipeline():
                 super().execute(query, params, prepare=prepare, binary=binary)
-        seen.add(query)
+        seen[query] = self._prepared_as
         return self
 
 

@@ -190,16 +190,10 @@ def test_the_fetch_recovers_from_a_deallocate_all_behind_psycopgs_back(clean_que
     assert counts == [1, 1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: queueing.sql's statement cursor learns of forgotten prepared statements "
-    "only through forget_prepared, not from psycopg's rollback",
-)
 def test_after_a_rollback_each_statement_runs_again_in_one_round_trip():
     """psycopg forgets every prepared statement on a rollback (a request's atomic block
-    that raised); the statement cursor still takes each statement for one the connection
-    has prepared, so its next run is prepared outside a pipeline: two round trips, once
-    per statement and rollback."""
+    that raised); the statement cursor knows, and prepares the statement's next run in a
+    pipeline with its execution: one round trip, not two."""
     from bench.scenarios.common import through
     from bench.wire import WireCounter
     from tests.queueing.test_round_trips import _params
