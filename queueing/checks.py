@@ -7,8 +7,8 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from queueing import timeouts
 from queueing.outage import beat_resume_seconds
@@ -86,6 +86,51 @@ def _check_isolation_level() -> list[Warning]:
             hint="Leave OPTIONS['isolation_level'] unset (PostgreSQL's READ COMMITTED) on the "
             "connection pgstage uses.",
             id="queueing.W003",
+        )
+    ]
+
+
+#: The levels under which each statement sees what committed before it (PostgreSQL runs
+#: READ UNCOMMITTED as READ COMMITTED).
+_STATEMENT_SNAPSHOTS = ("read committed", "read uncommitted")
+
+
+@register(Tags.database)
+def check_server_isolation(
+    app_configs: Sequence[AppConfig] | None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    """The server's own default level (``default_transaction_isolation``: the server's,
+    the database's or the role's), which pgstage's connection runs under when its OPTIONS
+    set none (queueing.W003 judges theirs). A database check: ``migrate`` and ``check
+    --database default`` run it; a server that cannot be reached gives no message here."""
+    if not databases or DEFAULT_DB_ALIAS not in databases:
+        return []
+    connection = connections[DEFAULT_DB_ALIAS]
+    options = settings.DATABASES.get(DEFAULT_DB_ALIAS, {}).get("OPTIONS") or {}
+    if connection.vendor != "postgresql" or options.get("isolation_level") is not None:
+        return []
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('default_transaction_isolation')")
+            (level,) = cursor.fetchone()
+    except DatabaseError:
+        return []
+    if level in _STATEMENT_SNAPSHOTS:
+        return []
+    return [
+        Warning(
+            f"The database's default_transaction_isolation is {level!r}, and pgstage's "
+            "connection sets no level of its own: the ledger, the serial queue and the "
+            "sweeps assume READ COMMITTED, where each statement sees what committed before "
+            "it; under a stricter level a claim or an admission that waited for a lock "
+            "fails with a serialization error, or reads data older than the lock it waited "
+            "for.",
+            hint="Set it back for the database or role (ALTER DATABASE … SET "
+            "default_transaction_isolation = 'read committed'), or set "
+            "DATABASES['default']['OPTIONS']['isolation_level'] to READ COMMITTED.",
+            id="queueing.W004",
         )
     ]
 

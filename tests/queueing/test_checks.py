@@ -8,7 +8,7 @@ from django.db import connections
 
 import tests.queueing.tasks  # noqa: F401  (registers tests.hang, whose timeout is checked)
 from config.embedded import embedded_database_url
-from queueing.checks import check_database
+from queueing.checks import check_database, check_server_isolation
 from tests.conftest import ROOT
 
 
@@ -82,6 +82,43 @@ def _isolation_level(settings, monkeypatch, level: int | None) -> None:
     default = settings.DATABASES["default"]
     options = {**default.get("OPTIONS", {}), "isolation_level": level}
     monkeypatch.setitem(default, "OPTIONS", options)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("level", "flagged"),
+    [
+        ("read committed", False),
+        ("read uncommitted", False),
+        ("repeatable read", True),
+        ("serializable", True),
+    ],
+)
+def test_a_server_default_stricter_than_read_committed_is_flagged(level, flagged):
+    """The session's default_transaction_isolation stands for the server's, the
+    database's or the role's (the test's transaction ends the SET)."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT set_config('default_transaction_isolation', %s, false)", [level])
+    messages = check_server_isolation(None, databases=["default"])
+    assert ids(messages) == (["queueing.W004"] if flagged else [])
+    if flagged:
+        assert repr(level) in messages[0].msg and "ALTER DATABASE" in messages[0].hint
+
+
+@pytest.mark.django_db
+def test_the_server_default_is_left_to_w003_where_options_set_a_level(settings, monkeypatch):
+    """A level in OPTIONS is what the connection runs under, whatever the server's."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SET default_transaction_isolation = 'serializable'")
+    assert ids(check_server_isolation(None, databases=["default"])) == ["queueing.W004"]
+    _isolation_level(settings, monkeypatch, 2)
+    assert check_server_isolation(None, databases=["default"]) == []
+
+
+def test_the_server_default_is_looked_at_only_when_the_checks_may_reach_the_database():
+    """Without ``databases`` (``manage.py check``, a worker's start) nothing is queried."""
+    assert check_server_isolation(None) == []
+    assert check_server_isolation(None, databases=["other"]) == []
 
 
 def every_message(settings, monkeypatch) -> list:
