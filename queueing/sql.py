@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
-from psycopg import pq
+from psycopg import adapt, pq
 from psycopg import sql as psql
 
 _BLOCK = re.compile(r"^-- (?P<name>[a-z0-9_]+) --\n(?:--[^\n]*\n)*", re.MULTILINE)
@@ -120,45 +120,51 @@ def forget_prepared(connection: psycopg.Connection) -> None:
     _seen.pop(connection, None)
 
 
-#: The statements each connection has run through a :class:`_PreparingCursor`, each with
-#: psycopg's key of its prepared statement (:attr:`_PreparingCursor._prepared_as`).
-_seen: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
-
-#: A statement whose key psycopg did not tell (a psycopg without the cursor hook
-#: :meth:`_PreparingCursor._get_prepared` overrides): taken for prepared as long as the
-#: connection has run it.
-_UNKNOWN = object()
-
-
-def _still_prepared(connection: psycopg.Connection, key: Any) -> bool:
-    """Whether psycopg still holds the statement of ``key`` as prepared on ``connection``:
-    a rollback, a ``ROLLBACK TO SAVEPOINT``, a ``DROP`` or an ``ALTER`` on it makes
-    psycopg forget every prepared statement, and a full cache its oldest one."""
-    names = getattr(getattr(connection, "_prepared", None), "_names", None)
-    return key is _UNKNOWN or names is None or key in names
+#: The statements each connection has run through a :class:`_PreparingCursor` (only asked
+#: where psycopg does not tell which statements it holds prepared).
+_seen: weakref.WeakKeyDictionary[Any, set[Any]] = weakref.WeakKeyDictionary()
 
 
 class _PreparingCursor(psycopg.Cursor):
     """Server-side binding, each statement prepared on its first run on the connection.
 
-    A statement's first run on a connection, outside a pipeline, runs in one of its own:
-    psycopg would otherwise wait for the server to prepare it before it sends the
-    execution (a second round trip). Later runs need no pipeline (its bookkeeping costs
-    the client more than the one round trip it would save) while psycopg still holds the
-    statement prepared; after a rollback, which makes psycopg forget them all, its next
-    run is a first run again.
+    A statement that psycopg does not hold prepared on the connection (with its
+    parameters' types: ``None`` and a datetime, or a small and a large integer, make two
+    prepared statements of one text), outside a pipeline, runs in one of its own: psycopg
+    would otherwise wait for the server to prepare it before it sends the execution (a
+    second round trip). A prepared one needs no pipeline (its bookkeeping costs the client
+    more than the one round trip it would save). psycopg forgets every prepared statement
+    of the connection on a rollback (a savepoint's too), a ``DROP`` or an ``ALTER``, and
+    its oldest one past ``prepared_max``: each is prepared again in the round trip of its
+    next run.
 
     A statement refused because its plan went stale (:func:`plan_went_stale`) outside a
     transaction runs again, once, after the connection forgets its prepared statements."""
 
-    #: psycopg's key of the statement this cursor last sent, in its connection's cache of
-    #: prepared statements.
-    _prepared_as: Any = _UNKNOWN
+    #: The statement :meth:`_holds_prepared` converted (the text, the parameters and
+    #: psycopg's query), for psycopg's own conversion of the same execute to take.
+    _converted: tuple[Any, Any, Any] | None = None
 
-    def _get_prepared(self, pgq, prepare=None):
-        # psycopg asks its connection's cache here whether the statement is prepared.
-        self._prepared_as = self._conn._prepared.key(pgq)
-        return super()._get_prepared(pgq, prepare)
+    def _convert_query(self, query, params=None):
+        converted, self._converted = self._converted, None
+        if converted is not None and converted[0] is query and converted[1] is params:
+            return converted[2]
+        return super()._convert_query(query, params)
+
+    def _holds_prepared(self, query: Any, params: Any) -> bool:
+        """Whether psycopg holds ``query``, with the types of ``params``, prepared on this
+        cursor's connection; where psycopg does not tell, whether the connection has run
+        it through this class."""
+        connection = self.connection
+        manager = getattr(connection, "_prepared", None)
+        names = getattr(manager, "_names", None)
+        if manager is None or names is None or not hasattr(psycopg.Cursor, "_convert_query"):
+            return query in _seen.get(connection, ())
+        if getattr(self, "_tx", None) is None:  # a new cursor: psycopg makes it on a run
+            self._tx = adapt.Transformer(self)
+        pgq = super()._convert_query(query, params)
+        self._converted = (query, params, pgq)
+        return manager.key(pgq) in names
 
     def execute(self, query, params=None, *, prepare=True, binary=None):
         try:
@@ -171,20 +177,21 @@ class _PreparingCursor(psycopg.Cursor):
 
     def _execute(self, query, params, *, prepare, binary):
         connection = self.connection
-        seen = _seen.setdefault(connection, {})
-        self._prepared_as = _UNKNOWN
-        if connection.pgconn.pipeline_status != pq.PipelineStatus.OFF:
-            super().execute(query, params, prepare=prepare, binary=binary)
-        elif _opens_transaction(connection):
-            # The statement opens the caller's transaction: BEGIN travels with it.
-            with _beginning(connection):
+        try:
+            if connection.pgconn.pipeline_status != pq.PipelineStatus.OFF:
                 super().execute(query, params, prepare=prepare, binary=binary)
-        elif query in seen and _still_prepared(connection, seen[query]):
-            super().execute(query, params, prepare=prepare, binary=binary)
-        else:
-            with connection.pipeline():
+            elif _opens_transaction(connection):
+                # The statement opens the caller's transaction: BEGIN travels with it.
+                with _beginning(connection):
+                    super().execute(query, params, prepare=prepare, binary=binary)
+            elif self._holds_prepared(query, params):
                 super().execute(query, params, prepare=prepare, binary=binary)
-        seen[query] = self._prepared_as
+            else:
+                with connection.pipeline():
+                    super().execute(query, params, prepare=prepare, binary=binary)
+        finally:
+            self._converted = None
+        _seen.setdefault(connection, set()).add(query)
         return self
 
 
