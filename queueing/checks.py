@@ -8,6 +8,7 @@ from typing import Any
 from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from queueing import timeouts
@@ -101,35 +102,37 @@ def check_server_isolation(
     databases: Sequence[str] | None = None,
     **kwargs: Any,
 ) -> list[CheckMessage]:
-    """The server's own default level (``default_transaction_isolation``: the server's,
-    the database's or the role's), which pgstage's connection runs under when its OPTIONS
-    set none (queueing.W003 judges theirs). A database check: ``migrate`` and ``check
+    """The database's default level (``default_transaction_isolation``: the server's, the
+    database's or the role's). OPTIONS' ``isolation_level`` does not replace it: psycopg
+    sends that level with each ``BEGIN`` only, so autocommit statements (a claim, an
+    admission or an ``enqueue`` outside ``atomic()``) and the workers' pool, which takes no
+    level from OPTIONS, run under the default. A database check: ``migrate`` and ``check
     --database default`` run it; a server that cannot be reached gives no message here."""
     if not databases or DEFAULT_DB_ALIAS not in databases:
         return []
     connection = connections[DEFAULT_DB_ALIAS]
-    options = settings.DATABASES.get(DEFAULT_DB_ALIAS, {}).get("OPTIONS") or {}
-    if connection.vendor != "postgresql" or options.get("isolation_level") is not None:
+    if connection.vendor != "postgresql":
         return []
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT current_setting('default_transaction_isolation')")
             (level,) = cursor.fetchone()
-    except DatabaseError:
-        return []
+    except (DatabaseError, ImproperlyConfigured):
+        return []  # the connection's own errors say more, where it is used
     if level in _STATEMENT_SNAPSHOTS:
         return []
     return [
         Warning(
-            f"The database's default_transaction_isolation is {level!r}, and pgstage's "
-            "connection sets no level of its own: the ledger, the serial queue and the "
-            "sweeps assume READ COMMITTED, where each statement sees what committed before "
-            "it; under a stricter level a claim or an admission that waited for a lock "
-            "fails with a serialization error, or reads data older than the lock it waited "
-            "for.",
-            hint="Set it back for the database or role (ALTER DATABASE … SET "
-            "default_transaction_isolation = 'read committed'), or set "
-            "DATABASES['default']['OPTIONS']['isolation_level'] to READ COMMITTED.",
+            f"The database's default_transaction_isolation is {level!r}: the ledger, the "
+            "serial queue and the sweeps assume READ COMMITTED, where each statement sees "
+            "what committed before it; under a stricter level a claim or an admission that "
+            "waited for a lock fails with a serialization error, or reads data older than "
+            "the lock it waited for. OPTIONS['isolation_level'] does not cover it: "
+            "statements outside atomic() and the workers' connections run under the "
+            "database's default.",
+            hint="Set it back to 'read committed' where it is set: ALTER DATABASE … SET "
+            "default_transaction_isolation = 'read committed' (an ALTER ROLE … SET of the "
+            "role pgstage connects as overrides the database's; PGOPTIONS overrides both).",
             id="queueing.W004",
         )
     ]

@@ -102,17 +102,22 @@ def test_a_server_default_stricter_than_read_committed_is_flagged(level, flagged
     messages = check_server_isolation(None, databases=["default"])
     assert ids(messages) == (["queueing.W004"] if flagged else [])
     if flagged:
-        assert repr(level) in messages[0].msg and "ALTER DATABASE" in messages[0].hint
+        assert repr(level) in messages[0].msg
+        assert "ALTER DATABASE" in messages[0].hint and "ALTER ROLE" in messages[0].hint
 
 
 @pytest.mark.django_db
-def test_the_server_default_is_left_to_w003_where_options_set_a_level(settings, monkeypatch):
-    """A level in OPTIONS is what the connection runs under, whatever the server's."""
+def test_a_level_in_options_does_not_cover_the_server_default(settings, monkeypatch):
+    """OPTIONS' level rides on each BEGIN only: an autocommit statement (a claim or an
+    enqueue outside atomic()) runs under the database's default, and so does the workers'
+    pool, which takes no level from OPTIONS."""
+    from procrastinate.contrib.django.utils import connector_params
+
+    _isolation_level(settings, monkeypatch, 2)
     with connections["default"].cursor() as cursor:
         cursor.execute("SET default_transaction_isolation = 'serializable'")
     assert ids(check_server_isolation(None, databases=["default"])) == ["queueing.W004"]
-    _isolation_level(settings, monkeypatch, 2)
-    assert check_server_isolation(None, databases=["default"]) == []
+    assert "isolation_level" not in connector_params()
 
 
 def test_the_server_default_is_looked_at_only_when_the_checks_may_reach_the_database():
