@@ -205,15 +205,46 @@ def test_a_late_admit_never_jumps_the_queue_and_the_oldest_starts():
 
 
 def test_an_admit_whose_statement_fails_leaves_nothing_and_its_session_usable():
-    """The pipeline's statement fails after its BEGIN and its lock: the error reaches the
-    caller, the block is rolled back (no row, the lock released) and the next admit on
-    the same session works."""
+    """The pipeline's statement fails after its lock: the error reaches the caller, the
+    pipeline's transaction is rolled back (no row, the lock released) and the next admit
+    on the same session works."""
     from django.db import DataError
 
     with pytest.raises(DataError):
         QUEUE.admit(key="kim", values={}, guard="1 / 0 = 1")
     assert statuses("kim") == []
     assert QUEUE.admit(key="kim", values={}).status == "pending"
+
+
+def test_an_admit_of_its_own_is_the_lock_and_the_statement_on_its_generic_plan(monkeypatch):
+    """Outside a transaction the pipeline is its own implicit transaction: no BEGIN or
+    COMMIT of its own, the lock (which also makes the rest of the transaction plan
+    prepared statements generically) and the statement. The statement is never planned
+    with its values, even on the connection's first runs, and the session's
+    plan_cache_mode is its own again once the admit committed."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    connection.ensure_connection()
+    monkeypatch.setattr(connection.connection, "prepare_threshold", 5)
+    with CaptureQueriesContext(connection) as captured:
+        admitted = [QUEUE.admit(key="noa", values={}) for _ in range(3)]
+    assert [a.status for a in admitted] == ["pending", "queued", "queued"]
+    sent = [q["sql"].split("(")[0].strip() for q in captured.captured_queries]
+    assert sent == ["SELECT pg_advisory_xact_lock", "WITH siblings AS"] * 3, sent
+    assert (
+        "set_config('plan_cache_mode', 'force_generic_plan', true)"
+        in (captured.captured_queries[0]["sql"])
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE %s",
+            ["%WITH siblings AS%"],
+        )
+        assert cursor.fetchall() == [(3, 0)]
+        cursor.execute("SELECT current_setting('plan_cache_mode')")
+        assert cursor.fetchone() == ("auto",)
 
 
 def _prepared_admits() -> int:
