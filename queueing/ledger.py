@@ -267,11 +267,10 @@ class Ledger:
         them after ``claim`` returns, whatever the outcome, or closes them when ``claim``
         raises. ``also`` may be called twice: a claim refused because its prepared plan
         went stale is sent again, with what ``also`` sends. Outside a transaction the
-        claim and those statements are one implicit transaction: a statement of ``also``
-        that fails rolls the claim back with it, and raises. A Python error (or an
-        interrupt) in ``also`` raises after the claim was sent, and the claim still runs
-        and commits: the stage is then held as after a crash right after a claim (inside
-        a job, its retry takes it back at once; else its lease ends it).
+        claim and those statements are one transaction of their own (``BEGIN`` and
+        ``COMMIT`` in the same round trip): a statement of ``also`` that fails, a Python
+        error or an interrupt in ``also``, or a constraint that fails at the commit rolls
+        the claim back with them, and raises.
 
         Each statement of ``also`` runs on a snapshot taken after the claim under READ
         COMMITTED, PostgreSQL's default, which the ledger assumes: it sees what the claim

@@ -60,18 +60,14 @@ def xact_lock(ns: Namespace, key: str | int, *, using: str = "default") -> None:
         cursor.execute(queries["advisory_xact_lock"], {"namespace": ns.name, "key": str(key)})
 
 
-def xact_lock_statement(
-    ns: Namespace, key: str | int, *, generic_plan: bool = False
-) -> tuple[str, dict[str, str]]:
+def xact_lock_statement(ns: Namespace, key: str | int) -> tuple[str, dict[str, str]]:
     """The statement (and its parameters) that takes the lock on ``(ns, key)``, for a
-    caller that sends it in a pipeline whose transaction it owns (``SerialQueue.admit``:
-    the pipeline's own implicit transaction), where :func:`xact_lock`'s check of Django's
-    transaction state does not apply. With ``generic_plan``, the same statement also makes
-    every prepared statement of the rest of the transaction run on its generic plan."""
+    caller that sends it in a pipeline inside a transaction block it opened itself (BEGIN
+    and COMMIT in the same pipeline: ``SerialQueue.admit``), where :func:`xact_lock`'s
+    check of Django's transaction state does not apply."""
     if _declared.get(ns.name) is not ns:
         raise UnknownNamespace(f"lock namespace {ns.name!r} was not declared")
-    name = "advisory_xact_lock_generic_plan" if generic_plan else "advisory_xact_lock"
-    return queries[name], {"namespace": ns.name, "key": str(key)}
+    return queries["advisory_xact_lock"], {"namespace": ns.name, "key": str(key)}
 
 
 def try_xact_lock(ns: Namespace, key: str | int, *, using: str = "default") -> bool:

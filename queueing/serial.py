@@ -80,19 +80,16 @@ class StartJob:
         }
 
 
-#: The admission of a child that neither checks nor writes: no key lock (SerialQueue.admit).
-_NO_LOCK = object()
 #: A session inside a transaction block (a broken one is neither: nothing to roll back).
 _IN_BLOCK = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
-#: Sent ahead of the statement in an admission's own transaction, where the statement is
-#: prepared (with the key's lock, as one statement: ``advisory_xact_lock_generic_plan``).
-#: PostgreSQL plans a prepared statement afresh, with its values, at each of its first five
-#: runs on a connection, and plans each run after the key's lock is granted: about 1 ms of
-#: the lock's holding time in each of a connection's first admits (twice the statement's
-#: own run). The admit reads the key's rows by index whatever the values, as a caller's
-#: blocks should read what they check (they run under the lock too), so the generic plan,
-#: made once per connection, is as good.
-_GENERIC_PLAN = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
+#: Sent ahead of the key's lock in an admission's own transaction, where the statement is
+#: prepared. PostgreSQL plans a prepared statement afresh, with its values, at each of its
+#: first five runs on a connection, and plans each run after the key's lock is granted:
+#: about 1 ms of the lock's holding time in each of a connection's first admits (twice
+#: the statement's own run). The admit reads the key's rows by index whatever the values,
+#: as a caller's blocks should read what they check (they run under the lock too), so
+#: the generic plan, made once per connection, is as good.
+_GENERIC_PLAN = "SET LOCAL plan_cache_mode = force_generic_plan"
 
 
 def _fragments(*parts: str | psql.Composable | None) -> psql.Composable:
@@ -161,11 +158,10 @@ class SerialQueue:
         the key's lock (joins the caller's transaction, or opens one), in one statement;
         when the slot is free but older rows wait, the oldest is promoted in it too.
 
-        One round trip: the lock and the statement go to the server in one pipeline (in a
-        transaction of its own, the pipeline's implicit one, committed at its end), so the
-        key's lock is held for the server's time only, never across a network wait. The
-        statement runs after the lock, so its snapshot sees every row the lock's previous
-        holder committed.
+        One round trip: the lock, the statement and (in a transaction of its own) the
+        COMMIT go to the server in one pipeline, so the key's lock is held for the
+        server's time only, never across a network wait. The statement runs after the
+        lock, so its snapshot sees every row the lock's previous holder committed.
 
         The caller may check and write in that same statement, with ``params``: ``before``
         (SQL CTEs ahead of the INSERT, which may read ``siblings``), ``guard`` (a SQL
@@ -219,9 +215,8 @@ class SerialQueue:
         # caller's SQL reads and writes (a balance and its charge are per key for a
         # child too). Only a child with none decides nothing that can race.
         needs_lock = not is_child or any((guard, then, before, computed, start_job))
-        pk, status, waiting, promoted, *reported = self._run_pipelined(
-            key if needs_lock else _NO_LOCK, statement, all_params
-        )
+        lock = locks.xact_lock_statement(self.namespace, key) if needs_lock else None
+        pk, status, waiting, promoted, *reported = self._run_pipelined(lock, statement, all_params)
         if pk is None:
             return Refused(report=tuple(reported))
         if is_child or status != self.queued:
@@ -269,33 +264,29 @@ class SerialQueue:
             **self._identifiers,
         )
 
-    def _run_pipelined(self, key: Any, statement: str, params: dict[str, Any]) -> tuple[Any, ...]:
-        """Send the key's lock (none for ``_NO_LOCK``) and the statement in one pipeline,
-        and wait once for the row.
+    def _run_pipelined(
+        self,
+        lock: tuple[str, dict[str, str]] | None,
+        statement: str,
+        params: dict[str, Any],
+    ) -> tuple[Any, ...]:
+        """Send the lock and the statement in one pipeline, and wait once for the row.
 
-        Outside a transaction, the pipeline is its own transaction: ``lock; statement``
-        and the Sync that ends it, which commits it (PostgreSQL runs the statements of a
-        pipeline up to its Sync in one implicit transaction; READ COMMITTED, each one on a
-        snapshot of its own, so the statement sees what the lock's last holder committed).
-        One round trip and two statements: the key's lock is held for the server's time
-        only; a prepared statement runs on its generic plan there (:data:`_GENERIC_PLAN`,
-        taken with the lock), so the server never plans it under the lock after the
-        connection's first admit. Inside the caller's transaction (or with Django's
-        autocommit off), it is ``lock; statement`` and the caller commits. When the
-        statement fails, the server skips the rest and rolls the pipeline's own
-        transaction back; a block refused because the statement's prepared plan went
-        stale (``queueing.sql.plan_went_stale``) runs again, once."""
+        Outside a transaction, the pipeline is ``BEGIN; lock; statement; COMMIT``: one
+        round trip, and the key's lock is held for the server's time only; a prepared
+        statement runs on its generic plan there (:data:`_GENERIC_PLAN`, sent after the
+        BEGIN), so the server never plans it under the lock after the connection's first
+        admit. Inside the caller's transaction (or with Django's autocommit off), it is
+        ``lock; statement`` (the caller commits). When the
+        statement fails, the server skips the rest (the COMMIT too) and the block is
+        rolled back here before the error propagates; a block refused because the
+        statement's prepared plan went stale (``queueing.sql.plan_went_stale``) runs
+        again, once."""
         connection = connections[self.using]
         connection.ensure_connection()
         own = not connection.in_atomic_block and connection.get_autocommit()
         raw = connection.connection
         prepared = sql.prepares(connection)
-        generic = own and prepared
-        lock = (
-            locks.xact_lock_statement(self.namespace, key, generic_plan=generic)
-            if key is not _NO_LOCK
-            else ((_GENERIC_PLAN, {}) if generic else None)
-        )
         statement_cursor = sql.preparing_cursor(connection) if prepared else connection.cursor()
         with connection.cursor() as cursor, statement_cursor:
             # Bind the parameters before the pipeline opens: each execute in it is sent at
@@ -318,18 +309,22 @@ class SerialQueue:
                     # Errors surface at an execute or at the pipeline's end: Django's
                     # either way. Inside the caller's transaction, not yet begun, its
                     # BEGIN travels in the same pipeline.
+                    # Outside one, the pipeline is a transaction of its own: BEGIN, the
+                    # block, COMMIT (queueing.sql.committed).
                     with sql.pipelined(connection):
+                        if own and prepared:
+                            cursor.execute(_GENERIC_PLAN)
                         if lock is not None:
                             cursor.execute(lock[0], lock[1] or None)
                         statement_cursor.execute(*bound)
                 except BaseException as exc:
                     if own and raw.info.transaction_status in _IN_BLOCK:
-                        raw.rollback()  # the pipeline never reached its Sync
-                    if own and attempt == 1 and sql.may_replan(raw, exc):
-                        # Refused before it ran (a migration changed what it returns, a
-                        # pooler dropped the session's statements): nothing of the block
-                        # committed, so it runs again, once, on new plans.
-                        sql.forget_prepared(raw)
+                        # psycopg's rollback (not a ROLLBACK statement, which it honours
+                        # once per connection) also forgets its prepared statements.
+                        raw.rollback()
+                    if own and attempt == 1 and sql.plan_went_stale(exc):
+                        # Refused before it ran (a migration changed what it returns):
+                        # the block was rolled back whole, so it runs again, once.
                         continue
                     raise
                 return statement_cursor.fetchone()

@@ -186,6 +186,9 @@ class _PreparingCursor(psycopg.Cursor):
                     super().execute(query, params, prepare=prepare, binary=binary)
             elif self._holds_prepared(query, params):
                 super().execute(query, params, prepare=prepare, binary=binary)
+            elif _autocommit_idle(connection):
+                with committed(connection):
+                    super().execute(query, params, prepare=prepare, binary=binary)
             else:
                 with connection.pipeline():
                     super().execute(query, params, prepare=prepare, binary=binary)
@@ -238,10 +241,14 @@ def pipelined(connection: Any) -> Iterator[None]:
     caller's transaction. Read no result inside the block (each read waits for the
     statements sent so far: a round trip more); read them after it.
 
+    Outside a transaction (autocommit), the block is a transaction of its own
+    (:func:`committed`): its statements commit together or not at all.
+
     A statement that fails makes the server skip the rest up to the block's end; the
     error is raised when the block ends (as Django's ``DatabaseError``), and the caller's
-    transaction is then failed, as after any failed statement in it. Results of the
-    statements before the failed one can still be read."""
+    transaction is then failed, as after any failed statement in it (outside one, the
+    block's own is rolled back). Results of the statements before the failed one can
+    still be read."""
     connection.ensure_connection()
     raw = connection.connection
     with connection.wrap_database_errors:
@@ -250,9 +257,42 @@ def pipelined(connection: Any) -> Iterator[None]:
         elif _opens_transaction(raw):
             with _beginning(raw):
                 yield
+        elif _autocommit_idle(raw):
+            with committed(raw):
+                yield
         else:
             with raw.pipeline():
                 yield
+
+
+def _autocommit_idle(connection: psycopg.Connection) -> bool:
+    return connection.autocommit and connection.pgconn.transaction_status == _IDLE
+
+
+#: A session outside any transaction, and inside a transaction block (a broken one is
+#: neither).
+_IDLE = pq.TransactionStatus.IDLE
+_IN_BLOCK = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
+
+
+@contextmanager
+def committed(connection: psycopg.Connection) -> Iterator[None]:
+    """A pipeline on the psycopg ``connection`` (autocommit, no transaction open) whose
+    statements are one transaction: ``BEGIN``, the block's statements, ``COMMIT``, in one
+    round trip. Not the pipeline's implicit transaction, committed at its Sync: a
+    deferred constraint that fails there (Django's foreign keys are checked at commit: a
+    row referring to one deleted meanwhile) leaves psycopg's connection unusable, where
+    a COMMIT's failure is an error like any other. A failed block is rolled back here
+    (psycopg's rollback, which also forgets the connection's prepared statements)."""
+    try:
+        with connection.pipeline():
+            psycopg.Cursor(connection).execute("BEGIN", prepare=False)
+            yield
+            psycopg.Cursor(connection).execute("COMMIT", prepare=False)
+    except BaseException:
+        if connection.pgconn.transaction_status in _IN_BLOCK:
+            connection.rollback()
+        raise
 
 
 def prepares(connection: Any) -> bool:

@@ -46,7 +46,7 @@ from bench.tasks import noop
 from bench.waits import WaitSampler
 from bench.wire import Counts, WireCounter
 from bench.workers import BenchError
-from queueing import locks, sql
+from queueing import sql
 from queueing.serial import SerialQueue
 
 QUEUE = "bench_admit"
@@ -151,9 +151,8 @@ def _storm_defers(ctx: Context, waits: _Waits) -> list[float]:
 def _floor(ctx: Context) -> dict[str, float]:
     """Where one admit's time goes, one thread, nothing contended (medians in ms over
     ``storm`` admits, each for a fresh user): the whole call (``admit``); the admit's
-    round trip under the user's lock (``round_trip``: binding the parameters, then the
-    lock and the statement, and the commit at the pipeline's end, the WAL flush included,
-    in one pipeline); the statement's
+    round trip under the user's lock (``round_trip``: binding the parameters, then BEGIN,
+    lock, statement and COMMIT, the WAL flush included, in one pipeline); the statement's
     run on the server (``statement``: the execution time EXPLAIN ANALYZE reports, timing
     off, after the user's lock, in a transaction then rolled back); the server's parsing
     and planning of the statement (``planning``: its EXPLAIN, without running it, less a
@@ -164,8 +163,8 @@ def _floor(ctx: Context) -> dict[str, float]:
     ``client`` (admit - round_trip, Python around the round trip), ``under_lock``
     (round_trip - network: the user's lock's holding time, an upper estimate that
     includes binding the parameters), ``commit`` (under_lock - statement: the lock, the
-    commit and its WAL flush) and ``budget_row`` (the tenant's budget row's holding time:
-    from its UPSERT in the statement to the end of the commit's flush, at most
+    COMMIT and its WAL flush) and ``budget_row`` (the tenant's budget row's holding time:
+    from its UPSERT in the statement to the end of the COMMIT's flush, at most
     ``under_lock``)."""
     k = ctx.sizes.storm
     names = (
@@ -184,7 +183,7 @@ def _floor(ctx: Context) -> dict[str, float]:
     sent: list[tuple[Any, ...]] = []
 
     def timed_pipeline(queue: SerialQueue, *args: Any) -> Any:
-        sent[:] = [(queue, *args)]
+        sent[:] = [args]
         started = time.perf_counter()
         try:
             return original(queue, *args)
@@ -211,8 +210,7 @@ def _floor(ctx: Context) -> dict[str, float]:
             samples["network"].append(timed(select_one))
             samples["defer"].append(timed(lambda: _defer("floor")))
             samples["defer_cpu"].append(cpu(lambda: _defer("floor")))
-        queue, key, statement, params = sent[0]
-        lock = locks.xact_lock_statement(queue.namespace, key)
+        lock, statement, params = sent[0]
         for _ in range(k):
             samples["planning"].append(timed(lambda: _explained(statement, params)))
             samples["statement"].append(_executed(lock, statement, params))
@@ -517,7 +515,7 @@ def _split(floor: dict[str, float]) -> str:
         f"Measured on one thread, uncontended (medians): an admit takes {floor['admit']:.2f} "
         f"ms: {floor['client']:.2f} ms of Python, then "
         f"{floor['round_trip']:.2f} ms for its one round trip under the user's lock (binding the "
-        "parameters, the lock, the statement, the commit and its WAL flush), in which the "
+        "parameters, the lock, the statement, the COMMIT and its WAL flush), in which the "
         f"statement runs {floor['statement']:.2f} ms on the server; {_planning(floor)}; a "
         f"bare round trip takes {floor['network']:.2f} ms, a plain defer "
         f"{floor['defer']:.2f} ms"
@@ -537,14 +535,14 @@ def _planning(floor: dict[str, float]) -> str:
 
 def _throughput_floor(floor: dict[str, float], *, needed: float, threads: int) -> str:
     """The tenant's budget row is held from its UPSERT in the admit's statement to the end
-    of the commit's flush; and an admit costs CPU, in the harness (one interpreter for its
+    of the COMMIT's flush; and an admit costs CPU, in the harness (one interpreter for its
     threads) and the server, which share the machine."""
     row_ceiling = 1000 / floor["budget_row"] if floor["budget_row"] > 0 else float("inf")
     cpu_ceiling = 1000 / floor["admit_cpu"] if floor["admit_cpu"] > 0 else float("inf")
     return (
         f"{_split(floor)}. The admits of one tenant take its budget row (a held run's unit "
         "of the daily provider budget) in turn, each from its UPSERT in the statement to the "
-        f"end of the commit's WAL flush, up to {floor['budget_row']:.2f} ms per admit "
+        f"end of the COMMIT's WAL flush, up to {floor['budget_row']:.2f} ms per admit "
         f"uncontended: on it one tenant admits at most about {row_ceiling:,.0f}/s however "
         f"many threads. An admit costs the harness {floor['admit_cpu']:.2f} ms of CPU, a "
         f"plain defer {floor['defer_cpu']:.2f} ms; the harness's {threads} threads share "
@@ -556,16 +554,16 @@ def _throughput_floor(floor: dict[str, float], *, needed: float, threads: int) -
 
 def _storm_floor(floor: dict[str, float], row: Row) -> str:
     """The storm's last admit waits for every other one's time under the user's lock:
-    its statement, and the commit with its WAL flush."""
+    its statement, and the COMMIT with its WAL flush."""
     size = int(row.parameters["threads"])
     chain = (row.figure or 0.0) / size
     target = 1.5 * (row.baseline.median if row.baseline else 0.0)
     return (
         f"{_split(floor)}. Each admit holds the user's lock up to {floor['under_lock']:.2f} "
         f"ms uncontended ({floor['statement']:.2f} ms running its statement, "
-        f"{floor['commit']:.2f} ms for the lock, the commit and its WAL flush), so the "
+        f"{floor['commit']:.2f} ms for the lock, the COMMIT and its WAL flush), so the "
         f"{size}th waits about {(size - 1) * floor['under_lock']:,.0f} ms: {size} x "
-        "(statement + commit and flush) is the floor while one user's admits are serial "
+        "(statement + COMMIT and flush) is the floor while one user's admits are serial "
         f"(invariant 4); in the storm the p99 is {chain:.1f} ms per admit (the server and "
         f"the {size} client threads share the machine's CPUs); the target is "
         f"{target:,.0f} ms"
@@ -583,7 +581,7 @@ def _explain(rows: list[Row], trips: dict[str, dict[str, Any]]) -> None:
             row.cause = (
                 f"each admit is {free.figure:g} round trip(s) (the plain defer: "
                 f"{free.baseline.median:g}): the user's lock, the statement (which takes the "
-                "held run's unit of the tenant's budget) and the commit, in one pipeline: "
+                "held run's unit of the tenant's budget) and the COMMIT, in one pipeline: "
                 + describe_waits(row.profile["waits"])
                 + ". "
                 + _throughput_floor(
@@ -599,8 +597,8 @@ def _explain(rows: list[Row], trips: dict[str, dict[str, Any]]) -> None:
         elif row.key == "admit_storm_p99":
             row.cause = (
                 "the admits of one user run one after the other under the user's queue lock, "
-                "each holding it for its statement and its commit's WAL flush (no network "
-                "wait: the lock, the statement and the commit travel in one round trip): "
+                "each holding it for its statement and its COMMIT's WAL flush (no network "
+                "wait: the lock, the statement and the COMMIT travel in one round trip): "
                 + describe_waits(row.profile["waits"])
                 + ". "
                 + _storm_floor(floor, row)

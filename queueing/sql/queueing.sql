@@ -2,13 +2,6 @@
 -- Take a transaction-level advisory lock on namespace:key (blocking).
 SELECT pg_advisory_xact_lock(hashtextextended(%(namespace)s || ':' || %(key)s, 0));
 
--- advisory_xact_lock_generic_plan --
--- advisory_xact_lock, and for the rest of the transaction every prepared statement runs on
--- its generic plan (the serial queue's admit, in a transaction of its own: the statement
--- that follows is never planned under the lock).
-SELECT pg_advisory_xact_lock(hashtextextended(%(namespace)s || ':' || %(key)s, 0)),
-       set_config('plan_cache_mode', 'force_generic_plan', true);
-
 -- try_advisory_xact_lock --
 -- Take a transaction-level advisory lock on namespace:key if it is free.
 SELECT pg_try_advisory_xact_lock(hashtextextended(%(namespace)s || ':' || %(key)s, 0));

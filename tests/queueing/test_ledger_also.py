@@ -93,12 +93,13 @@ def test_a_python_error_in_also_propagates():
 
     with pytest.raises(RuntimeError, match="not sent"):
         LEDGER.claim(unit="d1", stage="s", also=broken)
-    # The claim was sent before the error: it ran (as after a crash right after a claim,
-    # its lease ends it), and nothing is left unread on the connection.
+    # The claim was sent before the error, in a transaction of its own that never got its
+    # COMMIT: rolled back, and nothing is left unread on the connection.
     with connection.cursor() as cursor:
         cursor.execute("SELECT 2")
         assert cursor.fetchone() == (2,)
-    assert LEDGER.claim(unit="d1", stage="s").outcome is Outcome.BUSY
+    assert not Step.objects.filter(unit="d1").exists()
+    assert LEDGER.claim(unit="d1", stage="s").outcome is Outcome.CLAIMED
 
 
 def test_inside_a_transaction_the_claim_and_also_are_the_callers():

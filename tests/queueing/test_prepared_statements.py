@@ -157,3 +157,34 @@ def test_enqueue_scheduled_after_unscheduled_is_one_round_trip_each(clean_queue)
             return marks
 
         assert through(counter, counted) == [1, 1, 1]
+
+
+ORPHAN = (
+    "INSERT INTO test_items (owner, status, parent_id, created_at, updated_at, label)"
+    " VALUES (%s, 'pending', %s, now(), now(), '') RETURNING id /* {tag} */"
+)
+
+
+@pytest.mark.parametrize("runs_before", [0, 1])
+def test_a_constraint_that_fails_at_the_commit_is_an_integrity_error(runs_before):
+    """Django's foreign keys are checked at commit. A statement's first run on a
+    connection goes in a pipeline of its own, whose commit is a COMMIT it sends, not the
+    pipeline's implicit one at its Sync (after which psycopg's connection is unusable):
+    a row referring to one that is gone is an IntegrityError, and the session goes on."""
+    from django.db import IntegrityError
+
+    from tests.queueing.models import Item
+
+    query = ORPHAN.format(tag=f"orphan {runs_before}")
+    connection.ensure_connection()
+    assert connection.connection.prepare_threshold is not None
+    parent = Item.objects.create(owner="orphans", status="pending")
+    for _ in range(runs_before):
+        with statement_cursor(connection) as cursor:
+            cursor.execute(query, ["orphans", parent.pk])
+    with pytest.raises(IntegrityError), statement_cursor(connection) as cursor:
+        cursor.execute(query, ["orphans", 987654321])
+    assert Item.objects.filter(owner="orphans").count() == 1 + runs_before
+    with statement_cursor(connection) as cursor:
+        cursor.execute(query, ["orphans", parent.pk])
+        assert cursor.fetchone()[0] > parent.pk

@@ -45,8 +45,7 @@ def round_trips(func) -> tuple[object, int]:
 
 
 def test_a_serial_admit_is_one_round_trip_with_its_lock_its_job_and_its_commit(clean_queue):
-    """The lock, the statement (the row, its start job) and the commit at the pipeline's
-    end travel together."""
+    """The lock, the statement (the row, its start job) and the COMMIT travel together."""
     from queueing import locks
     from queueing.serial import SerialQueue, StartJob
     from tests.conftest import jobs

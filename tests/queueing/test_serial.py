@@ -205,9 +205,9 @@ def test_a_late_admit_never_jumps_the_queue_and_the_oldest_starts():
 
 
 def test_an_admit_whose_statement_fails_leaves_nothing_and_its_session_usable():
-    """The pipeline's statement fails after its lock: the error reaches the caller, the
-    pipeline's transaction is rolled back (no row, the lock released) and the next admit
-    on the same session works."""
+    """The pipeline's statement fails after its BEGIN and its lock: the error reaches the
+    caller, the block is rolled back (no row, the lock released) and the next admit on
+    the same session works."""
     from django.db import DataError
 
     with pytest.raises(DataError):
@@ -216,12 +216,11 @@ def test_an_admit_whose_statement_fails_leaves_nothing_and_its_session_usable():
     assert QUEUE.admit(key="kim", values={}).status == "pending"
 
 
-def test_an_admit_of_its_own_is_the_lock_and_the_statement_on_its_generic_plan(monkeypatch):
-    """Outside a transaction the pipeline is its own implicit transaction: no BEGIN or
-    COMMIT of its own, the lock (which also makes the rest of the transaction plan
-    prepared statements generically) and the statement. The statement is never planned
-    with its values, even on the connection's first runs, and the session's
-    plan_cache_mode is its own again once the admit committed."""
+def test_an_admit_of_its_own_runs_its_statement_on_the_generic_plan(monkeypatch):
+    """Outside a transaction, in a transaction of its own (queueing.sql.committed sends
+    its BEGIN and COMMIT): the generic plan, the lock and the statement. The statement is
+    never planned with its values, even on the connection's first runs, and the session's
+    plan_cache_mode is its own again after the COMMIT."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -231,10 +230,14 @@ def test_an_admit_of_its_own_is_the_lock_and_the_statement_on_its_generic_plan(m
         admitted = [QUEUE.admit(key="noa", values={}) for _ in range(3)]
     assert [a.status for a in admitted] == ["pending", "queued", "queued"]
     sent = [q["sql"].split("(")[0].strip() for q in captured.captured_queries]
-    assert sent == ["SELECT pg_advisory_xact_lock", "WITH siblings AS"] * 3, sent
     assert (
-        "set_config('plan_cache_mode', 'force_generic_plan', true)"
-        in (captured.captured_queries[0]["sql"])
+        sent
+        == [
+            "SET LOCAL plan_cache_mode = force_generic_plan",
+            "SELECT pg_advisory_xact_lock",
+            "WITH siblings AS",
+        ]
+        * 3
     )
     with connection.cursor() as cursor:
         cursor.execute(
@@ -245,6 +248,24 @@ def test_an_admit_of_its_own_is_the_lock_and_the_statement_on_its_generic_plan(m
         assert cursor.fetchall() == [(3, 0)]
         cursor.execute("SELECT current_setting('plan_cache_mode')")
         assert cursor.fetchone() == ("auto",)
+
+
+@pytest.mark.parametrize("threshold", [5, None])
+@pytest.mark.parametrize("guard", [None, "true"])
+def test_a_constraint_that_fails_at_the_commit_is_an_integrity_error(threshold, guard, monkeypatch):
+    """Django's foreign keys are checked at the COMMIT (deferred): a child of a parent
+    that is gone fails there, as an IntegrityError, and the session goes on working (the
+    pipeline's implicit commit at its Sync would leave psycopg's connection broken)."""
+    from django.db import IntegrityError, connection
+
+    from tests.queueing.models import Item
+
+    connection.ensure_connection()
+    monkeypatch.setattr(connection.connection, "prepare_threshold", threshold)
+    with pytest.raises(IntegrityError):
+        QUEUE.admit(key="oda", values={"parent": 987654321}, guard=guard)
+    assert Item.objects.filter(owner="oda").count() == 0
+    assert QUEUE.admit(key="oda", values={}).status == "pending"
 
 
 def _prepared_admits() -> int:
