@@ -5,11 +5,12 @@ replay may have changed) travels with the claim instead of a round trip of its o
 - it must still run after the claim, on a snapshot that sees what the claim saw:
   test_what_also_sends_runs_after_the_claim_and_is_read_after_it;
 - one round trip for both: test_the_claim_and_what_also_sends_are_one_round_trip;
-- its statement fails (outside a transaction the claim and it are one implicit
-  transaction): the claim is rolled back with it and the error raised:
-  test_a_failing_statement_of_also_rolls_the_claim_back;
-- it raises in Python: the error propagates and nothing is left half-read on the
-  connection (its next statement works): test_a_python_error_in_also_propagates;
+- its statement fails (outside a transaction the claim and it are one transaction of
+  their own, BEGIN and COMMIT in the same round trip): the claim is rolled back with it
+  and the error raised: test_a_failing_statement_of_also_rolls_the_claim_back;
+- it raises in Python: the error propagates, the claim is rolled back and nothing is
+  left half-read on the connection (its next statement works):
+  test_a_python_error_in_also_propagates;
 - inside the caller's transaction: its BEGIN rides with the claim and both are the
   caller's to commit: test_inside_a_transaction_the_claim_and_also_are_the_callers;
 - a claim that is done or busy still hands back what also read;
