@@ -83,11 +83,14 @@ def record_unfinished(history: Any, pids: list[int]) -> None:
         connection.close()
     else:
         history.record("unfinished_detail", jobs=jobs, workers=workers)
-    for pid in pids:
-        for signum in (THREADS_SIGNAL, TASKS_SIGNAL):
+    # One dump at a time: faulthandler's (from the signal handler, on whichever thread
+    # took the signal) walks every thread's frames while the tasks' dump (Python, on the
+    # main thread) runs; both at once can crash the worker (SIGSEGV).
+    for signum in (THREADS_SIGNAL, TASKS_SIGNAL):
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
-    time.sleep(2)
+        time.sleep(1)  # the dumps' time to reach the logs
 
 
 def _plain(value: Any) -> Any:

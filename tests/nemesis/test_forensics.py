@@ -42,6 +42,11 @@ def test_a_worker_dumps_its_threads_and_its_tasks_on_demand(tmp_path):
         while "ready" not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.05)
         process.send_signal(forensics.THREADS_SIGNAL)
+        # The tasks' dump only once the threads' dump is written: both at once can crash
+        # the worker (faulthandler walks the frames the tasks' dump is using).
+        deadline = time.monotonic() + 20
+        while "in hung_job" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
         process.send_signal(forensics.TASKS_SIGNAL)
         deadline = time.monotonic() + 20
         while forensics.TASKS_MARK not in log.read_text() and time.monotonic() < deadline:
