@@ -19,7 +19,6 @@ from typing import Any
 
 from django.db import connections, models, transaction
 from psycopg import sql as psql
-from psycopg.pq import TransactionStatus
 
 from queueing import locks, sql
 from queueing.enqueue import Policy, job_params, queueing_lock_prefix
@@ -80,8 +79,6 @@ class StartJob:
         }
 
 
-#: A session inside a transaction block (a broken one is neither: nothing to roll back).
-_IN_BLOCK = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
 #: Sent ahead of the key's lock in an admission's own transaction, where the statement is
 #: prepared. PostgreSQL plans a prepared statement afresh, with its values, at each of its
 #: first five runs on a connection, and plans each run after the key's lock is granted:
@@ -285,7 +282,6 @@ class SerialQueue:
         connection = connections[self.using]
         connection.ensure_connection()
         own = not connection.in_atomic_block and connection.get_autocommit()
-        raw = connection.connection
         prepared = sql.prepares(connection)
         statement_cursor = sql.preparing_cursor(connection) if prepared else connection.cursor()
         with connection.cursor() as cursor, statement_cursor:
@@ -318,13 +314,11 @@ class SerialQueue:
                             cursor.execute(lock[0], lock[1] or None)
                         statement_cursor.execute(*bound)
                 except BaseException as exc:
-                    if own and raw.info.transaction_status in _IN_BLOCK:
-                        # psycopg's rollback (not a ROLLBACK statement, which it honours
-                        # once per connection) also forgets its prepared statements.
-                        raw.rollback()
                     if own and attempt == 1 and sql.plan_went_stale(exc):
                         # Refused before it ran (a migration changed what it returns):
-                        # the block was rolled back whole, so it runs again, once.
+                        # the block was rolled back whole (sql.committed, with psycopg's
+                        # rollback, which forgets its prepared statements), so it runs
+                        # again, once.
                         continue
                     raise
                 return statement_cursor.fetchone()
