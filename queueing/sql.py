@@ -20,6 +20,7 @@ import psycopg
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from psycopg import adapt, pq
 from psycopg import sql as psql
+from psycopg.generators import send
 
 _BLOCK = re.compile(r"^-- (?P<name>[a-z0-9_]+) --\n(?:--[^\n]*\n)*", re.MULTILINE)
 
@@ -190,7 +191,7 @@ class _PreparingCursor(psycopg.Cursor):
                 with committed(connection):
                     super().execute(query, params, prepare=prepare, binary=binary)
             else:
-                with connection.pipeline():
+                with held_pipeline(connection):
                     super().execute(query, params, prepare=prepare, binary=binary)
         finally:
             self._converted = None
@@ -226,7 +227,7 @@ def _beginning(connection: psycopg.Connection) -> Iterator[None]:
     begin = connection._get_tx_start_command()
     connection._autocommit = True
     try:
-        with connection.pipeline():
+        with held_pipeline(connection):
             psycopg.Cursor(connection).execute(begin, prepare=False)
             yield
     finally:
@@ -235,11 +236,11 @@ def _beginning(connection: psycopg.Connection) -> Iterator[None]:
 
 @contextmanager
 def pipelined(connection: Any) -> Iterator[None]:
-    """Send every statement the block executes on the Django ``connection`` without
-    waiting for it, and wait once, when the block ends (a psycopg pipeline): one round
-    trip for all of them, and for the BEGIN too when the block's first statement opens the
-    caller's transaction. Read no result inside the block (each read waits for the
-    statements sent so far: a round trip more); read them after it.
+    """Send every statement the block executes on the Django ``connection`` together,
+    when the block ends, and wait once (a psycopg pipeline, :func:`held_pipeline`): one
+    round trip for all of them, and for the BEGIN too when the block's first statement
+    opens the caller's transaction. Read no result inside the block (each read sends the
+    statements so far and waits for them: a round trip more); read them after it.
 
     Outside a transaction (autocommit), the block is a transaction of its own
     (:func:`committed`): its statements commit together or not at all.
@@ -261,7 +262,7 @@ def pipelined(connection: Any) -> Iterator[None]:
             with committed(raw):
                 yield
         else:
-            with raw.pipeline():
+            with held_pipeline(raw):
                 yield
 
 
@@ -275,6 +276,68 @@ _IDLE = pq.TransactionStatus.IDLE
 _IN_BLOCK = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 
 
+def _hold() -> Iterator[Any]:
+    return
+    yield  # a generator that sends nothing
+
+
+@contextmanager
+def _held(pipeline: Any) -> Iterator[None]:
+    """Keep the block's statements on the client, queued in the psycopg ``pipeline``, and
+    send them to the server together when the block ends: one write, after the block's
+    last statement is queued.
+
+    psycopg sends each statement of a pipeline as it is executed, and between two of them
+    the sending thread may wait for the interpreter lock while other threads run. For a
+    transaction whose statements take a lock (a key's, a row's), the server would hold it
+    across that client time, until the COMMIT arrives; sent together, the server runs
+    BEGIN to COMMIT without waiting for the client. A read inside the block (a result
+    fetched, a nested sync) sends what was held first. Where psycopg does not have the
+    pipeline's parts this relies on, statements go as psycopg sends them."""
+    communicate = getattr(pipeline, "_communicate_gen", None)
+    fetch = getattr(pipeline, "_fetch_gen", None)
+    queue = getattr(pipeline, "command_queue", None)
+    held_already = "_communicate_gen" in vars(pipeline)
+    if communicate is None or fetch is None or queue is None or held_already:
+        yield
+        return
+    holding = True
+
+    def release() -> None:
+        nonlocal holding
+        if holding:
+            holding = False
+            del pipeline._communicate_gen, pipeline._fetch_gen
+            # libpq buffers a pipeline's messages; the next flush sends them at once.
+            while queue:
+                queue.popleft()()
+
+    def fetch_sent(*, flush: bool) -> Iterator[Any]:
+        release()
+        yield from send(pipeline.pgconn)
+        return (yield from fetch(flush=flush))
+
+    pipeline._communicate_gen = _hold
+    pipeline._fetch_gen = fetch_sent
+    try:
+        yield
+    except BaseException:
+        # psycopg's own communication sends what is queued, and reads what failed.
+        if holding:
+            holding = False
+            del pipeline._communicate_gen, pipeline._fetch_gen
+        raise
+    release()
+
+
+@contextmanager
+def held_pipeline(connection: psycopg.Connection) -> Iterator[None]:
+    """A pipeline on the psycopg ``connection`` whose statements reach the server together,
+    in one write, when the block ends (:func:`_held`)."""
+    with connection.pipeline() as pipeline, _held(pipeline):
+        yield
+
+
 @contextmanager
 def committed(connection: psycopg.Connection) -> Iterator[None]:
     """A pipeline on the psycopg ``connection`` (autocommit, no transaction open) whose
@@ -285,7 +348,7 @@ def committed(connection: psycopg.Connection) -> Iterator[None]:
     a COMMIT's failure is an error like any other. A failed block is rolled back here
     (psycopg's rollback, which also forgets the connection's prepared statements)."""
     try:
-        with connection.pipeline():
+        with held_pipeline(connection):
             psycopg.Cursor(connection).execute("BEGIN", prepare=False)
             yield
             psycopg.Cursor(connection).execute("COMMIT", prepare=False)
