@@ -11,6 +11,9 @@ replay may have changed) travels with the claim instead of a round trip of its o
 - it raises in Python: the error propagates, the claim is rolled back and nothing is
   left half-read on the connection (its next statement works):
   test_a_python_error_in_also_propagates;
+- what it wrote breaks a deferred constraint, checked at the COMMIT: an
+  ``IntegrityError``, the claim rolled back, the connection clean
+  (test_a_deferred_constraint_that_fails_at_the_commit_rolls_the_claim_back);
 - inside the caller's transaction: its BEGIN rides with the claim and both are the
   caller's to commit: test_inside_a_transaction_the_claim_and_also_are_the_callers;
 - a claim that is done or busy still hands back what also read;
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import pytest
 from django.db import DatabaseError, connection, transaction
+from psycopg import pq
 
 from queueing import sql
 from queueing.ledger import Ledger, Outcome
@@ -101,6 +105,27 @@ def test_a_python_error_in_also_propagates():
         assert cursor.fetchone() == (2,)
     assert not Step.objects.filter(unit="d1").exists()
     assert LEDGER.claim(unit="d1", stage="s").outcome is Outcome.CLAIMED
+
+
+def test_a_deferred_constraint_that_fails_at_the_commit_rolls_the_claim_back():
+    """What ``also`` wrote breaks a deferred constraint (Django's foreign keys are checked
+    at the COMMIT: a row referring to one deleted meanwhile): the COMMIT fails, as an
+    ``IntegrityError``, the claim is rolled back with it, and the connection serves the
+    next claim."""
+    from django.db import IntegrityError
+
+    def orphan() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO test_items (owner, status, parent_id, created_at, updated_at, label)"
+                " VALUES ('g', 'pending', -1, now(), now(), '')"
+            )
+
+    with pytest.raises(IntegrityError, match="foreign key"):
+        LEDGER.claim(unit="g1", stage="s", also=orphan)
+    assert not Step.objects.filter(unit="g1").exists()
+    assert connection.connection.pgconn.transaction_status == pq.TransactionStatus.IDLE
+    assert LEDGER.claim(unit="g1", stage="s").outcome is Outcome.CLAIMED
 
 
 def test_inside_a_transaction_the_claim_and_also_are_the_callers():
