@@ -362,8 +362,13 @@ def test_a_cascading_replay_reopens_a_stage_whose_closing_transaction_commits_me
 
     def write(anfrage, result):
         # Inside feasibility's closing transaction: extract's row is share-locked, the
-        # verdicts are written, success is not committed yet.
+        # verdicts are written, success is not committed yet. The closing transaction's
+        # statements reach the server together when its pipeline ends: a nested pipeline
+        # sends what it holds so far (the BEGIN, the hold, the verdicts), so the server
+        # stops the transaction here, before its completion.
         work.write(anfrage, result)
+        with connection.connection.pipeline():
+            pass
         at_close.set()
         assert release.wait(timeout=30), "the test never released the closing transaction"
 
