@@ -276,9 +276,9 @@ _IDLE = pq.TransactionStatus.IDLE
 _IN_BLOCK = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 
 
-def _hold() -> Iterator[Any]:
-    return
-    yield  # a generator that sends nothing
+#: The most statements a pipeline holds back (:func:`_held`); past them it sends as psycopg
+#: does. A transaction of the framework is a few; an ``executemany`` is one per row.
+HOLD_COMMANDS = 32
 
 
 @contextmanager
@@ -292,7 +292,9 @@ def _held(pipeline: Any) -> Iterator[None]:
     transaction whose statements take a lock (a key's, a row's), the server would hold it
     across that client time, until the COMMIT arrives; sent together, the server runs
     BEGIN to COMMIT without waiting for the client. A read inside the block (a result
-    fetched, a nested sync) sends what was held first. Where psycopg does not have the
+    fetched, a nested sync) sends what was held first, and so does a block longer than
+    :data:`HOLD_COMMANDS` (its rows would wait in memory, and libpq sends its buffer 8 KB
+    at a time as it grows anyway). Where psycopg does not have the
     pipeline's parts this relies on, statements go as psycopg sends them."""
     communicate = getattr(pipeline, "_communicate_gen", None)
     fetch = getattr(pipeline, "_fetch_gen", None)
@@ -317,7 +319,15 @@ def _held(pipeline: Any) -> Iterator[None]:
         yield from send(pipeline.pgconn)
         return (yield from fetch(flush=flush))
 
-    pipeline._communicate_gen = _hold
+    def hold() -> Iterator[Any]:
+        if len(queue) > HOLD_COMMANDS:
+            # A long block (an executemany): holding it would keep every row in memory,
+            # and libpq sends past 8 KB anyway. From here on psycopg sends as it goes.
+            release()
+            return (yield from communicate())
+        return None
+
+    pipeline._communicate_gen = hold
     pipeline._fetch_gen = fetch_sent
     try:
         yield

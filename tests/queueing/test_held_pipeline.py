@@ -18,6 +18,10 @@ a result is read inside the block (each read waits for the statements before it)
     (test_a_read_inside_the_block_sends_what_was_held)
   - a nested pipeline (psycopg syncs the outer one) (test_a_nested_pipeline_inside_the_block)
   - ``executemany`` (test_executemany_inside_the_block)
+a long block (an ``executemany`` of many rows)
+  - it is not held whole (every row would wait in memory): past ``HOLD_COMMANDS``
+    statements it is sent as psycopg sends, and still commits whole
+    (test_a_long_block_is_sent_as_it_goes)
 the block fails
   - a Python error before its end: nothing was sent, nothing stays, the connection serves
     the next statement (test_a_python_error_in_the_block_sends_nothing_that_stays)
@@ -181,3 +185,17 @@ def test_a_failed_statement_rolls_back_the_block(raw):
     with pytest.raises(DatabaseError), sql.pipelined(connection), connection.cursor() as cursor:
         cursor.execute("SELECT 1 / 0")
     assert connection.connection.pgconn.transaction_status == pq.TransactionStatus.IDLE
+
+
+def test_a_long_block_is_sent_as_it_goes(raw, other):
+    with raw.cursor() as cursor:
+        cursor.execute("CREATE TEMPORARY TABLE held_rows (n int)")
+    rows = sql.HOLD_COMMANDS * 3
+    with sql.committed(raw), raw.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", (KEY,))
+        cursor.executemany("INSERT INTO held_rows VALUES (%s)", [(n,) for n in range(rows)])
+        time.sleep(STALL)
+        # Sent as it went: the lock before the rows is the server's already.
+        assert not _lock_is_free(other, KEY)
+    assert raw.execute("SELECT count(*) FROM held_rows").fetchone()[0] == rows
+    assert _lock_is_free(other, KEY)
