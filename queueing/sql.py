@@ -305,11 +305,15 @@ def _held(pipeline: Any) -> Iterator[None]:
         return
     holding = True
 
-    def release() -> None:
+    def restore() -> None:
+        # psycopg's own communication again: it sends what is queued, as it goes.
         nonlocal holding
+        holding = False
+        del pipeline._communicate_gen, pipeline._fetch_gen
+
+    def release() -> None:
         if holding:
-            holding = False
-            del pipeline._communicate_gen, pipeline._fetch_gen
+            restore()
             # libpq buffers a pipeline's messages; the next flush sends them at once.
             while queue:
                 queue.popleft()()
@@ -332,12 +336,13 @@ def _held(pipeline: Any) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        # psycopg's own communication sends what is queued, and reads what failed.
+        # psycopg's exit sends what is queued, and reads what failed.
         if holding:
-            holding = False
-            del pipeline._communicate_gen, pipeline._fetch_gen
+            restore()
         raise
-    release()
+    # psycopg calls hold() and fetch_sent() holding the connection's lock; here it is ours.
+    with pipeline._conn.lock:
+        release()
 
 
 @contextmanager
