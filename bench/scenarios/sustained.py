@@ -13,8 +13,10 @@ out: its backlog is what it left), and reads each job's deferral, first start an
 from procrastinate's events (database clock):
 
 * claim latency: first start - deferral, per job; p50 and p99 over every job of the run.
-  A job that had not started when the wait ended counts with the time it had waited by
-  then (a lower bound; ``unstarted`` in the profile counts them);
+  Both sides are cut off at the same horizon, :func:`drain_seconds` after their window's
+  end (database clock): a job that had not started by then counts with the time it had
+  waited until the horizon (a lower bound; ``unstarted`` in the profile counts them), so
+  neither side's figures depend on how long the harness took to notice;
 * served: jobs that started within the window ÷ its length;
 * keeps up: every job offered in the window started within a second of the window's end
   (the backlog then is under a second's work), reported per side as ``backlog_s``; a side
@@ -31,6 +33,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from bench import database
@@ -71,38 +74,53 @@ def _jobs(*, tag: str, queue: str, task: str, keyed: bool) -> Callable[[int, int
     return insert
 
 
-def _offer(rate: float, seconds: float, insert: Callable[[int, int], None]) -> tuple[int, float]:
-    """Enqueue ``rate`` jobs a second for ``seconds``; the jobs sent and the seconds the
-    offering took (longer than ``seconds`` when the harness itself could not keep up)."""
+def _offer(
+    rate: float, seconds: float, insert: Callable[[int, int], None]
+) -> tuple[int, float, float]:
+    """Enqueue ``rate`` jobs a second for ``seconds``; the jobs sent, the seconds the
+    offering took (longer than ``seconds`` when the harness itself could not keep up) and
+    its slowest insert's seconds."""
     started = time.monotonic()
     sent = 0
+    slowest = 0.0
     while (elapsed := time.monotonic() - started) < seconds:
         due = int(rate * elapsed) - sent
         if due <= 0:
             time.sleep(TICK_SECONDS)
             continue
+        before = time.monotonic()
         insert(sent, due)
+        slowest = max(slowest, time.monotonic() - before)
         sent += due
-    return sent, time.monotonic() - started
+    return sent, time.monotonic() - started, slowest
 
 
 def _wait_ended(
-    *, after: int, queue: str, task: str, sent: int, groups: list[WorkerGroup], timeout: float
-) -> tuple[list[tuple[Any, ...]], Any]:
+    *,
+    after: int,
+    queue: str,
+    task: str,
+    sent: int,
+    groups: list[WorkerGroup],
+    timeout: float,
+) -> list[tuple[Any, ...]]:
     """Each job's deferral, first start and end, once every one of the ``sent`` jobs has
-    ended or ``timeout`` seconds have passed; with the database's clock at that moment."""
+    ended or ``timeout`` seconds have passed. The poll counts the jobs still open on the
+    job table alone; the events are read once, at the end."""
     deadline = time.monotonic() + timeout
     while True:
-        rows = database.fetch_all("sustained_jobs", after=after, queue=queue, task=task)
-        if len(rows) >= sent and all(row[2] is not None for row in rows):
-            return rows, database.fetch_value("now")
+        open_jobs = database.fetch_value("sustained_open", after=after, queue=queue, task=task)
         if database.fetch_value("job_broken", after=after):
             raise BenchError(f"a sustained-load job after {after} failed or was retried")
         for group in groups:
             group.check_alive()
-        if time.monotonic() > deadline:
-            return rows, database.fetch_value("now")
+        if not open_jobs or time.monotonic() > deadline:
+            break
         time.sleep(0.2)
+    rows = database.fetch_all("sustained_jobs", after=after, queue=queue, task=task)
+    if not open_jobs and len(rows) < sent:
+        raise BenchError(f"{sent - len(rows)} sustained-load job(s) after {after} went missing")
+    return rows
 
 
 def _discard(after: int) -> None:
@@ -137,11 +155,11 @@ def _run_side(
     )
     window_start = database.fetch_value("now")
     insert = _jobs(tag=uuid.uuid4().hex[:8], queue=queue, task=task, keyed=keyed)
-    sent, offering = _offer(rate, seconds, insert)
+    sent, offering, slowest_insert = _offer(rate, seconds, insert)
     window_end = database.fetch_value("now")
     worker_cpu, server_cpu = cpu_reading(group).since(cpu_before)
     machine_after, harness_cpu = machine_cpu(), time.process_time() - harness_before
-    rows, cutoff = _wait_ended(
+    rows = _wait_ended(
         after=after,
         queue=queue,
         task=task,
@@ -151,16 +169,22 @@ def _run_side(
     )
     _discard(after)
     window = (window_end - window_start).total_seconds()
-    # A job not started by the cutoff had waited at least until then.
+    # The same horizon for both sides: a job not started by then had waited at least until
+    # then, whenever the harness looked.
+    horizon = window_end + timedelta(seconds=drain_seconds(seconds))
+    starts = [s if s is not None and s <= horizon else None for _, s, _ in rows]
     latencies = [
-        ((started or cutoff) - deferred).total_seconds() * 1000 for deferred, started, _ in rows
+        ((started or horizon) - deferred).total_seconds() * 1000
+        for (deferred, _, _), started in zip(rows, starts, strict=True)
     ]
-    unstarted = sent - sum(started is not None for _, started, _ in rows)
-    last_start = cutoff if unstarted else max(started for _, started, _ in rows)
+    unstarted = sent - sum(started is not None for started in starts)
+    last_start = horizon if unstarted else max(s for s in starts if s is not None)
     backlog = max(0.0, (last_start - window_end).total_seconds())
-    in_window = sum(started is not None and started <= window_end for _, started, _ in rows)
+    in_window = sum(started is not None and started <= window_end for started in starts)
     return {
         "offered_per_s": sent / offering,
+        "offering_s": round(offering, 3),
+        "slowest_insert_s": round(slowest_insert, 3),
         "served_per_s": in_window / window,
         "p50_ms": percentile(latencies, 50),
         "p99_ms": percentile(latencies, 99),
@@ -243,7 +267,9 @@ def _rows(ctx: Context, found: dict[int, dict[str, dict[str, Any]]]) -> list[Row
                     measures=(
                         "per job, its first start - its deferral (procrastinate's events, "
                         f"database clock), p{q} over every job offered in the window; a job "
-                        "not started when the wait ended counts with its wait so far"
+                        "not started by the horizon (the same for both sides: "
+                        f"{drain_seconds(sizes.sustained_seconds):g} s after the window's end) "
+                        "counts with its wait until then"
                     ),
                     parameters={**common, "offered_per_s": rate},
                     result=series([stage[f"p{q}_ms"]]),

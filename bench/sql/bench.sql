@@ -197,6 +197,16 @@ SELECT min(e.at) FILTER (WHERE e.type = 'deferred') AS deferred_at,
    AND j.task_name = %(task)s
  GROUP BY j.id;
 
+-- sustained_open --
+-- How many of a sustained run's jobs of one task and queue have not ended yet (the wait's
+-- poll: the job table only, by its primary key).
+SELECT count(*)
+  FROM procrastinate_jobs
+ WHERE id > %(after)s
+   AND queue_name = %(queue)s
+   AND task_name = %(task)s
+   AND status IN ('todo', 'doing');
+
 -- sustained_insert --
 -- One tick's jobs of the sustained-load scenario, in one statement for either side, so the
 -- offering never limits the rate: the INSERT procrastinate's defer and pgstage's enqueue
