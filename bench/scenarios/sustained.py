@@ -23,7 +23,10 @@ from procrastinate's events (database clock):
   that left jobs unstarted reports them as ``unstarted``, and its ``backlog_s`` is at
   least the wait.
 
-Each side's jobs are deleted and the table vacuumed after it, so the side measured second
+A side's window starts once the other side's worker has no statement running for more
+than half a second (a fetch at work on the backlog the harness removed; the profile's
+``settle_s``), and the profile reports the other side's CPU in the window
+(``cpu.other_side``). Each side's jobs are deleted and the table vacuumed after it, so the side measured second
 does not walk the first one's dead rows (the machine's server runs without autovacuum).
 """
 
@@ -123,6 +126,17 @@ def _wait_ended(
     return rows
 
 
+def _settle(group: WorkerGroup, *, timeout: float) -> float:
+    """Wait until none of ``group``'s server sessions has been running a statement for
+    more than half a second, for at most ``timeout`` seconds; the seconds waited."""
+    started = time.monotonic()
+    while database.fetch_value("group_busy", prefix=group.app_prefix + "%"):
+        if time.monotonic() - started > timeout:
+            break
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
 def _discard(after: int) -> None:
     """Remove a side's jobs: the ones not running at once, the running ones (at most the
     worker's concurrency) once they end, with the next hops they defer; then vacuum, so
@@ -147,6 +161,11 @@ def _run_side(
     after = database.last_job_id()
     side = "pgstage" if queue == STAGE_QUEUE else "plain"
     group = next(g for g in groups if g.side == side)
+    other = next(g for g in groups if g.side != side)
+    # The other side's worker may still be at work on the backlog it left (a slow fetch
+    # runs on after its jobs were removed); this side's window starts when it has stopped.
+    settled = _settle(other, timeout=drain_seconds(seconds))
+    other_before = cpu_reading(other)
     # The harness's own CPU: this process, every thread (time.process_time).
     cpu_before, machine_before, harness_before = (
         cpu_reading(group),
@@ -158,6 +177,7 @@ def _run_side(
     sent, offering, slowest_insert = _offer(rate, seconds, insert)
     window_end = database.fetch_value("now")
     worker_cpu, server_cpu = cpu_reading(group).since(cpu_before)
+    other_worker, other_server = cpu_reading(other).since(other_before)
     machine_after, harness_cpu = machine_cpu(), time.process_time() - harness_before
     rows = _wait_ended(
         after=after,
@@ -184,6 +204,7 @@ def _run_side(
     return {
         "offered_per_s": sent / offering,
         "offering_s": round(offering, 3),
+        "settle_s": round(settled, 3),
         "slowest_insert_s": round(slowest_insert, 3),
         "served_per_s": in_window / window,
         "p50_ms": percentile(latencies, 50),
@@ -199,6 +220,8 @@ def _run_side(
             "worker": round(worker_cpu / offering, 3),
             "server": None if server_cpu is None else round(server_cpu / offering, 3),
             "harness": round(harness_cpu / offering, 3),
+            # The other side's idle worker and its sessions, which should be near 0.
+            "other_side": round((other_worker + (other_server or 0.0)) / offering, 3),
             "machine_busy": round((machine_after[0] - machine_before[0]) / offering, 3),
             "cpus": os.cpu_count(),
         },
@@ -304,6 +327,8 @@ def _explain(row: Row) -> None:
                 f"{cpu['worker']:.2f} CPU, its server sessions {cpu['server']:.2f}, the "
                 f"offering harness {cpu['harness']:.2f}"
             )
+            if cpu.get("other_side"):
+                used += f", the other side's idle worker {cpu['other_side']:.2f}"
         return (
             f"{name} {kept} ({backlog}, "
             f"{figures['served_per_s']:.0f} jobs/s served of {figures['offered_per_s']:.0f} "

@@ -233,6 +233,16 @@ SELECT pid
  WHERE datname = current_database()
    AND application_name LIKE %(prefix)s;
 
+-- group_busy --
+-- How many of a group's server sessions have been running one statement for more than
+-- half a second (a fetch still at work on a backlog the harness has already removed).
+SELECT count(*)
+  FROM pg_stat_activity
+ WHERE datname = current_database()
+   AND application_name LIKE %(prefix)s
+   AND state = 'active'
+   AND now() - query_start > interval '0.5 seconds';
+
 -- ledger_sum_plan --
 -- The admission's balance sum (runs.sql, admit_checks) for user %(user)s, run and timed
 -- on the server: its Execution Time line is the sum's own server time.
