@@ -159,13 +159,16 @@ def _floor(ctx: Context) -> dict[str, float]:
     bare round trip: what each admit pays when the statement is not prepared;
     ``prepared``: 1 when it is); a bare round trip (``network``: ``SELECT 1``) and a plain
     defer (``defer``); the harness's CPU time for one admit and for one defer
-    (``admit_cpu``, ``defer_cpu``: the process's, nothing else running in it). Derived:
-    ``client`` (admit - round_trip, Python around the round trip), ``under_lock``
-    (round_trip - network: the user's lock's holding time, an upper estimate that
-    includes binding the parameters), ``commit`` (under_lock - statement: the lock, the
-    COMMIT and its WAL flush) and ``budget_row`` (the tenant's budget row's holding time:
-    from its UPSERT in the statement to the end of the COMMIT's flush, at most
-    ``under_lock``)."""
+    (``admit_cpu``, ``defer_cpu``: the process's, nothing else running in it); the
+    thread's CPU time within the round trip and within the bare one (``round_trip_cpu``,
+    ``network_cpu``: psycopg building the pipeline and reading its results). Derived:
+    ``server`` (the round trip's wait for the server, less a bare round trip's: the
+    server's time for the lock, the statement, the COMMIT and its WAL flush, which holds
+    the user's lock), ``client`` (admit - server - network: the admit's own time in
+    Python and psycopg), ``under_lock`` (= server), ``commit`` (server - statement: the
+    lock, the COMMIT, its deferred checks and its WAL flush) and ``budget_row`` (the
+    tenant's budget row's holding time: from its UPSERT in the statement to the end of
+    the COMMIT's flush, at most ``server``)."""
     k = ctx.sizes.storm
     names = (
         "admit",
@@ -176,6 +179,8 @@ def _floor(ctx: Context) -> dict[str, float]:
         "planning",
         "admit_cpu",
         "defer_cpu",
+        "round_trip_cpu",
+        "network_cpu",
     )
     samples: dict[str, list[float]] = {name: [] for name in names}
     original = SerialQueue._run_pipelined
@@ -184,16 +189,19 @@ def _floor(ctx: Context) -> dict[str, float]:
 
     def timed_pipeline(queue: SerialQueue, *args: Any) -> Any:
         sent[:] = [args]
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         try:
             return original(queue, *args)
         finally:
             samples["round_trip"].append(time.perf_counter() - started)
+            samples["round_trip_cpu"].append(time.thread_time() - cpu_started)
 
     def select_one() -> None:
+        cpu_started = time.thread_time()
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
             cursor.fetchone()
+        samples["network_cpu"].append(time.thread_time() - cpu_started)
 
     def cpu(func) -> float:
         started = time.process_time()
@@ -221,10 +229,15 @@ def _floor(ctx: Context) -> dict[str, float]:
     ms = {name: Series(tuple(v)).median * 1000 for name, v in samples.items()}
     ms["planning"] -= ms["network"]
     ms["prepared"] = float(sql.prepares(connection))
-    ms["client"] = ms["admit"] - ms["round_trip"]
-    ms["under_lock"] = ms["round_trip"] - ms["network"]
-    ms["commit"] = ms["under_lock"] - ms["statement"]
-    ms["budget_row"] = ms["under_lock"]
+    wait, bare_wait = (
+        ms["round_trip"] - ms["round_trip_cpu"],
+        ms["network"] - ms["network_cpu"],
+    )
+    ms["server"] = max(wait - bare_wait, ms["statement"])
+    ms["client"] = ms["admit"] - ms["server"] - ms["network"]
+    ms["under_lock"] = ms["server"]
+    ms["commit"] = ms["server"] - ms["statement"]
+    ms["budget_row"] = ms["server"]
     return {name: round(value, 3) for name, value in ms.items()}
 
 
@@ -513,12 +526,13 @@ def describe_waits(waits: dict[str, Any]) -> str:
 def _split(floor: dict[str, float]) -> str:
     return (
         f"Measured on one thread, uncontended (medians): an admit takes {floor['admit']:.2f} "
-        f"ms: {floor['client']:.2f} ms of Python, then "
-        f"{floor['round_trip']:.2f} ms for its one round trip under the user's lock (binding the "
-        "parameters, the lock, the statement, the COMMIT and its WAL flush), in which the "
-        f"statement runs {floor['statement']:.2f} ms on the server; {_planning(floor)}; a "
-        f"bare round trip takes {floor['network']:.2f} ms, a plain defer "
-        f"{floor['defer']:.2f} ms"
+        f"ms: {floor['client']:.2f} ms in the harness (Python and psycopg, building the "
+        f"pipeline and reading its results), {floor['network']:.2f} ms for a bare round "
+        f"trip, and {floor['server']:.2f} ms on the server, under the user's lock (its "
+        "wait for the round trip, less a bare round trip's and the client's CPU within it: "
+        "the lock, the statement, the COMMIT, its deferred checks and its WAL flush), in "
+        f"which the statement runs {floor['statement']:.2f} ms; {_planning(floor)}; a "
+        f"plain defer takes {floor['defer']:.2f} ms"
     )
 
 
@@ -559,12 +573,14 @@ def _storm_floor(floor: dict[str, float], row: Row) -> str:
     chain = (row.figure or 0.0) / size
     target = 1.5 * (row.baseline.median if row.baseline else 0.0)
     return (
-        f"{_split(floor)}. Each admit holds the user's lock up to {floor['under_lock']:.2f} "
+        f"{_split(floor)}. Each admit holds the user's lock about {floor['under_lock']:.2f} "
         f"ms uncontended ({floor['statement']:.2f} ms running its statement, "
         f"{floor['commit']:.2f} ms for the lock, the COMMIT and its WAL flush), so the "
-        f"{size}th waits about {(size - 1) * floor['under_lock']:,.0f} ms: {size} x "
+        f"{size}th waits at least about {(size - 1) * floor['under_lock']:,.0f} ms: {size} x "
         "(statement + COMMIT and flush) is the floor while one user's admits are serial "
-        f"(invariant 4); in the storm the p99 is {chain:.1f} ms per admit (the server and "
+        f"(invariant 4), and the {size} threads' own {floor['client']:.2f} ms each run "
+        f"under one interpreter lock ({size * floor['client']:,.0f} ms in all, overlapping "
+        f"the server's); in the storm the p99 is {chain:.1f} ms per admit (the server and "
         f"the {size} client threads share the machine's CPUs); the target is "
         f"{target:,.0f} ms"
     )
