@@ -315,8 +315,17 @@ def _held(pipeline: Any) -> Iterator[None]:
         if holding:
             restore()
             # libpq buffers a pipeline's messages; the next flush sends them at once.
-            while queue:
-                queue.popleft()()
+            try:
+                while queue:
+                    queue.popleft()()
+            except BaseException:
+                # A signal's exception between a command's removal and its call loses
+                # that command: what follows it (the COMMIT) must not reach the server
+                # without it. Closing the connection drops what libpq still holds; the
+                # server rolls back what it got (psycopg's own loop is compiled, without
+                # such a gap).
+                pipeline.pgconn.finish()
+                raise
 
     def fetch_sent(*, flush: bool) -> Iterator[Any]:
         release()
@@ -341,7 +350,7 @@ def _held(pipeline: Any) -> Iterator[None]:
             restore()
         raise
     # psycopg calls hold() and fetch_sent() holding the connection's lock; here it is ours.
-    with pipeline._conn.lock:
+    with getattr(pipeline, "_lock", None) or pipeline._conn.lock:
         release()
 
 

@@ -26,8 +26,9 @@ from procrastinate's events (database clock):
 A side's window starts once the other side's worker has no statement running for more
 than half a second (a fetch at work on the backlog the harness removed; the profile's
 ``settle_s``), and the profile reports the other side's CPU in the window
-(``cpu.other_side``). Each side's jobs are deleted and the table vacuumed after it, so the side measured second
-does not walk the first one's dead rows (the machine's server runs without autovacuum).
+(``cpu.other_side``). Each side's jobs are deleted and the table vacuumed after it, so
+the side measured second does not walk the first one's dead rows (the machine's server
+runs without autovacuum).
 """
 
 from __future__ import annotations

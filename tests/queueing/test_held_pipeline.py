@@ -32,9 +32,11 @@ the block fails
 
 from __future__ import annotations
 
+import collections
 import time
 
 import psycopg
+import psycopg._pipeline_base
 import pytest
 from django.db import DatabaseError, connection, transaction
 from psycopg import pq
@@ -199,3 +201,48 @@ def test_a_long_block_is_sent_as_it_goes(raw, other):
         assert not _lock_is_free(other, KEY)
     assert raw.execute("SELECT count(*) FROM held_rows").fetchone()[0] == rows
     assert _lock_is_free(other, KEY)
+
+
+class _InterruptedQueue(collections.deque):
+    """A pipeline's command queue whose ``fire_at``-th removal raises KeyboardInterrupt
+    after removing its command, as a signal handler's exception does between the drain's
+    ``popleft()`` and the call of what it returned."""
+
+    fire_at = 0
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        self.removed = 0
+
+    def popleft(self):
+        command = super().popleft()
+        self.removed += 1
+        if self.removed == self.fire_at:
+            raise KeyboardInterrupt
+        return command
+
+
+@pytest.mark.parametrize("fire_at", [1, 2, 4, 5], ids=["BEGIN", "first", "last", "COMMIT"])
+def test_a_signal_in_the_drain_commits_nothing(other, monkeypatch, fire_at):
+    """Lost between its removal and its call, a statement must not leave the rest of the
+    transaction to commit without it: BEGIN lost would make the rest an implicit
+    transaction that the pipeline's Sync commits."""
+    other.execute("CREATE TABLE held_interrupted (n int)")
+    original = psycopg._pipeline_base.BasePipeline.__init__
+
+    def init(self, conn, *args, **kwargs):
+        original(self, conn, *args, **kwargs)
+        self.command_queue = _InterruptedQueue()
+
+    _InterruptedQueue.fire_at = fire_at
+    try:
+        with _session() as conn:
+            monkeypatch.setattr(psycopg._pipeline_base.BasePipeline, "__init__", init)
+            with pytest.raises(KeyboardInterrupt), sql.committed(conn):
+                for n in range(3):  # BEGIN, three INSERTs, COMMIT
+                    conn.execute("INSERT INTO held_interrupted VALUES (%s)", (n,))
+            monkeypatch.undo()
+            assert conn.closed
+        assert other.execute("SELECT count(*) FROM held_interrupted").fetchone()[0] == 0
+    finally:
+        other.execute("DROP TABLE held_interrupted")
