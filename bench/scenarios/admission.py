@@ -162,13 +162,15 @@ def _floor(ctx: Context) -> dict[str, float]:
     (``admit_cpu``, ``defer_cpu``: the process's, nothing else running in it); the
     thread's CPU time within the round trip and within the bare one (``round_trip_cpu``,
     ``network_cpu``: psycopg building the pipeline and reading its results). Derived:
-    ``server`` (the round trip's wait for the server, less a bare round trip's: the
-    server's time for the lock, the statement, the COMMIT and its WAL flush, which holds
-    the user's lock), ``client`` (admit - server - network: the admit's own time in
-    Python and psycopg), ``under_lock`` (= server), ``commit`` (server - statement: the
-    lock, the COMMIT, its deferred checks and its WAL flush) and ``budget_row`` (the
-    tenant's budget row's holding time: from its UPSERT in the statement to the end of
-    the COMMIT's flush, at most ``server``)."""
+    ``wire`` (a bare round trip's wait: network - network_cpu), ``server`` (the round
+    trip's wait less ``wire``: the server's time for the pipeline, BEGIN and the lock's
+    statement before the lock, then under it the statement (and its planning when not
+    prepared), the COMMIT, its deferred checks and its WAL flush; an estimate, which
+    also holds any wait for a CPU), ``client`` (admit - server - wire: the admit's own
+    time in Python and psycopg), ``under_lock`` (= server, an upper estimate),
+    ``commit`` (server - statement) and ``budget_row`` (= server: the tenant's budget row
+    is held for part of it, from its UPSERT in the statement to the end of the
+    COMMIT's flush)."""
     k = ctx.sizes.storm
     names = (
         "admit",
@@ -229,12 +231,11 @@ def _floor(ctx: Context) -> dict[str, float]:
     ms = {name: Series(tuple(v)).median * 1000 for name, v in samples.items()}
     ms["planning"] -= ms["network"]
     ms["prepared"] = float(sql.prepares(connection))
-    wait, bare_wait = (
-        ms["round_trip"] - ms["round_trip_cpu"],
-        ms["network"] - ms["network_cpu"],
-    )
-    ms["server"] = max(wait - bare_wait, ms["statement"])
-    ms["client"] = ms["admit"] - ms["server"] - ms["network"]
+    wait = ms["round_trip"] - ms["round_trip_cpu"]
+    ms["wire"] = ms["network"] - ms["network_cpu"]
+    # Not clamped: a reading below the statement's own time is shown as it is.
+    ms["server"] = wait - ms["wire"]
+    ms["client"] = ms["admit"] - ms["server"] - ms["wire"]
     ms["under_lock"] = ms["server"]
     ms["commit"] = ms["server"] - ms["statement"]
     ms["budget_row"] = ms["server"]
@@ -527,12 +528,13 @@ def _split(floor: dict[str, float]) -> str:
     return (
         f"Measured on one thread, uncontended (medians): an admit takes {floor['admit']:.2f} "
         f"ms: {floor['client']:.2f} ms in the harness (Python and psycopg, building the "
-        f"pipeline and reading its results), {floor['network']:.2f} ms for a bare round "
-        f"trip, and {floor['server']:.2f} ms on the server, under the user's lock (its "
-        "wait for the round trip, less a bare round trip's and the client's CPU within it: "
-        "the lock, the statement, the COMMIT, its deferred checks and its WAL flush), in "
-        f"which the statement runs {floor['statement']:.2f} ms; {_planning(floor)}; a "
-        f"plain defer takes {floor['defer']:.2f} ms"
+        f"pipeline and reading its results; {floor['admit_cpu']:.2f} ms of it CPU), "
+        f"{floor['wire']:.2f} ms on the wire (a bare round trip's wait) and about "
+        f"{floor['server']:.2f} ms on the server (the round trip's wait less the wire's: "
+        "the lock, the statement, the COMMIT, its deferred checks and its WAL flush, all but "
+        f"the first under the user's lock), in which the statement runs "
+        f"{floor['statement']:.2f} ms; {_planning(floor)}; a plain defer takes "
+        f"{floor['defer']:.2f} ms"
     )
 
 
@@ -556,9 +558,10 @@ def _throughput_floor(floor: dict[str, float], *, needed: float, threads: int) -
     return (
         f"{_split(floor)}. The admits of one tenant take its budget row (a held run's unit "
         "of the daily provider budget) in turn, each from its UPSERT in the statement to the "
-        f"end of the COMMIT's WAL flush, up to {floor['budget_row']:.2f} ms per admit "
-        f"uncontended: on it one tenant admits at most about {row_ceiling:,.0f}/s however "
-        f"many threads. An admit costs the harness {floor['admit_cpu']:.2f} ms of CPU, a "
+        "end of the COMMIT's WAL flush, part of those "
+        f"{floor['budget_row']:.2f} ms: held that long, the row alone would pass about "
+        f"{row_ceiling:,.0f} admits/s of one tenant, however many threads (more, as it is "
+        f"held for less). An admit costs the harness {floor['admit_cpu']:.2f} ms of CPU, a "
         f"plain defer {floor['defer_cpu']:.2f} ms; the harness's {threads} threads share "
         f"one interpreter lock, and the machine's {os.cpu_count()} CPU(s) with the server: "
         f"at most about {cpu_ceiling:,.0f} admits/s from the harness alone; the target "
@@ -573,10 +576,11 @@ def _storm_floor(floor: dict[str, float], row: Row) -> str:
     chain = (row.figure or 0.0) / size
     target = 1.5 * (row.baseline.median if row.baseline else 0.0)
     return (
-        f"{_split(floor)}. Each admit holds the user's lock about {floor['under_lock']:.2f} "
-        f"ms uncontended ({floor['statement']:.2f} ms running its statement, "
-        f"{floor['commit']:.2f} ms for the lock, the COMMIT and its WAL flush), so the "
-        f"{size}th waits at least about {(size - 1) * floor['under_lock']:,.0f} ms: {size} x "
+        f"{_split(floor)}. Each admit holds the user's lock up to about "
+        f"{floor['under_lock']:.2f} ms uncontended ({floor['statement']:.2f} ms running its "
+        f"statement, {floor['commit']:.2f} ms for the rest: the lock, the COMMIT and its "
+        f"WAL flush{'' if floor.get('prepared') else ', the planning'}), so the {size}th "
+        f"waits about {(size - 1) * floor['under_lock']:,.0f} ms: {size} x "
         "(statement + COMMIT and flush) is the floor while one user's admits are serial "
         f"(invariant 4), and the {size} threads' own {floor['client']:.2f} ms each run "
         f"under one interpreter lock ({size * floor['client']:,.0f} ms in all, overlapping "

@@ -185,9 +185,11 @@ DELETE FROM users WHERE tenant_id = %(tenant)s;
 DELETE FROM tenants WHERE id = %(tenant)s;
 
 -- sustained_jobs --
--- A sustained run's jobs of one task and queue, each from procrastinate's events (database
--- clock): when it was deferred, when it first started, when it ended well (NULL: not yet).
-SELECT min(e.at) FILTER (WHERE e.type = 'deferred') AS deferred_at,
+-- A sustained run's jobs of one task and queue, each with its unit (``<tag>-<n>``: the n-th
+-- of the offering's schedule) and from procrastinate's events (database clock): when it
+-- was deferred, when it first started, when it ended well (NULL: not yet).
+SELECT j.args ->> 'unit' AS unit,
+       min(e.at) FILTER (WHERE e.type = 'deferred') AS deferred_at,
        min(e.at) FILTER (WHERE e.type = 'started') AS started_at,
        max(e.at) FILTER (WHERE e.type = 'succeeded') AS ended_at
   FROM procrastinate_jobs j
