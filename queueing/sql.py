@@ -294,7 +294,8 @@ def _held(pipeline: Any) -> Iterator[None]:
     BEGIN to COMMIT without waiting for the client. A read inside the block (a result
     fetched, a nested sync) sends what was held first, and so does a block longer than
     :data:`HOLD_COMMANDS` (its rows would wait in memory, and libpq sends its buffer 8 KB
-    at a time as it grows anyway). Where psycopg does not have the
+    at a time as it grows anyway); from there on the block's statements go as psycopg
+    sends them. Where psycopg does not have the
     pipeline's parts this relies on, statements go as psycopg sends them."""
     communicate = getattr(pipeline, "_communicate_gen", None)
     fetch = getattr(pipeline, "_fetch_gen", None)
