@@ -131,6 +131,7 @@ def _wait_ended(
     if open_jobs:
         # A fetch that began before the deadline commits its start a moment later.
         time.sleep(1.0)
+    database.execute("analyze_events")
     rows = database.fetch_all("sustained_jobs", after=after, queue=queue, task=task)
     if not open_jobs and len(rows) < sent:
         raise BenchError(f"{sent - len(rows)} sustained-load job(s) after {after} went missing")
