@@ -217,8 +217,11 @@ def _run_side(
             censored.append((horizon - due).total_seconds() * 1000)
     unstarted = sent - len(starts)
     everything = latencies + censored
+    # The backlog from the schedule's end, as the horizon (an offering that overran its
+    # window would otherwise hide jobs never started behind a backlog of 0).
     last_start = horizon if unstarted else max(starts)
-    backlog = max(0.0, (last_start - window_end).total_seconds())
+    scheduled_end = window_start + timedelta(seconds=seconds)
+    backlog = max(0.0, (last_start - scheduled_end).total_seconds())
     in_window = sum(started <= window_end for started in starts)
     quantiles = {q: percentile(everything, q) for q in (50, 99)}
     # A percentile is exact when every censored wait lies above it: the jobs' true waits,
