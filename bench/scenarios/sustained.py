@@ -87,22 +87,24 @@ def _offer(
     started = time.monotonic()
     sent = 0
     slowest = 0.0
+
+    def send(due: int) -> None:
+        nonlocal sent, slowest
+        before = time.monotonic()
+        insert(sent, due)
+        slowest = max(slowest, time.monotonic() - before)
+        sent += due
+
     while (elapsed := time.monotonic() - started) < seconds:
         due = int(rate * elapsed) - sent
         if due <= 0:
             time.sleep(TICK_SECONDS)
             continue
-        before = time.monotonic()
-        insert(sent, due)
-        slowest = max(slowest, time.monotonic() - before)
-        sent += due
+        send(due)
     # An insert that took long left jobs of the schedule unsent: send them now, late (their
     # latency counts from when they were due), so both sides get the same jobs.
     if (due := int(rate * seconds) - sent) > 0:
-        before = time.monotonic()
-        insert(sent, due)
-        slowest = max(slowest, time.monotonic() - before)
-        sent += due
+        send(due)
     return sent, time.monotonic() - started, slowest
 
 

@@ -1,0 +1,50 @@
+"""The sustained-load scenario's latency verdict (``bench.scenarios.sustained``): a target
+only where the figures' bounds allow one. A percentile reached by jobs not started by the
+horizon is a lower bound of the true one (``p50_exact``/``p99_exact`` false)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.harness import Target
+from bench.scenarios.sustained import _latency_target
+
+TARGET = Target(on="ratio", op="<=", value=1.2)
+
+
+def figures(ms: float, exact: bool) -> dict[str, object]:
+    return {"p99_ms": ms, "p99_exact": exact}
+
+
+@pytest.mark.parametrize(
+    ("mine", "theirs", "verdict"),
+    [
+        # Both exact: the ratio is the true one, met or not.
+        (figures(100, True), figures(100, True), TARGET),
+        (figures(500, True), figures(100, True), TARGET),
+        # pgstage exact, plain's a lower bound: plain's true figure is larger, so the true
+        # ratio is smaller than the one shown. Within the target: met for sure.
+        (figures(100, True), figures(200, False), TARGET),
+        # ... over it: the true ratio may still be within: no verdict.
+        (figures(500, True), figures(100, False), None),
+        # pgstage's a lower bound, plain exact: the true ratio is larger than shown. Over
+        # the target: missed for sure; within it: no verdict.
+        (figures(500, False), figures(100, True), TARGET),
+        (figures(100, False), figures(100, True), None),
+        # Both lower bounds: nothing follows either way.
+        (figures(100, False), figures(100, False), None),
+        (figures(500, False), figures(100, False), None),
+    ],
+)
+def test_a_latency_target_only_where_the_bounds_allow_a_verdict(mine, theirs, verdict):
+    assert _latency_target(mine, theirs, 99) == verdict
+
+
+def test_figures_without_the_exactness_flag_count_as_exact():
+    # Rows of runs before the flag existed (and the smoke run's tiny windows).
+    assert _latency_target({"p50_ms": 9.0}, {"p50_ms": 1.0}, 50) == TARGET
+
+
+def test_a_plain_figure_of_zero_is_an_infinite_ratio():
+    assert _latency_target(figures(5, False), figures(0, True), 99) == TARGET
+    assert _latency_target(figures(5, True), figures(0, False), 99) is None
