@@ -246,6 +246,41 @@ class JobEventFilter(logging.Filter):
         return record.levelno >= self.job_level
 
 
+def takes_job_records(logger: logging.Logger, levelno: int) -> bool:
+    """Whether a record of a job's steps (procrastinate's worker records of its start, its
+    end and what lies between) at ``levelno`` on ``logger`` reaches a handler that keeps
+    it. The worker builds such a record's fields (the job as a dict, its call string: a
+    tenth of its CPU per job on a job that does nothing) only then.
+
+    A handler keeps one unless its level is over ``levelno``, a :class:`JobEventFilter`
+    of its (or of the logger's) drops job events at that level, or it declares that it
+    takes none (``job_records = False``, as
+    :class:`~queueing.worker_state.WorkerStateHandler`). A filter it does not know counts
+    as keeping them, so a project's own handler gets every record."""
+    if not logger.isEnabledFor(levelno):
+        return False
+    if not all(_keeps_jobs(f, levelno) for f in logger.filters):
+        return False
+    handlers = 0
+    current: logging.Logger | None = logger
+    while current is not None:
+        for handler in current.handlers:
+            handlers += 1
+            if levelno < handler.level or not getattr(handler, "job_records", True):
+                continue
+            if all(_keeps_jobs(f, levelno) for f in handler.filters):
+                return True
+        if not current.propagate:
+            break
+        current = current.parent
+    last_resort = logging.lastResort
+    return handlers == 0 and last_resort is not None and levelno >= last_resort.level
+
+
+def _keeps_jobs(log_filter: Any, levelno: int) -> bool:
+    return not isinstance(log_filter, JobEventFilter) or levelno >= log_filter.job_level
+
+
 def _plain_value(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.3f}s"

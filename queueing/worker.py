@@ -119,6 +119,7 @@ from procrastinate.manager import get_channel_for_queues
 from queueing import current, giveup, sweeps, timeouts
 from queueing.connector import ReplanningCursor, ended_by_server, worker_connector
 from queueing.exceptions import JobTimedOut, PollLater
+from queueing.logs import takes_job_records
 from queueing.outage import RECONNECT_SECONDS, Failures, describe
 from queueing.planner import rows_walking_async
 from queueing.sql import array_literal, load
@@ -143,6 +144,10 @@ MAINTENANCE_SECONDS = 10.0
 _job_threads = threading.local()
 #: A job's outcome that ends it for good, owing its task's give-up hook.
 GIVE_UPS = (jobs.Status.FAILED, jobs.Status.ABORTED)
+#: procrastinate's records of a job's steps at INFO and below (loaded, started, its
+#: outcome acknowledged, an abort requested): their fields are built only for a handler
+#: that keeps them (``PgstageWorker._log_extra``).
+QUIET_JOB_ACTIONS = frozenset({"loaded_job_info", "start_job", "finish_task", "abort_job"})
 
 
 class WorkerStopped(procrastinate_exceptions.ProcrastinateException):
@@ -1021,6 +1026,22 @@ class PgstageWorker(procrastinate_worker.Worker):
             side_tasks.append(asyncio.create_task(self._listen(), name="listener"))
         return side_tasks
 
+    # -- a job's log records -----------------------------------------------------------
+
+    def _log_extra(
+        self, action: str, context: JobContext | None, job_result: JobResult | None, **kwargs: Any
+    ) -> dict[str, Any]:
+        # procrastinate builds a job step's fields (the job as a dict, its call string, the
+        # worker) whether or not a handler keeps the record; none does with job lines
+        # off (JOB_LOG_LEVEL=WARNING).
+        if (
+            context is not None
+            and action in QUIET_JOB_ACTIONS
+            and not takes_job_records(self.logger, logging.INFO)
+        ):
+            return {"action": action}
+        return super()._log_extra(action=action, context=context, job_result=job_result, **kwargs)
+
     # -- a job's outcome ---------------------------------------------------------------
 
     def _log_job_outcome(
@@ -1040,6 +1061,9 @@ class PgstageWorker(procrastinate_worker.Worker):
             job = context.job
             logger.info("job %s (%s) polls again: %s", job.id, job.task_name, exc_info)
             return
+        failed = status == jobs.Status.FAILED and not job_retry
+        if not takes_job_records(self.logger, logging.ERROR if failed else logging.INFO):
+            return  # no handler keeps it: procrastinate would build it for nothing
         super()._log_job_outcome(status, context, job_result, job_retry, exc_info)
 
     async def _persist_job_status(

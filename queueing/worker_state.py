@@ -62,6 +62,10 @@ class WorkerStateHandler(logging.Handler):
     """Records this worker process's id on ``start_worker`` and forgets it on
     ``stop_worker``; every other record is ignored."""
 
+    #: It ignores job records: the worker need not build them for it
+    #: (:func:`queueing.logs.takes_job_records`).
+    job_records = False
+
     def __init__(self, directory: str | None = None):
         super().__init__()
         self.directory = Path(directory) if directory else None

@@ -12,6 +12,7 @@ import logging
 import sys
 
 import pytest
+from procrastinate.contrib.django.models import ProcrastinateJob
 
 from queueing.enqueue import Policy, enqueue
 from queueing.keys import KeyFormat
@@ -22,8 +23,10 @@ from queueing.logs import (
     JsonFormatter,
     PlainFormatter,
     register_key_format,
+    takes_job_records,
     tenant_of,
 )
+from queueing.worker_state import WorkerStateHandler
 from tests.conftest import wait_for
 from tests.queueing import log_tasks  # noqa: F401  (registers the tasks for enqueue)
 
@@ -281,3 +284,113 @@ def test_the_routine_queue_is_the_sweeps_queue():
     from queueing.sweeps import SWEEP_QUEUE
 
     assert ROUTINE_QUEUE == SWEEP_QUEUE
+
+
+# -- whether the worker builds a job's records (takes_job_records) ---------------------
+
+
+@pytest.fixture
+def job_logger(request):
+    """A logger of its own, shaped as the project's procrastinate.worker logger: INFO, its
+    own handlers, not propagating. Outside logging's tree of named loggers (pytest hangs
+    its capturing handlers on those)."""
+    log = logging.Logger(f"tests.job_records.{request.node.name}", logging.INFO)
+    log.propagate = False
+    return log
+
+
+def jobs_handler(**filter_kwargs) -> logging.Handler:
+    handler = logging.NullHandler()
+    handler.addFilter(JobEventFilter(**filter_kwargs))
+    return handler
+
+
+def test_job_records_are_built_when_the_job_filter_keeps_their_level(job_logger):
+    job_logger.addHandler(WorkerStateHandler())
+    job_logger.addHandler(jobs_handler(job_level="INFO"))
+    assert takes_job_records(job_logger, logging.INFO)
+    assert not takes_job_records(job_logger, logging.DEBUG)  # the logger's own level
+
+
+def test_with_job_lines_at_warning_only_failures_are_built(job_logger):
+    job_logger.addHandler(WorkerStateHandler())
+    job_logger.addHandler(jobs_handler(job_level="WARNING"))
+    assert not takes_job_records(job_logger, logging.INFO)
+    assert takes_job_records(job_logger, logging.ERROR)
+
+
+def test_the_worker_state_handler_takes_no_job_records(job_logger):
+    job_logger.addHandler(WorkerStateHandler())
+    assert not takes_job_records(job_logger, logging.INFO)
+    assert not takes_job_records(job_logger, logging.ERROR)
+
+
+def test_a_handler_without_the_job_filter_gets_every_record_its_level_allows(job_logger):
+    plain = logging.NullHandler(level=logging.WARNING)
+    job_logger.addHandler(plain)
+    assert not takes_job_records(job_logger, logging.INFO)
+    plain.setLevel(logging.INFO)
+    assert takes_job_records(job_logger, logging.INFO)
+    plain.addFilter(lambda record: False)  # a filter it cannot reason about: kept
+    assert takes_job_records(job_logger, logging.INFO)
+
+
+def test_a_job_filter_on_the_logger_itself_counts(job_logger):
+    job_logger.addHandler(logging.NullHandler())
+    job_logger.addFilter(JobEventFilter(job_level="WARNING"))
+    assert not takes_job_records(job_logger, logging.INFO)
+
+
+def test_records_propagate_to_the_parents_handlers(job_logger):
+    child = logging.Logger(f"{job_logger.name}.worker-1")  # a named worker's logger
+    child.parent = job_logger
+    assert not takes_job_records(child, logging.INFO)
+    job_logger.addHandler(jobs_handler(job_level="INFO"))
+    assert takes_job_records(child, logging.INFO)
+    job_logger.removeHandler(job_logger.handlers[0])
+    child.propagate = False
+    job_logger.addHandler(jobs_handler(job_level="INFO"))
+    assert not takes_job_records(child, logging.INFO)
+
+
+def test_with_no_handler_anywhere_only_what_the_last_resort_prints(job_logger):
+    assert not takes_job_records(job_logger, logging.INFO)
+    assert takes_job_records(job_logger, logging.ERROR)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_with_job_lines_off_a_real_worker_logs_its_failures_with_every_field(
+    clean_queue, start_worker
+):
+    """JOB_LOG_LEVEL=WARNING: the worker builds no record of a job's start or success,
+    and a failure's line still names the job, its key, its tenant and its error."""
+    ok = enqueue("tests.logs.ok", args={"n": 1}, key="extract:acme:78", policy=Policy.EXCLUSIVE)
+    failing = enqueue("tests.logs.always_fails", key="extract:acme:79", policy=Policy.EXCLUSIVE)
+    worker = start_worker(
+        env={
+            "LOG_FORMAT": "json",
+            "JOB_LOG_LEVEL": "WARNING",
+            "PGSTAGE_TASK_MODULES": "tests.queueing.log_tasks",
+        }
+    )
+
+    def events() -> list[dict]:
+        lines = [line for line in worker.log().splitlines() if line.startswith("{")]
+        return [e for e in map(json.loads, lines) if "event" in e]
+
+    wait_for(
+        lambda: any(e["event"] == "failed" for e in events()),
+        timeout=60,
+        message="the failing job's last attempt",
+    )
+    wait_for(
+        lambda: ProcrastinateJob.objects.get(id=ok.job_id).status == "succeeded",
+        timeout=30,
+        message="the good job's success",
+    )
+    assert [(e["id"], e["event"]) for e in events()] == [(failing.job_id, "failed")]
+    failure = events()[0]
+    assert failure["key"] == "extract:acme:79"
+    assert failure["tenant"] == "acme"
+    assert failure["error"] == "ValueError: the input is broken"
