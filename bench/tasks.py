@@ -11,8 +11,9 @@ nothing but what the scenario needs of both sides:
 task wrapper on a job with no work, set against ``bench.noop`` on procrastinate's worker.
 
 ``bench.stage`` is pgstage's stage path with no work in it, as ``pipeline_stage_run`` runs
-a stage: the task wrapper of ``queueing.app.task``, the ledger claim committed on its own,
-then ``complete`` and the next hop's enqueue with an EXCLUSIVE key in one statement.
+a stage: the task wrapper of ``queueing.app.task`` (``claims_first``, as the pipeline's
+stage tasks), the ledger claim committed on its own, then ``complete`` and the next hop's
+enqueue with an EXCLUSIVE key in one statement.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def noop_task(**_: object) -> None:
     before any work (the stage job is this plus its claim and its completion)."""
 
 
-@task(name=STAGE)
+@task(name=STAGE, claims_first=True)
 def stage(unit: str) -> str:
     """Claim, no work, then complete, enqueue the next hop and save the job's success in
     one statement (``Ledger.complete(then=..., finish_job=True)``, as

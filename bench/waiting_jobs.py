@@ -97,6 +97,7 @@ def measure(url: str, sizes: list[int], repetitions: int) -> list[tuple[int, str
                     "task_names": [MINE],
                     "timeout_tasks": [],
                     "timeout_seconds": [],
+                    "unflushed": [],
                 }
                 statements = [
                     ("fetch", worker_queries["fetch_job"], fetch),

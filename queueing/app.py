@@ -14,7 +14,7 @@ from typing import Any
 from procrastinate.contrib.django import app as procrastinate_app
 from procrastinate.tasks import Task
 
-from queueing import giveup, timeouts
+from queueing import flush, giveup, timeouts
 from queueing.backoff import DEFAULT_RETRY
 
 __all__ = ["periodic", "retired_task", "task"]
@@ -28,6 +28,7 @@ def task(
     on_give_up: giveup.GiveUpHook | None = None,
     cancellable: bool | None = None,
     timeout: float | None = None,
+    claims_first: bool = False,
     **options: Any,
 ) -> Callable[[Callable[..., Any]], Task[..., Any, ...]]:
     """``@task(name="pipeline.extract")``: a procrastinate task with pgstage's defaults.
@@ -38,9 +39,13 @@ def task(
     has a hook) lets an operator cancel its waiting jobs; otherwise a cancel is refused,
     since nothing would do the job's work. ``timeout`` bounds one run, in seconds (default
     ``QUEUEING_JOB_TIMEOUT_SECONDS``; 0: no bound): past it the run counts as a failed
-    attempt (``queueing.timeouts``).
+    attempt (``queueing.timeouts``). ``claims_first=True`` says the task's first step is a
+    transaction that commits (a ledger claim) before it acts outside the database: its
+    job's fetch then commits without waiting for its own flush to disk, which the
+    claim's carries (``queueing.flush``).
     """
     timeouts.declare(name, timeout)
+    flush.declare(name, claims_first)
 
     def decorator(func: Callable[..., Any]) -> Task[..., Any, ...]:
         giveup.register(

@@ -116,7 +116,7 @@ from procrastinate.contrib.django.utils import connector_params
 from procrastinate.job_context import JobContext, JobResult
 from procrastinate.manager import get_channel_for_queues
 
-from queueing import current, giveup, sweeps, timeouts
+from queueing import current, flush, giveup, sweeps, timeouts
 from queueing.connector import ReplanningCursor, ended_by_server, worker_connector
 from queueing.exceptions import JobTimedOut, PollLater
 from queueing.logs import takes_job_records
@@ -271,21 +271,27 @@ class TaskNameJobManager(manager.JobManager):
         hook = self.before_fetch.get(worker_id)
         if hook is not None:
             await hook()
-        # The arrays go as array literals (cached): dumping them element by element on
-        # every fetch was a third of the fetch's client time.
-        timeout_tasks, timeout_seconds = timeouts.for_tasks(self._tasks())
         # One short statement: the function (pgstage_fetch_job_v1) runs under the index
         # walk's planner settings and keeps its generic plan per server session
         # (queueing.planner).
         row = await self.connector.execute_query_one_async(
-            queries["fetch_job"],
-            queues=array_literal(tuple(queues)) if queues is not None else None,
-            worker_id=worker_id,
-            task_names=array_literal(tuple(self.task_names())),
-            timeout_tasks=array_literal(tuple(timeout_tasks)),
-            timeout_seconds=array_literal(tuple(timeout_seconds)),
+            queries["fetch_job"], **self.fetch_params(queues, worker_id)
         )
         return None if row["id"] is None else jobs.Job.from_row(row)
+
+    def fetch_params(self, queues: Iterable[str] | None, worker_id: int) -> dict[str, Any]:
+        """The fetch statement's parameters (``fetch_job`` in ``sql/worker.sql``). The
+        arrays go as array literals (cached): dumping them element by element on every
+        fetch was a third of the fetch's client time."""
+        timeout_tasks, timeout_seconds = timeouts.for_tasks(self._tasks())
+        return {
+            "queues": array_literal(tuple(queues)) if queues is not None else None,
+            "worker_id": worker_id,
+            "task_names": array_literal(tuple(self.task_names())),
+            "timeout_tasks": array_literal(tuple(timeout_tasks)),
+            "timeout_seconds": array_literal(tuple(timeout_seconds)),
+            "unflushed": array_literal(flush.for_tasks(self._tasks())),
+        }
 
     async def register_worker(self, queues: Iterable[str] | None = None) -> int:
         """Register, with this app's task names, the worker's ``queues`` (None: all) and

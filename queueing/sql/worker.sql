@@ -41,8 +41,18 @@
 -- (migration 0012). worker_id: whose run the row is. owned_run_deadline: the run_deadline
 -- written with them (a fetch of the previous release rewrites run_deadline alone: the row
 -- is then judged as that release judged it, migration 0013).
+--
+-- A job of a task declared claims_first (%(unflushed)s, queueing.flush) commits its start
+-- without waiting for the flush to disk: synchronous_commit off for this statement's own
+-- commit only (set_config's local scope ends with it); the claim that is the task's
+-- first step commits after it, and its flush carries the fetch's. Any other job, or none,
+-- leaves the setting as it is.
 SELECT id, status, task_name, priority, lock, queueing_lock, args, scheduled_at, queue_name,
-       attempts, worker_id
+       attempts, worker_id,
+       set_config('synchronous_commit',
+                  CASE WHEN task_name = ANY(%(unflushed)s::varchar[]) THEN 'off'
+                       ELSE current_setting('synchronous_commit') END,
+                  true) AS synchronous_commit
   FROM pgstage_fetch_job_v1(%(queues)s::varchar[], %(worker_id)s::bigint,
                             %(task_names)s::varchar[],
                             %(timeout_tasks)s::varchar[], %(timeout_seconds)s::float8[]);

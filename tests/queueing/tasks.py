@@ -108,7 +108,7 @@ def two_phase(label: str, first: str, second: str) -> None:
 STEPS = Ledger(model=Step, key_fields=("unit", "stage"), lease_seconds=600)
 
 
-@task(name="tests.stage")
+@task(name="tests.stage", claims_first=True)
 def stage(unit: str, hold: str) -> None:
     """A stage in the ledger (lease 600 s): its first run to claim holds it until the file
     ``hold`` exists; later runs compute at once. Busy polls (``PollLater``)."""

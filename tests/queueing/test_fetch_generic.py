@@ -64,6 +64,7 @@ def _cached_fetch_rows_read(conn: psycopg.AsyncConnection, worker_id: int) -> in
             "task_names": array_literal(("tests.record",)),
             "timeout_tasks": array_literal(()),
             "timeout_seconds": array_literal(()),
+            "unflushed": array_literal(()),
         }
         async with conn.transaction(force_rollback=True):
             before = await (await conn.execute(SESSION_ROWS_READ)).fetchone()
@@ -134,6 +135,7 @@ def test_the_locked_pick_reads_only_its_job_under_vacuumed_quiet_statistics(clea
         "task_names": ["tests.record"],
         "timeout_tasks": [],
         "timeout_seconds": [],
+        "unflushed": [],
     }
     generic = rows_read(fetch_statement(), fetch, settings=FETCH_SETTINGS, generic=True)
     custom = rows_read(fetch_statement(), fetch, settings=FETCH_SETTINGS)
