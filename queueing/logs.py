@@ -206,11 +206,18 @@ class JobEventFilter(logging.Filter):
         self._routine_since = time.monotonic()
         self._lock = threading.Lock()
 
+    def keeps(self, action: str, levelno: int) -> bool:
+        """Whether a record of ``action`` at ``levelno`` can pass (a routine job's line
+        passes only as a summary, at ``job_level`` too)."""
+        if action in JOB_ACTIONS:
+            return levelno >= self.job_level
+        return action in WORKER_ACTIONS or levelno >= self.level
+
     def filter(self, record: logging.LogRecord) -> bool:
         action = getattr(record, "action", "")
         event = JOB_ACTIONS.get(action)
         if event is None:
-            return action in WORKER_ACTIONS or record.levelno >= self.level
+            return self.keeps(action, record.levelno)
         if self._is_routine(record):
             return self._summarise(record, event)
         if record.levelno < self.job_level:
@@ -246,20 +253,20 @@ class JobEventFilter(logging.Filter):
         return record.levelno >= self.job_level
 
 
-def takes_job_records(logger: logging.Logger, levelno: int) -> bool:
-    """Whether a record of a job's steps (procrastinate's worker records of its start, its
-    end and what lies between) at ``levelno`` on ``logger`` reaches a handler that keeps
-    it. The worker builds such a record's fields (the job as a dict, its call string: a
-    tenth of its CPU per job on a job that does nothing) only then.
+def takes_job_records(logger: logging.Logger, levelno: int, action: str) -> bool:
+    """Whether procrastinate's worker record of a job's step ``action`` at ``levelno``,
+    logged on ``logger``, reaches a handler that keeps it. The worker builds such a
+    record's fields (the job as a dict, the worker's) only then.
 
     A handler keeps one unless its level is over ``levelno``, a :class:`JobEventFilter`
-    of its (or of the logger's) drops job events at that level, or it declares that it
-    takes none (``job_records = False``, as
+    of its (or of the logger's) drops it (:meth:`JobEventFilter.keeps`), or it declares
+    that it takes none (``job_records = False``, as
     :class:`~queueing.worker_state.WorkerStateHandler`). A filter it does not know counts
-    as keeping them, so a project's own handler gets every record."""
+    as keeping them, so a project's own handler gets every record. What is no handler
+    (a hook on ``Logger.callHandlers``, as Sentry's logging integration) is not asked."""
     if not logger.isEnabledFor(levelno):
         return False
-    if not all(_keeps_jobs(f, levelno) for f in logger.filters):
+    if not all(_keeps(f, action, levelno) for f in logger.filters):
         return False
     handlers = 0
     current: logging.Logger | None = logger
@@ -268,7 +275,7 @@ def takes_job_records(logger: logging.Logger, levelno: int) -> bool:
             handlers += 1
             if levelno < handler.level or not getattr(handler, "job_records", True):
                 continue
-            if all(_keeps_jobs(f, levelno) for f in handler.filters):
+            if all(_keeps(f, action, levelno) for f in handler.filters):
                 return True
         if not current.propagate:
             break
@@ -277,8 +284,8 @@ def takes_job_records(logger: logging.Logger, levelno: int) -> bool:
     return handlers == 0 and last_resort is not None and levelno >= last_resort.level
 
 
-def _keeps_jobs(log_filter: Any, levelno: int) -> bool:
-    return not isinstance(log_filter, JobEventFilter) or levelno >= log_filter.job_level
+def _keeps(log_filter: Any, action: str, levelno: int) -> bool:
+    return not isinstance(log_filter, JobEventFilter) or log_filter.keeps(action, levelno)
 
 
 def _plain_value(value: object) -> str:

@@ -144,10 +144,17 @@ MAINTENANCE_SECONDS = 10.0
 _job_threads = threading.local()
 #: A job's outcome that ends it for good, owing its task's give-up hook.
 GIVE_UPS = (jobs.Status.FAILED, jobs.Status.ABORTED)
-#: procrastinate's records of a job's steps at INFO and below (loaded, started, its
-#: outcome acknowledged, an abort requested): their fields are built only for a handler
-#: that keeps them (``PgstageWorker._log_extra``).
-QUIET_JOB_ACTIONS = frozenset({"loaded_job_info", "start_job", "finish_task", "abort_job"})
+#: procrastinate's records of a job's steps below WARNING, by the level it logs each at
+#: (loaded, started, an abort requested): their fields are built only for a handler that
+#: keeps them (``PgstageWorker._log_extra``). pgstage's worker saves outcomes itself and
+#: never logs procrastinate's ``finish_task``.
+#: A job action the filters judge as every outcome (success, retry, failure, abort).
+_OUTCOME_ACTION = "job_success"
+QUIET_JOB_ACTIONS = {
+    "loaded_job_info": logging.DEBUG,
+    "start_job": logging.INFO,
+    "abort_job": logging.DEBUG,
+}
 
 
 class WorkerStopped(procrastinate_exceptions.ProcrastinateException):
@@ -1037,13 +1044,14 @@ class PgstageWorker(procrastinate_worker.Worker):
     def _log_extra(
         self, action: str, context: JobContext | None, job_result: JobResult | None, **kwargs: Any
     ) -> dict[str, Any]:
-        # procrastinate builds a job step's fields (the job as a dict, its call string, the
-        # worker) whether or not a handler keeps the record; none does with job lines
-        # off (JOB_LOG_LEVEL=WARNING).
+        # procrastinate builds a job step's fields (the job as a dict, the worker) whether
+        # or not a handler keeps the record; none does with job lines off
+        # (JOB_LOG_LEVEL=WARNING). The record itself still goes out, with its action.
+        level = QUIET_JOB_ACTIONS.get(action)
         if (
             context is not None
-            and action in QUIET_JOB_ACTIONS
-            and not takes_job_records(self.logger, logging.INFO)
+            and level is not None
+            and not takes_job_records(self.logger, level, action)
         ):
             return {"action": action}
         return super()._log_extra(action=action, context=context, job_result=job_result, **kwargs)
@@ -1067,8 +1075,10 @@ class PgstageWorker(procrastinate_worker.Worker):
             job = context.job
             logger.info("job %s (%s) polls again: %s", job.id, job.task_name, exc_info)
             return
+        # procrastinate logs the outcome on its module's logger (not a named worker's).
         failed = status == jobs.Status.FAILED and not job_retry
-        if not takes_job_records(self.logger, logging.ERROR if failed else logging.INFO):
+        level = logging.ERROR if failed else logging.INFO
+        if not takes_job_records(procrastinate_worker.logger, level, _OUTCOME_ACTION):
             return  # no handler keeps it: procrastinate would build it for nothing
         super()._log_job_outcome(status, context, job_result, job_retry, exc_info)
 

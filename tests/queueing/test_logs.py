@@ -154,6 +154,12 @@ def test_tenant_comes_from_arguments_then_from_a_registered_key_format():
         register_key_format(KeyFormat(prefix="analysis", parts=("job",)))
 
 
+def job_events(worker) -> list[dict]:
+    """The job lines (JSON) a real worker has logged so far."""
+    lines = [line for line in worker.log().splitlines() if line.startswith("{")]
+    return [e for e in map(json.loads, lines) if "event" in e]
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_real_worker_logs_json_lines_per_job(clean_queue, start_worker):
@@ -164,8 +170,7 @@ def test_a_real_worker_logs_json_lines_per_job(clean_queue, start_worker):
     )
 
     def events() -> list[dict]:
-        lines = [line for line in worker.log().splitlines() if line.startswith("{")]
-        return [e for e in map(json.loads, lines) if "event" in e]
+        return job_events(worker)
 
     wait_for(
         lambda: any(e["event"] == "failed" for e in events()),
@@ -308,54 +313,54 @@ def jobs_handler(**filter_kwargs) -> logging.Handler:
 def test_job_records_are_built_when_the_job_filter_keeps_their_level(job_logger):
     job_logger.addHandler(WorkerStateHandler())
     job_logger.addHandler(jobs_handler(job_level="INFO"))
-    assert takes_job_records(job_logger, logging.INFO)
-    assert not takes_job_records(job_logger, logging.DEBUG)  # the logger's own level
+    assert takes_job_records(job_logger, logging.INFO, "start_job")
+    assert not takes_job_records(job_logger, logging.DEBUG, "start_job")  # the logger's own level
 
 
 def test_with_job_lines_at_warning_only_failures_are_built(job_logger):
     job_logger.addHandler(WorkerStateHandler())
     job_logger.addHandler(jobs_handler(job_level="WARNING"))
-    assert not takes_job_records(job_logger, logging.INFO)
-    assert takes_job_records(job_logger, logging.ERROR)
+    assert not takes_job_records(job_logger, logging.INFO, "start_job")
+    assert takes_job_records(job_logger, logging.ERROR, "job_error")
 
 
 def test_the_worker_state_handler_takes_no_job_records(job_logger):
     job_logger.addHandler(WorkerStateHandler())
-    assert not takes_job_records(job_logger, logging.INFO)
-    assert not takes_job_records(job_logger, logging.ERROR)
+    assert not takes_job_records(job_logger, logging.INFO, "start_job")
+    assert not takes_job_records(job_logger, logging.ERROR, "job_error")
 
 
 def test_a_handler_without_the_job_filter_gets_every_record_its_level_allows(job_logger):
     plain = logging.NullHandler(level=logging.WARNING)
     job_logger.addHandler(plain)
-    assert not takes_job_records(job_logger, logging.INFO)
+    assert not takes_job_records(job_logger, logging.INFO, "start_job")
     plain.setLevel(logging.INFO)
-    assert takes_job_records(job_logger, logging.INFO)
+    assert takes_job_records(job_logger, logging.INFO, "start_job")
     plain.addFilter(lambda record: False)  # a filter it cannot reason about: kept
-    assert takes_job_records(job_logger, logging.INFO)
+    assert takes_job_records(job_logger, logging.INFO, "start_job")
 
 
 def test_a_job_filter_on_the_logger_itself_counts(job_logger):
     job_logger.addHandler(logging.NullHandler())
     job_logger.addFilter(JobEventFilter(job_level="WARNING"))
-    assert not takes_job_records(job_logger, logging.INFO)
+    assert not takes_job_records(job_logger, logging.INFO, "start_job")
 
 
 def test_records_propagate_to_the_parents_handlers(job_logger):
     child = logging.Logger(f"{job_logger.name}.worker-1")  # a named worker's logger
     child.parent = job_logger
-    assert not takes_job_records(child, logging.INFO)
+    assert not takes_job_records(child, logging.INFO, "start_job")
     job_logger.addHandler(jobs_handler(job_level="INFO"))
-    assert takes_job_records(child, logging.INFO)
+    assert takes_job_records(child, logging.INFO, "start_job")
     job_logger.removeHandler(job_logger.handlers[0])
     child.propagate = False
     job_logger.addHandler(jobs_handler(job_level="INFO"))
-    assert not takes_job_records(child, logging.INFO)
+    assert not takes_job_records(child, logging.INFO, "start_job")
 
 
 def test_with_no_handler_anywhere_only_what_the_last_resort_prints(job_logger):
-    assert not takes_job_records(job_logger, logging.INFO)
-    assert takes_job_records(job_logger, logging.ERROR)
+    assert not takes_job_records(job_logger, logging.INFO, "start_job")
+    assert takes_job_records(job_logger, logging.ERROR, "job_error")
 
 
 @pytest.mark.slow
@@ -376,8 +381,7 @@ def test_with_job_lines_off_a_real_worker_logs_its_failures_with_every_field(
     )
 
     def events() -> list[dict]:
-        lines = [line for line in worker.log().splitlines() if line.startswith("{")]
-        return [e for e in map(json.loads, lines) if "event" in e]
+        return job_events(worker)
 
     wait_for(
         lambda: any(e["event"] == "failed" for e in events()),
@@ -394,3 +398,99 @@ def test_with_job_lines_off_a_real_worker_logs_its_failures_with_every_field(
     assert failure["key"] == "extract:acme:79"
     assert failure["tenant"] == "acme"
     assert failure["error"] == "ValueError: the input is broken"
+
+
+def test_procrastinates_debug_job_steps_follow_the_filters_level_not_the_job_level(job_logger):
+    job_logger.setLevel(logging.DEBUG)
+    job_logger.addHandler(jobs_handler(level="DEBUG", job_level="WARNING"))
+    assert takes_job_records(job_logger, logging.DEBUG, "loaded_job_info")
+    assert not takes_job_records(job_logger, logging.INFO, "start_job")
+
+
+# -- the worker's side: fields built only for a handler that keeps them ----------------
+
+
+@pytest.fixture
+def quiet_worker(job_logger, monkeypatch):
+    """A named PgstageWorker's logging methods: its job steps on a child of
+    ``job_logger``, its outcomes on ``job_logger`` (procrastinate's module logger, where
+    procrastinate logs them), with a count of the jobs turned into dicts."""
+    from procrastinate import jobs
+    from procrastinate import worker as procrastinate_worker
+
+    from queueing.worker import PgstageWorker
+
+    built = []
+    log_context = jobs.Job.log_context
+    monkeypatch.setattr(
+        jobs.Job, "log_context", lambda job: built.append(job.id) or log_context(job)
+    )
+    monkeypatch.setattr(procrastinate_worker, "logger", job_logger)
+    worker = object.__new__(PgstageWorker)  # its logging needs none of its start-up
+    # A named worker logs its job steps on a child of procrastinate's logger.
+    worker.logger = logging.Logger(f"{job_logger.name}.w1")
+    worker.logger.parent = job_logger
+    worker.worker_name, worker.worker_id, worker.queues = "w1", 3, None
+    worker._errors = {}
+    return worker, built
+
+
+def job_context(job_id: int = 42):
+    from procrastinate import job_context as procrastinate_job_context
+    from procrastinate import jobs
+
+    job = jobs.Job(
+        id=job_id,
+        queue="default",
+        lock=None,
+        queueing_lock="exclusive/extract:acme:42",
+        task_name="pipeline.extract",
+        task_kwargs={"anfrage_id": job_id},
+        attempts=0,
+    )
+    return procrastinate_job_context.JobContext(
+        app=None, job=job, abort_reason=lambda: None, start_timestamp=1000.0
+    )
+
+
+@pytest.mark.parametrize(("job_level", "builds"), [("WARNING", False), ("INFO", True)])
+def test_the_worker_builds_a_jobs_start_and_success_only_for_a_handler_that_keeps_them(
+    quiet_worker, job_logger, job_level, builds
+):
+    from procrastinate import jobs
+
+    worker, built = quiet_worker
+    job_logger.addHandler(WorkerStateHandler())
+    job_logger.addHandler(jobs_handler(job_level=job_level))
+    context = job_context()
+    extra = worker._log_extra(action="start_job", context=context, job_result=None)
+    worker._log_job_outcome(jobs.Status.SUCCEEDED, context, None, None)
+    assert ("job" in extra) is builds
+    assert built == ([42, 42] if builds else [])
+
+
+def test_with_job_lines_off_a_failure_is_built_and_its_error_kept_for_the_give_up(
+    quiet_worker, job_logger
+):
+    from procrastinate import jobs
+
+    worker, built = quiet_worker
+    job_logger.addHandler(jobs_handler(job_level="WARNING"))
+    error = ValueError("the input is broken")
+    worker._log_job_outcome(jobs.Status.FAILED, job_context(), None, None, exc_info=error)
+    assert built == [42]
+    assert worker._errors == {42: error}
+
+
+def test_a_named_workers_outcome_is_judged_on_the_logger_procrastinate_logs_it_on(
+    quiet_worker, job_logger
+):
+    """procrastinate logs a job's outcome on its module's logger, not the named worker's
+    child: a child quieter than its parent silences the steps, never the outcome."""
+    from procrastinate import jobs
+
+    worker, built = quiet_worker
+    worker.logger.setLevel(logging.WARNING)
+    job_logger.addHandler(jobs_handler(job_level="INFO"))
+    worker._log_job_outcome(jobs.Status.SUCCEEDED, job_context(), None, None)
+    assert built == [42]
