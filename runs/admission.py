@@ -21,6 +21,7 @@ from accounts.models import User
 from queueing import locks
 from queueing.enqueue import Enqueued, Policy, enqueue
 from queueing.serial import Refused, StartJob
+from runs import credits
 from runs import judge as judging
 from runs.core import get_core, held_run_give_back, queries
 from runs.credits import ANALYSIS_PRICE, credit_refund
@@ -150,6 +151,7 @@ def analysis_job_admit(
         "user_id": user.pk,
         "price": ANALYSIS_PRICE,
         "open_limit": int(settings.MAX_QUEUED_ANALYSES_PER_USER),
+        "fold_after": credits.FOLD_AFTER,
     }
     start_job = StartJob(
         task=PROCESS_JOB_TASK,
@@ -168,7 +170,7 @@ def analysis_job_admit(
             before=f"{queries['admit_checks']}, {queries['admit_local_hold']}",
             guard=queries["admit_held_created"],
             computed={"core_run": queries["admit_held_run"]},
-            then=queries["admit_charge"],
+            then=f"{queries['admit_charge']}, {queries['admit_fold']}",
             report=queries["admit_report"],
             start_job=start_job,
             params=params,
@@ -183,7 +185,7 @@ def analysis_job_admit(
                 values={**values, "core_run": core_run_id},
                 before=queries["admit_checks"],
                 guard=queries["admit_guard"],
-                then=queries["admit_charge"],
+                then=f"{queries['admit_charge']}, {queries['admit_fold']}",
                 report=queries["admit_report"],
                 start_job=start_job,
                 params={**params, "core_run_id": core_run_id},

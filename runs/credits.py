@@ -33,6 +33,13 @@ MAX_CREDITS = 2**63 - 1
 NOTE_MAX = CreditEntry._meta.get_field("note").max_length
 
 
+#: An admission folds the user's ledger entries into their balance mark once this many
+#: have settled since the last one (``runs.models.CreditBalanceMark``): the balance check
+#: reads the mark and at most about this many entries (more while a long transaction
+#: holds the horizon back).
+FOLD_AFTER = 100
+
+
 def credit_grant(*, user_id: int, amount: int, note: str = "") -> int:
     """Add ``amount`` credits (a new ledger entry each call: grants are not idempotent)
     and return the new balance. Refused (:class:`InvalidAmount`, nothing written) unless

@@ -6,6 +6,8 @@ Models hold fields, constraints and tiny properties; every transition lives in
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 from django.db.models import Q
 
@@ -289,7 +291,8 @@ class CreditKind(models.TextChoices):
 
 
 class CreditEntry(models.Model):
-    """A signed credit movement; a user's balance is the sum of their entries.
+    """A signed credit movement; a user's balance is the sum of their entries (read as
+    their :class:`CreditBalanceMark` plus the entries since).
 
     Charges and refunds name their job and are unique per (job, kind), so each happens at
     most once; grants name no job (NULLs never conflict), so there may be many.
@@ -325,6 +328,45 @@ class CreditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.amount:+d} for {self.user_id}"
+
+
+class Xid8Field(models.Field):
+    """A PostgreSQL ``xid8``: a 64-bit transaction id, as ``pg_current_xact_id()`` gives
+    it. Only SQL reads and writes it (``runs/sql/runs.sql``)."""
+
+    description = "a 64-bit PostgreSQL transaction id"
+
+    def db_type(self, connection: Any) -> str:
+        return "xid8"
+
+
+class CreditBalanceMark(models.Model):
+    """A user's balance up to a point of the ledger, so that the admission's balance check
+    reads one row and the entries since, not the whole history: ``balance`` is the sum of
+    every entry whose transaction id (``credit_ledger.created_xid``, the inserting
+    transaction's, a column only SQL knows) is below ``horizon``. A horizon is the
+    snapshot xmin of the statement that folded the entries, so every transaction below it
+    had ended, and each entry it leaves out (an uncommitted one included) has an id at or
+    above it: the balance is ``balance`` plus the sum of the user's entries from
+    ``horizon`` on, whoever reads it. ``cluster`` is the server's system identifier: a mark
+    restored into another cluster (whose transaction ids are not this one's) is ignored
+    and folded again. Written only by an admission, under the user's queue lock
+    (``runs/sql/runs.sql``, ``admit_fold``); derived from the ledger, never edited."""
+
+    user = models.OneToOneField(
+        User, on_delete=models.CASCADE, primary_key=True, related_name="credit_balance_mark"
+    )
+    balance = models.BigIntegerField()
+    horizon = Xid8Field()
+    cluster = models.BigIntegerField()
+    entries = models.BigIntegerField(help_text="how many ledger entries the balance folds")
+    folded_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "credit_balance_marks"
+
+    def __str__(self) -> str:
+        return f"{self.balance} for {self.user_id} below {self.horizon}"
 
 
 class AuditAction(models.TextChoices):

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -54,9 +55,11 @@ class QueueRow:
 
 
 def credit_balance(*, user_id: int) -> int:
-    """The user's balance: the sum of their signed ledger entries."""
-    total = CreditEntry.objects.filter(user_id=user_id).aggregate(total=Sum("amount"))["total"]
-    return int(total or 0)
+    """The user's balance: the sum of their signed ledger entries, read as the admission
+    reads it (their balance mark plus the entries since, ``runs.models.CreditBalanceMark``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries["credit_balance"], {"user_id": user_id})
+        return int(cursor.fetchone()[0])
 
 
 def analysis_job_for_user(*, user: User, job_id: int) -> AnalysisJob:

@@ -45,6 +45,20 @@ ALWAYS = {
          GROUP BY 1 HAVING count(*) > 1""",
     "5c. no balance is negative": """
         SELECT user_id, sum(amount) FROM credit_ledger GROUP BY 1 HAVING sum(amount) < 0""",
+    "5d. a balance read as the admission reads it (mark + entries since) is the ledger's sum": """
+        SELECT l.user_id, l.total, b.read FROM (
+               SELECT user_id, sum(amount) AS total FROM credit_ledger GROUP BY 1) l
+         CROSS JOIN LATERAL (
+               SELECT coalesce(m.balance, 0)
+                      + coalesce((SELECT sum(c.amount) FROM credit_ledger c
+                                   WHERE c.user_id = l.user_id
+                                     AND c.created_xid >= coalesce(m.horizon, '0'::xid8)), 0)
+                      AS read
+                 FROM (SELECT 1) one
+                 LEFT JOIN credit_balance_marks m
+                   ON m.user_id = l.user_id
+                  AND m.cluster = (SELECT system_identifier FROM pg_control_system())) b
+         WHERE l.total <> b.read""",
     "6a. at most one run per run id (one row per job's run)": """
         SELECT job_id, count(*) FROM analysis_runs WHERE job_id IS NOT NULL
          GROUP BY 1 HAVING count(*) > 1""",

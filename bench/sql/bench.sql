@@ -162,6 +162,8 @@ DELETE FROM run_judgements
 DELETE FROM job_citations
  WHERE job_id IN (SELECT id FROM analysis_jobs WHERE tenant_id = %(tenant)s);
 DELETE FROM analysis_runs WHERE tenant_id = %(tenant)s;
+DELETE FROM credit_balance_marks
+ WHERE user_id IN (SELECT id FROM users WHERE tenant_id = %(tenant)s);
 DELETE FROM credit_ledger
  WHERE user_id IN (SELECT id FROM users WHERE tenant_id = %(tenant)s);
 DELETE FROM analysis_jobs WHERE tenant_id = %(tenant)s;
@@ -250,9 +252,3 @@ SELECT count(*)
    AND application_name LIKE %(prefix)s
    AND state = 'active'
    AND now() - query_start > interval '0.5 seconds';
-
--- ledger_sum_plan --
--- The admission's balance sum (runs.sql, admit_checks) for user %(user)s, run and timed
--- on the server: its Execution Time line is the sum's own server time.
-EXPLAIN (ANALYZE, TIMING off, SUMMARY on)
-SELECT coalesce(sum(c.amount), 0) FROM credit_ledger c WHERE c.user_id = %(user)s;

@@ -14,23 +14,11 @@ hook to one that has it (``queueing.giveup``)."""
 
 from __future__ import annotations
 
-from django.apps.registry import Apps
 from django.db import migrations
-from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+
+from queueing.indexes import drop_invalid_index
 
 INDEX = "pgstage_jobs_todo_by_task_idx"
-
-
-def drop_invalid_index(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
-    with schema_editor.connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT NOT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-            "WHERE c.relname = %s AND c.relnamespace = current_schema()::regnamespace",
-            [INDEX],
-        )
-        row = cursor.fetchone()
-        if row is not None and row[0]:
-            cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {INDEX}")
 
 
 class Migration(migrations.Migration):
@@ -38,7 +26,7 @@ class Migration(migrations.Migration):
     dependencies = [("queueing", "0009_job_deadlines")]
 
     operations = [
-        migrations.RunPython(drop_invalid_index, migrations.RunPython.noop),
+        drop_invalid_index(INDEX),
         migrations.RunSQL(
             sql=(
                 "CREATE INDEX CONCURRENTLY IF NOT EXISTS pgstage_jobs_todo_by_task_idx"

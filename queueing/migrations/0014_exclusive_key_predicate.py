@@ -17,7 +17,8 @@ from __future__ import annotations
 from django.apps.registry import Apps
 from django.db import migrations
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
-from django.db.backends.utils import CursorWrapper
+
+from queueing.indexes import is_invalid
 
 INDEX = "pgstage_jobs_exclusive_key"
 CREATE = (
@@ -26,20 +27,10 @@ CREATE = (
 )
 
 
-def _invalid(cursor: CursorWrapper, name: str) -> bool:
-    cursor.execute(
-        "SELECT NOT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-        "WHERE c.relname = %s AND c.relnamespace = current_schema()::regnamespace",
-        [name],
-    )
-    row = cursor.fetchone()
-    return row is not None and row[0]
-
-
 def _rebuild(schema_editor: BaseDatabaseSchemaEditor, *, pattern: str) -> None:
     new = f"{INDEX}_new"
     with schema_editor.connection.cursor() as cursor:
-        if _invalid(cursor, new):
+        if is_invalid(cursor, new):
             cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {new}")
         # Sent without parameters: a % is a %.
         cursor.execute(CREATE.format(name=new, pattern=pattern))

@@ -117,9 +117,28 @@ UPDATE core_runs
 -- user has fewer than %(open_limit)s analyses queued, pending or running (0: no bound; one
 -- indexed probe of the limit-th, however long the queue), and the user is still active
 -- (a deactivation committed while this admission waited for the lock refuses it).
-checks AS (
-    SELECT (SELECT coalesce(sum(c.amount), 0) FROM credit_ledger c
-             WHERE c.user_id = %(user_id)s) >= %(price)s AS funded,
+-- The balance is the user's mark (credit_balance_marks, when it was folded on this
+-- cluster) plus the entries from its horizon on (balance_tail: one index range, however
+-- long the history); balance_tail also sums the entries this statement may fold into a
+-- new mark (admit_fold): those of transactions below its own snapshot's xmin, all ended.
+balance_mark AS (
+    SELECT m.balance, m.horizon, m.entries
+      FROM credit_balance_marks m
+     WHERE m.user_id = %(user_id)s
+       AND m.cluster = (SELECT system_identifier FROM pg_control_system())
+), balance_tail AS (
+    SELECT coalesce(sum(c.amount), 0) AS amount,
+           coalesce(sum(c.amount) FILTER (WHERE c.created_xid < x.horizon), 0) AS settled_amount,
+           count(c.amount) FILTER (WHERE c.created_xid < x.horizon) AS settled,
+           x.horizon
+      FROM (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS horizon) x
+      LEFT JOIN credit_ledger c
+        ON c.user_id = %(user_id)s
+       AND c.created_xid >= coalesce((SELECT m.horizon FROM balance_mark m), '0'::xid8)
+     GROUP BY x.horizon
+), checks AS (
+    SELECT coalesce((SELECT m.balance FROM balance_mark m), 0)
+               + (SELECT t.amount FROM balance_tail t) >= %(price)s AS funded,
            (%(open_limit)s <= 0
             OR NOT EXISTS (SELECT 1 FROM analysis_jobs o
                             WHERE o.user_id = %(user_id)s
@@ -187,6 +206,30 @@ charged AS (
     SELECT %(user_id)s, a.id, 'charge', 0 - %(price)s, 'analysis job ' || a.id, now()
       FROM admitted a
     RETURNING id
+)
+
+-- admit_fold --
+-- After an admission (never a refused one), fold the user's settled tail into their mark
+-- once it holds %(fold_after)s entries or more: the new mark's horizon is this
+-- statement's snapshot xmin, and its balance the old mark's plus every tail entry below
+-- it (balance_tail). Only admissions write marks, each under the user's lock; the
+-- compare-and-set on the horizon read (or on a mark of another cluster, which is
+-- replaced) keeps a mark from ever moving back. The charge above is this transaction's,
+-- at or above the new horizon: it stays in the tail.
+balance_fold AS (
+    INSERT INTO credit_balance_marks AS m (user_id, balance, horizon, cluster, entries, folded_at)
+    SELECT %(user_id)s, coalesce((SELECT b.balance FROM balance_mark b), 0) + t.settled_amount,
+           t.horizon, (SELECT system_identifier FROM pg_control_system()),
+           coalesce((SELECT b.entries FROM balance_mark b), 0) + t.settled, now()
+      FROM balance_tail t
+     WHERE t.settled >= %(fold_after)s
+       AND EXISTS (SELECT 1 FROM admitted)
+    ON CONFLICT (user_id) DO UPDATE
+       SET balance = excluded.balance, horizon = excluded.horizon, cluster = excluded.cluster,
+           entries = excluded.entries, folded_at = excluded.folded_at
+     WHERE m.cluster IS DISTINCT FROM excluded.cluster
+        OR m.horizon = (SELECT b.horizon FROM balance_mark b)
+    RETURNING 1
 )
 
 -- record_run --
@@ -432,3 +475,19 @@ SELECT j.id
            AND (r.job_id >= j.id OR r.job_id IS NULL))
  ORDER BY j.finished_at
  LIMIT %(limit)s;
+
+-- credit_balance --
+-- User %(user_id)s's balance, read as the admission reads it (admit_checks): their mark
+-- (when it was folded on this cluster) plus the entries from its horizon on, both in one
+-- snapshot.
+WITH balance_mark AS (
+    SELECT m.balance, m.horizon
+      FROM credit_balance_marks m
+     WHERE m.user_id = %(user_id)s
+       AND m.cluster = (SELECT system_identifier FROM pg_control_system())
+)
+SELECT coalesce((SELECT m.balance FROM balance_mark m), 0)
+       + coalesce((SELECT sum(c.amount) FROM credit_ledger c
+                    WHERE c.user_id = %(user_id)s
+                      AND c.created_xid >= coalesce((SELECT m.horizon FROM balance_mark m),
+                                                    '0'::xid8)), 0);

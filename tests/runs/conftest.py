@@ -8,10 +8,19 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from runs import admission, durability, processing
+from runs import admission, credits, durability, processing
 from runs.models import AnalysisJob, JobStatus
 from tests.factories import auth_header
 from tests.runs.factories import SOURCES, funded_user
+
+
+@pytest.fixture(autouse=True)
+def _fold_every_settled_entry(monkeypatch) -> None:
+    """Each admission folds the user's settled ledger entries into their balance mark
+    (``runs.credits.FOLD_AFTER`` 1, not 100): every test of an admission crosses the fold,
+    and invariant 5d checks the balance it leaves."""
+    monkeypatch.setattr(credits, "FOLD_AFTER", 1)
+
 
 COUNTED_TABLES = (
     "analysis_jobs",

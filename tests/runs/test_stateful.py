@@ -49,7 +49,8 @@ from tests.runs.factories import DOC_HTML, SOURCES, funded_user
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 TABLES = (
-    "run_judgements, analysis_runs, job_citations, credit_ledger, analysis_jobs, core_runs, "
+    "run_judgements, analysis_runs, job_citations, credit_balance_marks, credit_ledger, "
+    "analysis_jobs, core_runs, "
     "core_daily_usage, pgstage_job_stalls, procrastinate_events, procrastinate_periodic_defers, "
     "procrastinate_jobs, procrastinate_workers"
 )

@@ -1,0 +1,239 @@
+"""A user's balance as a mark plus the ledger entries since (``CreditBalanceMark``).
+
+An admission folds the entries of transactions that had all ended (those below its
+snapshot's xmin) into the user's mark, and reads the balance as the mark plus the entries
+from its horizon on. The guarantee: that reading is the ledger's sum, whatever was in
+flight when a fold ran (a grant or refund uncommitted at the fold, a transaction that
+took its id before the fold and wrote its entry after it), and a mark of another cluster
+(a dump restored elsewhere, whose transaction ids are not this server's) is never read.
+Real connections write the entries in flight; ``runs.credits.FOLD_AFTER`` is 1 here
+(tests/runs/conftest.py), so every admission that finds a settled entry folds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import psycopg
+import pytest
+from django.db import connection, connections
+from django.db.migrations.executor import MigrationExecutor
+
+from runs import admission
+from runs.exceptions import QueueFull
+from runs.models import CreditBalanceMark, CreditEntry
+from runs.selectors import credit_balance
+from tests.conftest import database_url
+from tests.invariants import assert_invariants
+from tests.runs.factories import DOC_HTML, SOURCES, funded_user
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def admit(user):
+    return admission.analysis_job_admit(user=user, title="T", doc_html=DOC_HTML, sources=SOURCES)
+
+
+def ledger_sum(user_id: int) -> int:
+    return sum(CreditEntry.objects.filter(user_id=user_id).values_list("amount", flat=True))
+
+
+def grant_sql(cursor, user_id: int, amount: int = 1) -> None:
+    cursor.execute(
+        "INSERT INTO credit_ledger (user_id, kind, amount, note, created_at)"
+        " VALUES (%s, 'grant', %s, 'in flight', now())",
+        [user_id, amount],
+    )
+
+
+def mark(user_id: int) -> CreditBalanceMark | None:
+    return CreditBalanceMark.objects.filter(user_id=user_id).first()
+
+
+def test_an_admission_folds_the_settled_entries_and_leaves_its_own_charge_in_the_tail():
+    user = funded_user(credits=3)
+    with connection.cursor() as cursor:
+        for _ in range(4):
+            grant_sql(cursor, user.pk)
+    assert mark(user.pk) is None
+
+    admit(user)
+
+    folded = mark(user.pk)
+    assert folded is not None
+    assert (folded.balance, folded.entries) == (7, 5)  # the five grants, not the charge
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 6
+    admit(user)  # folds the first charge; this one's stays in the tail
+    folded = mark(user.pk)
+    assert (folded.balance, folded.entries) == (6, 6)
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 5
+    assert_invariants()
+
+
+def test_an_entry_uncommitted_at_the_fold_counts_once_it_commits():
+    user = funded_user(credits=2)
+    with psycopg.connect(database_url()) as other, other.cursor() as cursor:
+        grant_sql(cursor, user.pk, amount=7)  # its transaction stays open over the fold
+        admit(user)
+        folded = mark(user.pk)
+        assert folded is not None and folded.entries == 1
+        other.commit()
+
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 8
+    admit(user)  # now settled: folded
+    assert mark(user.pk).entries == 3
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 7
+    assert_invariants()
+
+
+def test_a_transaction_that_began_before_the_fold_and_wrote_after_it_counts():
+    """Its id was taken before the fold (below the fold's horizon? never: it was still
+    running, so the horizon is at most its id); its entry is written after the fold."""
+    user = funded_user(credits=2)
+    with psycopg.connect(database_url()) as other, other.cursor() as cursor:
+        cursor.execute("SELECT pg_current_xact_id()")
+        (xid,) = cursor.fetchone()
+        admit(user)
+        assert int(str(mark(user.pk).horizon)) <= int(str(xid))
+        grant_sql(cursor, user.pk, amount=5)
+        other.commit()
+
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 6
+    assert_invariants()
+
+
+def test_a_refused_admission_folds_nothing(settings):
+    settings.MAX_QUEUED_ANALYSES_PER_USER = 1
+    user = funded_user(credits=5)
+    admit(user)
+    before = mark(user.pk)
+    with connection.cursor() as cursor:
+        for _ in range(3):
+            grant_sql(cursor, user.pk)
+
+    with pytest.raises(QueueFull):
+        admit(user)
+
+    after = mark(user.pk)
+    assert (after.balance, after.entries, after.horizon) == (
+        before.balance,
+        before.entries,
+        before.horizon,
+    )
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 7
+
+
+def test_a_mark_of_another_cluster_is_never_read_and_is_replaced():
+    """A dump restored into another cluster brings its marks along, with horizons in the
+    old cluster's transaction ids: read, they would skip this cluster's entries."""
+    user = funded_user(credits=3)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO credit_balance_marks (user_id, balance, horizon, cluster, entries,"
+            " folded_at) VALUES (%s, 1000000, '9223372036854775000', 42, 1, now())",
+            [user.pk],
+        )
+    assert credit_balance(user_id=user.pk) == 3
+
+    admit(user)
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT system_identifier FROM pg_control_system()")
+        (cluster,) = cursor.fetchone()
+    replaced = mark(user.pk)
+    assert (replaced.cluster, replaced.balance, replaced.entries) == (cluster, 3, 1)
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 2
+    assert_invariants()
+
+
+def test_after_a_fold_the_balance_reads_one_index_range_of_the_entries_since():
+    user = funded_user(credits=1)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO credit_ledger (user_id, kind, amount, note, created_at)"
+            " SELECT %s, 'grant', 1, 'history', now() FROM generate_series(1, 5000)",
+            [user.pk],
+        )
+        cursor.execute("ANALYZE credit_ledger")
+    admit(user)
+    assert mark(user.pk).entries == 5001
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN (ANALYZE, COSTS off, TIMING off, SUMMARY off) "
+            "SELECT sum(c.amount) FROM credit_ledger c "
+            "WHERE c.user_id = %s AND c.created_xid >= %s::xid8",
+            [user.pk, str(mark(user.pk).horizon)],
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "credit_ledger_user_xid_idx" in plan, plan
+    assert "rows=1 " in plan, plan  # the charge alone: the tail, not the history
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 5000
+
+
+def test_grants_committing_while_admissions_fold_are_all_counted():
+    """One session holds a grant uncommitted over the whole run, another commits grants
+    one by one, a thread admits (each admission folds): afterwards the balance as the
+    admission reads it is the ledger's sum, the held grant included."""
+    user = funded_user(credits=1)
+    grants, admits = 150, 40
+    errors: list[BaseException] = []
+
+    def granting() -> None:
+        try:
+            with psycopg.connect(database_url(), autocommit=True) as other:
+                for _ in range(grants):
+                    grant_sql(other.cursor(), user.pk)
+        except BaseException as exc:
+            errors.append(exc)
+
+    def admitting() -> None:
+        try:
+            for _ in range(admits):
+                with contextlib.suppress(QueueFull):
+                    admit(user)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    with psycopg.connect(database_url()) as held, held.cursor() as cursor:
+        grant_sql(cursor, user.pk, amount=1000)
+        threads = [threading.Thread(target=granting), threading.Thread(target=admitting)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert credit_balance(user_id=user.pk) == ledger_sum(user.pk)  # without it
+        held.commit()
+
+    assert not errors, errors
+    assert mark(user.pk) is not None
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) >= 1000
+    assert_invariants()
+
+
+def test_the_migration_gives_existing_entries_an_id_every_mark_folds():
+    executor = MigrationExecutor(connection)
+    executor.migrate([("runs", "0009_drop_credit_balances")])
+    try:
+        user = funded_user(credits=0)
+        with connection.cursor() as cursor:  # written as the previous release writes
+            grant_sql(cursor, user.pk, amount=4)
+            grant_sql(cursor, user.pk, amount=2)
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT created_xid::text FROM credit_ledger WHERE user_id = %s", [user.pk]
+        )
+        assert cursor.fetchall() == [("1",)]
+
+    admit(user)
+
+    assert mark(user.pk).entries == 2
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 5
+    assert_invariants()
