@@ -12,6 +12,7 @@ __all__ = [
     "exceptions",
     "gunicorn",
     "health",
+    "indexes",
     "jobs",
     "keys",
     "ledger",

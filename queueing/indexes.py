@@ -19,6 +19,8 @@ from django.db import migrations
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.backends.utils import CursorWrapper
 
+__all__ = ["drop_invalid_index", "is_invalid"]
+
 
 def is_invalid(cursor: CursorWrapper, name: str) -> bool:
     """Whether index ``name`` of the current schema exists and is invalid."""

@@ -17,7 +17,8 @@ from tests.runs.factories import SOURCES, funded_user
 @pytest.fixture(autouse=True)
 def _fold_every_settled_entry(monkeypatch) -> None:
     """Each admission folds the user's settled ledger entries into their balance mark
-    (``runs.credits.FOLD_AFTER`` 1, not 100): every test of an admission crosses the fold,
+    (``runs.credits.FOLD_AFTER`` 1, not 100) whenever one is there (a transaction with
+    writes still open on the server, a parallel test worker's, holds the horizon back),
     and invariant 5d checks the balance it leaves."""
     monkeypatch.setattr(credits, "FOLD_AFTER", 1)
 

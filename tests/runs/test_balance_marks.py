@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import psycopg
 import pytest
@@ -51,12 +52,31 @@ def mark(user_id: int) -> CreditBalanceMark | None:
     return CreditBalanceMark.objects.filter(user_id=user_id).first()
 
 
+def settle(timeout: float = 120.0) -> None:
+    """Wait until every transaction that had an id now has ended, so that the next
+    admission's horizon (its snapshot's xmin, which any open transaction with writes on
+    the server holds back: a parallel test worker's, for one) is past the entries written
+    so far. Each poll is one statement of its own, in a snapshot of its own."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text")
+        (target,) = cursor.fetchone()
+        deadline = time.monotonic() + timeout
+        while True:
+            cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot()) >= %s::xid8", [target])
+            if cursor.fetchone()[0]:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"a transaction below {target} is still open")
+            time.sleep(0.02)
+
+
 def test_an_admission_folds_the_settled_entries_and_leaves_its_own_charge_in_the_tail():
     user = funded_user(credits=3)
     with connection.cursor() as cursor:
         for _ in range(4):
             grant_sql(cursor, user.pk)
     assert mark(user.pk) is None
+    settle()
 
     admit(user)
 
@@ -64,6 +84,7 @@ def test_an_admission_folds_the_settled_entries_and_leaves_its_own_charge_in_the
     assert folded is not None
     assert (folded.balance, folded.entries) == (7, 5)  # the five grants, not the charge
     assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 6
+    settle()
     admit(user)  # folds the first charge; this one's stays in the tail
     folded = mark(user.pk)
     assert (folded.balance, folded.entries) == (6, 6)
@@ -73,6 +94,7 @@ def test_an_admission_folds_the_settled_entries_and_leaves_its_own_charge_in_the
 
 def test_an_entry_uncommitted_at_the_fold_counts_once_it_commits():
     user = funded_user(credits=2)
+    settle()
     with psycopg.connect(database_url()) as other, other.cursor() as cursor:
         grant_sql(cursor, user.pk, amount=7)  # its transaction stays open over the fold
         admit(user)
@@ -81,6 +103,7 @@ def test_an_entry_uncommitted_at_the_fold_counts_once_it_commits():
         other.commit()
 
     assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 8
+    settle()
     admit(user)  # now settled: folded
     assert mark(user.pk).entries == 3
     assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 7
@@ -91,6 +114,7 @@ def test_a_transaction_that_began_before_the_fold_and_wrote_after_it_counts():
     """Its id was taken before the fold (below the fold's horizon? never: it was still
     running, so the horizon is at most its id); its entry is written after the fold."""
     user = funded_user(credits=2)
+    settle()
     with psycopg.connect(database_url()) as other, other.cursor() as cursor:
         cursor.execute("SELECT pg_current_xact_id()")
         (xid,) = cursor.fetchone()
@@ -106,8 +130,10 @@ def test_a_transaction_that_began_before_the_fold_and_wrote_after_it_counts():
 def test_a_refused_admission_folds_nothing(settings):
     settings.MAX_QUEUED_ANALYSES_PER_USER = 1
     user = funded_user(credits=5)
+    settle()
     admit(user)
     before = mark(user.pk)
+    assert before is not None
     with connection.cursor() as cursor:
         for _ in range(3):
             grant_sql(cursor, user.pk)
@@ -135,6 +161,7 @@ def test_a_mark_of_another_cluster_is_never_read_and_is_replaced():
             [user.pk],
         )
     assert credit_balance(user_id=user.pk) == 3
+    settle()
 
     admit(user)
 
@@ -156,6 +183,7 @@ def test_after_a_fold_the_balance_reads_one_index_range_of_the_entries_since():
             [user.pk],
         )
         cursor.execute("ANALYZE credit_ledger")
+    settle()
     admit(user)
     assert mark(user.pk).entries == 5001
 
@@ -209,8 +237,11 @@ def test_grants_committing_while_admissions_fold_are_all_counted():
         held.commit()
 
     assert not errors, errors
-    assert mark(user.pk) is not None
     assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) >= 1000
+    settle()
+    admit(user)  # folds the held grant too
+    assert mark(user.pk).balance >= 1000
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk)
     assert_invariants()
 
 
@@ -231,6 +262,7 @@ def test_the_migration_gives_existing_entries_an_id_every_mark_folds():
             "SELECT DISTINCT created_xid::text FROM credit_ledger WHERE user_id = %s", [user.pk]
         )
         assert cursor.fetchall() == [("1",)]
+    settle()
 
     admit(user)
 
