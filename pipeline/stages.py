@@ -684,6 +684,12 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
             # Never skip: the holder may die; recovery then takes its job back, its lease
             # ends with it, and a poll takes over. A poll is no attempt.
             raise PollLater(f"{stage.value} of inquiry {anfrage.id} is running elsewhere")
+    except LeaseLost as exc:
+        # This run's job was taken back before it claimed: its next run does the stage.
+        if catalog:
+            catalog.close()
+        logger.warning("%s of inquiry %s: %s", stage, anfrage.id, exc)
+        return StageOutcome.LEASE_LOST
     except BaseException:
         if catalog:
             catalog.close()

@@ -44,6 +44,8 @@ def task(
     job's fetch then commits without waiting for its own flush to disk, which the
     claim's carries (``queueing.flush``).
     """
+    # Both checked before either is recorded: a refused task leaves nothing behind.
+    flush.check(name, claims_first)
     timeouts.declare(name, timeout)
     flush.declare(name, claims_first)
 

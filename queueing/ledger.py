@@ -259,7 +259,10 @@ class Ledger:
         """Claim the stage named by ``key`` in one statement. Race-free: of any number of
         concurrent claimers exactly one gets *claimed*; the others see *busy* or *done*.
         Inside a job, the claim records the job as its holder (see the module
-        docstring).
+        docstring). A pgstage worker's run claims only while its job is still that run
+        (``doing`` under its worker, at its attempt): a run whose job was taken back
+        (stalled recovery, a timeout, a fetch lost with a crashed server) raises
+        :class:`LeaseLost` and claims nothing, so it never works beside the job's next run.
 
         ``also`` sends statements that follow the claim in its round trip (a psycopg
         pipeline; one statement per execute, on cursors it keeps): what the work reads
@@ -283,6 +286,9 @@ class Ledger:
         params["input_hash"] = input_hash
         params["lease_seconds"] = self.lease_seconds if lease_seconds is None else lease_seconds
         params["job_id"] = current.job_id()
+        run = current.run()
+        params["run_worker_id"] = run.worker_id if run is not None else None
+        params["run_attempts"] = run.attempts if run is not None else None
         if also is None:
             with sql.statement_cursor(connections[self.using]) as cursor:
                 cursor.execute(self._statements["claim"], params)
@@ -292,6 +298,13 @@ class Ledger:
         if row is None:
             return Claim(outcome=Outcome.BUSY, entry_id=None, token=None)
         outcome, entry_id, attempts = row
+        if outcome == "gone":
+            assert run is not None
+            raise LeaseLost(
+                f"job {run.job_id}: this run (attempt {run.attempts}) is no longer its job's "
+                "run (taken back by recovery, or its fetch lost with the database): it claims "
+                "nothing, and the job's next run does the work"
+            )
         outcome = Outcome(outcome)
         return Claim(
             outcome=outcome,

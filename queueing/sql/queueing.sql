@@ -153,11 +153,26 @@ SELECT id,
 -- new run, which may be this claimer) ends the lease on recovery's own clock, long before
 -- the lease would run out. The CASE/UNION reports why nothing was claimed; a row that
 -- committed after this statement's snapshot is invisible here and reported as busy.
-WITH claimed AS (
+-- A claimer that is a pgstage worker's run (%(run_worker_id)s, %(run_attempts)s; NULL:
+-- not one) claims only while its job is 'doing' as that run: a run whose job was taken
+-- back (recovered, timed out, or its fetch lost with a server that crashed before the
+-- fetch reached the disk, claims_first) claims nothing and hears 'gone', so it never
+-- runs beside the job's next run.
+WITH run AS (
+    SELECT %(run_worker_id)s::bigint IS NULL
+           OR EXISTS (SELECT 1
+                        FROM procrastinate_jobs j
+                       WHERE j.id = %(job_id)s
+                         AND j.status = 'doing'
+                         AND (j.worker_id = %(run_worker_id)s::bigint OR j.worker_id IS NULL)
+                         AND j.attempts = %(run_attempts)s) AS live
+), claimed AS (
     INSERT INTO {table} AS r ({keys}, status, attempts, input_hash, started_at,
                               lease_expires_at, finished_at, error, holder_job_id)
-    VALUES ({values}, 'running', 1, %(input_hash)s, now(),
-            now() + %(lease_seconds)s * interval '1 second', NULL, '', %(job_id)s)
+    SELECT {values}, 'running', 1, %(input_hash)s, now(),
+           now() + %(lease_seconds)s * interval '1 second', NULL, '', %(job_id)s
+      FROM run
+     WHERE run.live
     ON CONFLICT ({keys}) DO UPDATE
        SET status = 'running',
            attempts = r.attempts + 1,
@@ -179,10 +194,13 @@ WITH claimed AS (
 )
 SELECT 'claimed' AS outcome, id, attempts FROM claimed
 UNION ALL
+SELECT 'gone', NULL, NULL FROM run WHERE NOT run.live
+UNION ALL
 SELECT CASE WHEN status = 'success' THEN 'done' ELSE 'busy' END, id, attempts
   FROM {table}
  WHERE ({keys}) = ({values})
-   AND NOT EXISTS (SELECT 1 FROM claimed);
+   AND NOT EXISTS (SELECT 1 FROM claimed)
+   AND (SELECT live FROM run);
 
 -- ledger_complete --
 -- Compare-and-set on the fencing token: only the current holder closes the row. Only when

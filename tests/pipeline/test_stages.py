@@ -14,6 +14,9 @@ claim
     (test_busy_stage_retries_later_and_an_expired_lease_is_taken_over); the holder's job
     was taken back by stalled recovery: queueing's ledger tests and
     tests/queueing/faults/test_dead_holder.py
+  - this run's job was taken back before it claimed (its fetch lost with the server,
+    another worker runs it now): nothing claimed or written, LEASE_LOST
+    (test_a_run_whose_job_was_taken_back_before_its_claim_does_nothing)
 compute
   - the stage raises: the run is ``failed``, the retry takes over
     (test_a_stage_error_marks_the_run_failed_and_the_retry_takes_over); intake's retry
@@ -79,9 +82,10 @@ from pipeline.models import (
 from pipeline.replay import pipeline_stage_replay
 from pipeline.stages import LEDGER, StageOutcome, pipeline_stage_enqueue, pipeline_stage_run
 from pipeline.submit import Upload, anfrage_submit
+from queueing import current
 from queueing.exceptions import DoNotRetry, PollLater
 from queueing.ledger import Ledger
-from tests.conftest import jobs, run_concurrently, wait_for
+from tests.conftest import jobs, make_doing, run_concurrently, wait_for
 from tests.pipeline.conftest import (
     ITEMS_CSV,
     ITEMS_TXT,
@@ -519,6 +523,39 @@ def test_readers_see_the_old_positions_while_a_retry_extracts(
     thread.join(timeout=20)
     assert outcome == [StageOutcome.COMPLETED]
     assert [p[1] for p in positions(anfrage)] == [1, 2]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_whose_job_was_taken_back_before_its_claim_does_nothing(clean_queue, tenant):
+    """The extract job's run lost its job before it claimed (a fetch lost with a crashed
+    server; another worker runs the job now): it claims nothing, writes nothing and says
+    LEASE_LOST; the job's live run then does the stage."""
+    anfrage = submit(tenant)
+    run_stages(anfrage.id, stages=(Stage.INTAKE,))
+    job = jobs(task_name="pipeline.extract")[0]["id"]
+    old = make_doing(job, heartbeat_age_s=0)
+    live = make_doing(job, heartbeat_age_s=0)
+    with current.running(job, run=_run(job, old)):
+        assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT) == (
+            StageOutcome.LEASE_LOST
+        )
+    assert "extract" not in runs(anfrage) and positions(anfrage) == []
+    with current.running(job, run=_run(job, live)):
+        assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT) == (
+            StageOutcome.COMPLETED
+        )
+    assert runs(anfrage)["extract"] == ("success", 1)
+
+
+def _run(job_id: int, worker_id: int) -> current.JobRun:
+    return current.JobRun(
+        job_id=job_id,
+        attempts=0,
+        worker_id=worker_id,
+        delete_on_success=False,
+        commit_within_seconds=30,
+        saved=lambda: None,
+    )
 
 
 @pytest.mark.django_db(transaction=True)

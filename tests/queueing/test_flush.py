@@ -56,3 +56,45 @@ def test_only_a_claims_first_jobs_fetch_commits_unflushed(clean_queue):
         (second.job_id, "remote_write", "remote_write"),
         (None, "remote_write", "remote_write"),  # no job left: nothing changes
     ]
+
+
+def test_the_pipelines_stage_tasks_are_claims_first():
+    from pipeline.stages import TASK_NAMES
+
+    assert set(TASK_NAMES.values()) <= flush.declared()
+
+
+def test_declaring_false_again_discards_and_a_refused_task_records_nothing():
+    task(name="tests.flush.redeclared", claims_first=True)
+    assert "tests.flush.redeclared" in flush.declared()
+    task(name="tests.flush.redeclared", claims_first=False)
+    assert "tests.flush.redeclared" not in flush.declared()
+    # A timeout refused after a valid claims_first: neither is recorded.
+    with pytest.raises(ValueError, match="timeout"):
+        task(name="tests.flush.bad_timeout", claims_first=True, timeout=-1)
+    assert "tests.flush.bad_timeout" not in flush.declared()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claims_first_fetch_returns_before_its_commit_reaches_the_disk(clean_queue):
+    """Right after a claims-first fetch returns, the log's flushed position is, at least
+    once in a row of fetches, short of its inserted one: the fetch's commit did not wait
+    for its flush. (Any other commit on the server flushes the log, ours included; a row
+    of fetches makes it unlikely that every one of them was flushed so.)"""
+    manager = fetch_by_task_name(app)
+    unflushed = 0
+    with psycopg.connect(database_url(), autocommit=True) as conn:
+        (worker_id,) = conn.execute(
+            "INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id"
+        ).fetchone()
+        for i in range(30):
+            enqueue("tests.stage", args={"unit": f"wal{i}", "hold": "/nonexistent"})
+            row = conn.execute(
+                queries["fetch_job"], manager.fetch_params(None, worker_id)
+            ).fetchone()
+            assert row[0] is not None and row[-1] == "off"
+            (behind,) = conn.execute(
+                "SELECT pg_current_wal_flush_lsn() < pg_current_wal_insert_lsn()"
+            ).fetchone()
+            unflushed += behind
+    assert unflushed > 0

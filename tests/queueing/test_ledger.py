@@ -15,6 +15,10 @@ compute
     and for the job's own new run (test_a_new_run_of_the_holders_own_job_takes_over_at_once);
     with real workers, SIGKILL mid-stage: faults/test_dead_holder.py; a claim outside any
     job is held by its lease alone (test_a_claim_outside_a_job_is_held_by_its_lease_alone)
+  - a run whose job was taken back before it claimed (its fetch lost with the server, a
+    recovery, a timeout's next attempt) claims nothing: LeaseLost
+    (test_a_run_whose_job_was_taken_back_claims_nothing,
+    test_a_run_of_another_worker_claims_nothing_on_a_live_job)
   - the holder lives longer than its lease: the renewal keeps it; a second claimer is
     *busy* (test_renewal_keeps_a_live_holders_lease_past_its_length)
   - the holder stalled and was taken over while its renewal thread runs: the stale
@@ -384,6 +388,54 @@ def test_a_claim_outside_a_job_is_held_by_its_lease_alone(clean_queue):
     assert held.claimed and Step.objects.get(pk=held.entry_id).holder_job_id is None
     with current.running(_job_doing()):
         assert LEDGER.claim(unit="lease", stage="s").outcome is Outcome.BUSY
+
+
+@pytest.mark.parametrize(
+    "taken_back",
+    [
+        pytest.param("UPDATE procrastinate_jobs SET status = 'todo' WHERE id = %s", id="fetch-lost"),
+        pytest.param(
+            "UPDATE procrastinate_jobs SET worker_id = NULL, status = 'todo' WHERE id = %s",
+            id="recovered",
+        ),
+        pytest.param(
+            "UPDATE procrastinate_jobs SET attempts = attempts + 1 WHERE id = %s",
+            id="next-attempt",
+        ),
+    ],
+)
+def test_a_run_whose_job_was_taken_back_claims_nothing(clean_queue, taken_back):
+    """A worker's run claims only while its job is that run: after a fetch lost with a
+    crashed server (claims_first), a recovery, or a timeout's next attempt, the old run
+    raises LeaseLost and writes nothing, so it never works beside the job's next run."""
+    job = enqueue("tests.record", args={"label": "gone"}).job_id
+    worker = make_doing(job, heartbeat_age_s=0)
+    with connection.cursor() as cursor:
+        cursor.execute(taken_back, [job])
+    with current.running(job, run=_run_of(job, worker, [])):
+        with pytest.raises(LeaseLost, match="no longer its job's run"):
+            LEDGER.claim(unit="gone", stage="s")
+    assert not Step.objects.filter(unit="gone").exists()
+    # The job's next run, on another worker, claims as usual.
+    other = make_doing(job, heartbeat_age_s=0)
+    with current.running(job, run=_run_of(job, other, [])):
+        assert LEDGER.claim(unit="gone", stage="s").claimed
+
+
+def test_a_run_of_another_worker_claims_nothing_on_a_live_job(clean_queue):
+    """The job is doing, but as another worker's run (the old run's fetch was lost and
+    another worker fetched the job): the old run claims nothing, even the stage its job
+    holds."""
+    job = enqueue("tests.record", args={"label": "twice"}).job_id
+    first = make_doing(job, heartbeat_age_s=0)
+    second = make_doing(job, heartbeat_age_s=0)
+    with current.running(job, run=_run_of(job, second, [])):
+        held = LEDGER.claim(unit="twice", stage="s")
+    assert held.claimed
+    with current.running(job, run=_run_of(job, first, [])):
+        with pytest.raises(LeaseLost):
+            LEDGER.claim(unit="twice", stage="s")
+    assert Step.objects.get(pk=held.entry_id).attempts == 1
 
 
 def _run_of(
