@@ -393,7 +393,9 @@ def test_a_claim_outside_a_job_is_held_by_its_lease_alone(clean_queue):
 @pytest.mark.parametrize(
     "taken_back",
     [
-        pytest.param("UPDATE procrastinate_jobs SET status = 'todo' WHERE id = %s", id="fetch-lost"),
+        pytest.param(
+            "UPDATE procrastinate_jobs SET status = 'todo' WHERE id = %s", id="fetch-lost"
+        ),
         pytest.param(
             "UPDATE procrastinate_jobs SET worker_id = NULL, status = 'todo' WHERE id = %s",
             id="recovered",
@@ -412,9 +414,9 @@ def test_a_run_whose_job_was_taken_back_claims_nothing(clean_queue, taken_back):
     worker = make_doing(job, heartbeat_age_s=0)
     with connection.cursor() as cursor:
         cursor.execute(taken_back, [job])
-    with current.running(job, run=_run_of(job, worker, [])):
-        with pytest.raises(LeaseLost, match="no longer its job's run"):
-            LEDGER.claim(unit="gone", stage="s")
+    run = _run_of(job, worker, [])
+    with current.running(job, run=run), pytest.raises(LeaseLost, match="no longer its job's"):
+        LEDGER.claim(unit="gone", stage="s")
     assert not Step.objects.filter(unit="gone").exists()
     # The job's next run, on another worker, claims as usual.
     other = make_doing(job, heartbeat_age_s=0)
@@ -432,9 +434,8 @@ def test_a_run_of_another_worker_claims_nothing_on_a_live_job(clean_queue):
     with current.running(job, run=_run_of(job, second, [])):
         held = LEDGER.claim(unit="twice", stage="s")
     assert held.claimed
-    with current.running(job, run=_run_of(job, first, [])):
-        with pytest.raises(LeaseLost):
-            LEDGER.claim(unit="twice", stage="s")
+    with current.running(job, run=_run_of(job, first, [])), pytest.raises(LeaseLost):
+        LEDGER.claim(unit="twice", stage="s")
     assert Step.objects.get(pk=held.entry_id).attempts == 1
 
 
