@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.core.management import call_command
     from django.db import connection
 
-    from bench import database, report
+    from bench import database, report, speed
     from bench.scenarios.common import Context
     from bench.tasks import BenchStep
 
@@ -232,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         application=APPLICATION,
     )
     document = _document(args, sizes, params, server)
+    document["machine"]["speed"] = {"start": speed.probe()}
     started = time.monotonic()
     try:
         rows, failed = _run_groups(
@@ -246,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(storage, ignore_errors=True)
     document["duration_s"] = round(time.monotonic() - started, 1)
     document["machine"]["load_average_end"] = list(os.getloadavg())
+    document["machine"]["speed"]["end"] = speed.probe()
     print(report.text_table(rows))
+    print("\n" + report.speed_text(document["machine"]))
     report.write_json(json_path, document, rows)
     print(f"\nresults: {json_path}")
     if doc_path is not None:

@@ -86,6 +86,13 @@ def git() -> dict[str, Any]:
     }
 
 
+def speed_text(host: dict[str, Any]) -> str:
+    """The host-speed probes' sentence (``bench.speed``); empty for a run without them."""
+    from bench import speed
+
+    return speed.text(host["speed"]) if host.get("speed") else ""
+
+
 def machine() -> dict[str, Any]:
     cpu = ""
     memory_mb = None
@@ -162,6 +169,8 @@ def markdown(document: dict[str, Any], rows: Sequence[Row]) -> str:
         + ", ".join(f"{g} {s / 60:.1f}" for g, s in run.get("groups_seconds", {}).items())
         + ").",
     ]
+    if host.get("speed"):
+        lines += ["", speed_text(host)]
     if run.get("note"):
         lines += ["", f"**Note:** {run['note']}"]
     lines += [
@@ -271,7 +280,10 @@ CAVEATS = [
     'as "saved" is spelled out in `bench/sql/bench.sql` and must follow the schema (the '
     "scenario refuses to time a sweep that finds work).",
     "- Absolute figures belong to the machine; ratios carry across machines only when the "
-    "machine is quiet (the load average is recorded above and in the JSON).",
+    "machine is quiet (the load average is recorded above and in the JSON). The host-speed "
+    "probes at the start and the end of the run (above) show how fast the machine was: an "
+    "absolute target (the resume sweep's milliseconds) reads against them, and a probe that "
+    "moved by more than a quarter during the run flags it.",
 ]
 
 

@@ -77,10 +77,15 @@ def test_smoke_run_writes_every_scenario(clean_queue, tmp_path):
             assert isinstance(row["met"], bool), key
     assert document["git"]["commit"]
     assert document["machine"]["cpus"]
+    speed = document["machine"]["speed"]
+    for moment in ("start", "end"):
+        assert set(speed[moment]) == {"cpu_loop_ms", "round_trip_ms", "commit_ms"}, moment
+        assert all(0 < v < 10_000 for v in speed[moment].values()), speed
     assert document["sizes"]["mode"] == "smoke"
 
     text = page.read_text()
     assert "| scenario | today |" in text
+    assert "Host speed at the start → the end of the run" in text
     for row in rows.values():
         assert row["scenario"].replace("|", "\\|") in text
 
@@ -104,3 +109,14 @@ def test_a_database_that_does_not_exist_is_named_with_what_to_do(tmp_path):
     assert "createdb pgstage_bench_not_created" in run.stderr
     assert "Traceback" not in run.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+def test_the_speed_sentence_flags_a_probe_that_moved_by_more_than_a_quarter():
+    from bench import speed
+
+    start = {"cpu_loop_ms": 10.0, "round_trip_ms": 0.1, "commit_ms": 0.5}
+    steady = speed.text({"start": start, "end": {**start, "commit_ms": 0.6}})
+    assert "a flushed one-row commit 0.500 → 0.600 ms" in steady
+    assert "changed during the run" not in steady
+    moved = speed.text({"start": start, "end": {**start, "cpu_loop_ms": 14.0}})
+    assert "The machine changed during the run** (a fixed Python loop 1.4x)" in moved
