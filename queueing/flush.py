@@ -11,7 +11,8 @@ commits without waiting for the flush (``synchronous_commit`` off for that one c
 the claim's flush carries it, since the log reaches the disk in order (so the claim must
 commit on the job table's server, with ``synchronous_commit`` not ``off``; ``on`` or
 higher with a synchronous standby). What a crash of the server can lose is only a fetch
-that no commit followed yet (up to about three times ``wal_writer_delay`` of it): the job
+that no commit followed yet (a crash of PostgreSQL, before its WAL writer wrote the
+commit out; of the machine, up to about three times ``wal_writer_delay`` after): the job
 is then waiting again after the restart, as if it had never been fetched, and another
 worker may take it. Its first run, should it go on, claims nothing: a worker's run claims
 only while its job is still that run (``queueing.ledger``; else ``LeaseLost``), so the

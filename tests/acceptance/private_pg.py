@@ -56,6 +56,13 @@ class PrivateServer:
         """A fast shutdown: sessions are terminated, the server goes away."""
         self.pg_ctl("-w", "-m", "fast", "stop")
 
+    def crash(self) -> None:
+        """An immediate shutdown, as a crash is: sessions are cut without a checkpoint, and
+        the next start recovers from the write-ahead log. A commit made with
+        ``synchronous_commit`` off whose log had not reached the disk is lost (a
+        claims-first task's fetch, ``queueing.flush``)."""
+        self.pg_ctl("-w", "-m", "immediate", "stop")
+
     def start(self) -> None:
         if self.port is None:
             self._server.ensure_postgres_running()

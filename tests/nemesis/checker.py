@@ -3,7 +3,7 @@
 pgstage executes a job at least once and makes its *effects* happen once (docs/reliability.md).
 A job may run again when its run's outcome could not be saved — its worker died or was
 cut off (SIGKILL, exit, a partition past the stall threshold), or its connection failed
-under it (a reset, a terminated session, a database restart or refusal, a statement
+under it (a reset, a terminated session, a database restart, crash or refusal, a statement
 timeout) — but a worker that is alive and reachable keeps its job: no sweep, operator or
 recovery takes it while it heart-beats (invariant 12 of
 docs/design.md, and docs/reliability.md "silence
@@ -17,7 +17,7 @@ Generic jobs (their effects are lines outside the database, :mod:`tests.nemesis.
   was declared dead, and its outcome is fenced.)
 - **G2 a completion is repeated only after a fault**: a job that ran to its end more than
   once had, between its earlier completion's start and its next run's start, a fault that
-  could keep the outcome from being saved: a database restart or refusal, a storm of
+  could keep the outcome from being saved: a database restart, crash or refusal, a storm of
   terminated sessions, a lock on ``procrastinate_jobs`` (statement timeout), or a kill,
   drain, deploy, reset or partition of the earlier run's worker. An operator's sweep or
   retry is no such fault.
@@ -103,8 +103,8 @@ OUTAGE_WINDOW_SECONDS = 300.0
 EXIT_GRACE_SECONDS = 2.0
 HOOKED_TASKS = ("nemesis.settled", "nemesis.new_effect")
 #: Fault kinds that can keep any running job's outcome from being saved.
-GLOBAL_FAULTS = {"pg_restart", "pg_down", "terminate"}
-DATABASE_FAULTS = {"pg_restart", "pg_down"}
+GLOBAL_FAULTS = {"pg_restart", "pg_crash", "pg_down", "terminate"}
+DATABASE_FAULTS = {"pg_restart", "pg_crash", "pg_down"}
 #: Stalled recoveries a job gets before it fails (the workers'
 #: ``STALLED_JOB_MAX_RECOVERIES``, ``tests.nemesis.cluster.WORKER_SETTINGS``).
 STALL_RECOVERIES = 3
@@ -489,7 +489,7 @@ def _check_liveness(report, history, final, windows, runs) -> None:
     report.measures["restart_seconds_max"] = max(
         (m for m in measured if m is not None), default=None
     )
-    down = [(w.start, w.end) for w in windows if w.kind in ("pg_down", "pg_restart")]
+    down = [(w.start, w.end) for w in windows if w.kind in DATABASE_FAULTS]
     unreachable_exits = []
     for line in history:
         if line["type"] != "worker" or line["event"] != "exit" or line.get("expected"):

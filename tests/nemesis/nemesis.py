@@ -13,6 +13,9 @@ Kinds (:data:`KINDS`):
   later, one worker after the other is drained (SIGTERM) and started in the other
   release (old → new; once all are new, back to the old one);
 - ``pg_restart``: a fast restart of PostgreSQL;
+- ``pg_crash``: an immediate shutdown of PostgreSQL (a crash: no checkpoint, the
+  unflushed tail of the log lost, with it a claims-first fetch not yet flushed) and its
+  start (crash recovery);
 - ``pg_down``: PostgreSQL stopped (refusing connections) for 1 to 150 s; after it and
   after a restart, half the time, an operator's sweep (``sweep stalled_jobs`` or
   ``sweep --all``) 0 to 5 s after the database returned, as operators do;
@@ -56,8 +59,9 @@ KINDS = (
     "reset",
     "operator",
     "statement_timeout",
+    "pg_crash",
 )
-DATABASE_KINDS = {"pg_restart", "pg_down"}
+DATABASE_KINDS = {"pg_restart", "pg_down", "pg_crash"}
 LOCKED_TABLES = ("pipeline_runs", "analysis_jobs", "credit_ledger", "procrastinate_jobs")
 #: Each release's migration, run as a deploy to it begins: the new one widens a column
 #: procrastinate's fetch returns, the old one (a rollback) narrows it again. Every worker
@@ -231,7 +235,7 @@ class Nemesis:
             action = lambda: self._deploy(target, pauses)  # noqa: E731
         elif kind in DATABASE_KINDS:
             resources = {"database"}
-            seconds = 0.0 if kind == "pg_restart" else self._duration(1, 150)
+            seconds = 0.0 if kind in ("pg_restart", "pg_crash") else self._duration(1, 150)
             # Half the time an operator reacts to the outage with a sweep, 0 to 5 s after.
             reaction = None
             if self.rng.random() < 0.5:
@@ -240,7 +244,8 @@ class Nemesis:
                     round(self.rng.uniform(0, 5), 2),
                 )
             fields = {"seconds": seconds, "reaction": reaction}
-            action = lambda: self._database_away(seconds, reaction)  # noqa: E731
+            crash = kind == "pg_crash"
+            action = lambda: self._database_away(seconds, reaction, crash=crash)  # noqa: E731
         elif kind == "terminate":
             resources = {"terminate"}
             seconds = self._duration(3, 30)
@@ -315,15 +320,21 @@ class Nemesis:
         finally:
             worker.proxy.heal()
 
-    def _database_away(self, seconds: float, reaction: tuple[str, float] | None) -> None:
-        """A fast shutdown (every session ends), ``seconds`` refusing connections, start;
+    def _database_away(
+        self, seconds: float, reaction: tuple[str, float] | None, *, crash: bool = False
+    ) -> None:
+        """A fast shutdown (every session ends; ``crash``: an immediate one, as a crash),
+        ``seconds`` refusing connections, start;
         then, when ``reaction`` says so, an operator's sweep that many seconds later. Once
         the runner tears down (``closing``), the outage ends at once and the server is not
         started again."""
         with self.database_lock:
             if self.closing.is_set():
                 return
-            self.server.stop()
+            if crash:
+                self.server.crash()
+            else:
+                self.server.stop()
         stopped = time.monotonic()
         self.history.record("database", event="down")
         try:
