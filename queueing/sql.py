@@ -126,6 +126,49 @@ def forget_prepared(connection: psycopg.Connection) -> None:
 _seen: weakref.WeakKeyDictionary[Any, set[Any]] = weakref.WeakKeyDictionary()
 
 
+def _long_statement_query_class() -> type[Any] | None:
+    """psycopg's query class, converting every statement's text once per process.
+
+    psycopg turns a statement's ``%(name)s`` placeholders into ``$n`` by parsing its text,
+    and caches the result only for statements of at most 4 kB and 50 parameters, which
+    an ORM's generated statements exceed with varying texts. The framework's statements
+    are few and fixed (rendered once per process), but the admission's is over 5 kB:
+    parsed again on every admit, a fifth of the admit's client time. Here the parse of
+    any statement run through :class:`_PreparingCursor` is cached (by its text: at most
+    :data:`_CONVERTED_MAX`). None where psycopg lacks what this needs."""
+    try:
+        from psycopg import _queries
+
+        parse_text = _queries._query2pg_nocache
+        base = _queries.PostgresQuery
+        base._ensure_bytes  # noqa: B018 (present on the versions this was written for)
+    except (ImportError, AttributeError):
+        return None
+    global converted_texts
+    cached = converted_texts = functools.lru_cache(maxsize=_CONVERTED_MAX)(parse_text)
+
+    class CachedQuery(base):  # type: ignore[misc, valid-type]
+        __slots__ = ()
+
+        def convert(self, query: Any, vars: Any) -> None:
+            if vars is None or not isinstance(query, str | bytes):
+                return super().convert(query, vars)
+            text = self._ensure_bytes(query)
+            self.query, self._want_formats, self._order, self._parts = cached(  # type: ignore[misc]
+                text, self._tx.encoding
+            )
+            self.dump(vars)
+            return None
+
+    return CachedQuery
+
+
+#: The converted statement texts :class:`_PreparingCursor` keeps (each a few kB).
+_CONVERTED_MAX = 256
+#: The cache of those conversions (its ``cache_info()``), None where psycopg lacks it.
+converted_texts: Any = None
+
+
 class _PreparingCursor(psycopg.Cursor):
     """Server-side binding, each statement prepared on its first run on the connection.
 
@@ -145,6 +188,7 @@ class _PreparingCursor(psycopg.Cursor):
     #: The statement :meth:`_holds_prepared` converted (the text, the parameters and
     #: psycopg's query), for psycopg's own conversion of the same execute to take.
     _converted: tuple[Any, Any, Any] | None = None
+    _query_cls = _long_statement_query_class() or psycopg.Cursor._query_cls
 
     def _convert_query(self, query, params=None):
         converted, self._converted = self._converted, None

@@ -188,3 +188,24 @@ def test_a_constraint_that_fails_at_the_commit_is_an_integrity_error(runs_before
     with statement_cursor(connection) as cursor:
         cursor.execute(query, ["orphans", parent.pk])
         assert cursor.fetchone()[0] > parent.pk
+
+
+def test_a_statement_over_psycopgs_cache_limit_is_converted_once_per_process():
+    """psycopg caches its conversion of ``%(name)s`` placeholders only for statements of
+    at most 4 kB (the admission's is over 5 kB): the preparing cursor caches every one,
+    and each run still binds its own parameters."""
+    from queueing import sql
+
+    if sql.converted_texts is None:
+        pytest.skip("this psycopg lacks the conversion the cache wraps")
+    statement = "SELECT %(a)s::int + %(b)s::int /* " + "x" * 5000 + " */"
+    before = sql.converted_texts.cache_info()
+    results = []
+    for a in range(3):
+        with sql.preparing_cursor(connection) as cursor:
+            cursor.execute(statement, {"a": a, "b": 10})
+            results.append(cursor.fetchone()[0])
+    after = sql.converted_texts.cache_info()
+    assert results == [10, 11, 12]
+    assert after.misses - before.misses == 1
+    assert after.hits - before.hits >= 2
