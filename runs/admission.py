@@ -120,12 +120,12 @@ def analysis_job_admit(
     """
     if not user.is_active:
         raise _inactive(user)
-    citations = judging.extract_citations(doc_html)
+    citations = judging.count_citations(doc_html)
     if not citations:
         raise NoCitations()
-    if len(citations) > judging.MAX_CITATIONS:
+    if citations > judging.MAX_CITATIONS:
         raise TooManyCitations(
-            f"the document holds {len(citations)} citations; at most {judging.MAX_CITATIONS} "
+            f"the document holds {citations} citations; at most {judging.MAX_CITATIONS} "
             "per analysis"
         )
     parent = None

@@ -310,6 +310,30 @@ def extract_citations(doc_html: str) -> list[Citation]:
     return citations
 
 
+def _key_count(keys: str) -> int:
+    return sum(1 for key in _KEY_SEPARATOR.split(keys.strip()) if key)
+
+
+_KEY_SEPARATOR = re.compile(r"\s*[,;]\s*")
+
+
+def count_citations(doc_html: str) -> int:
+    """``len(extract_citations(doc_html))`` without building a claim: what admission needs
+    (none, or too many, is refused at the click) at a fraction of the cost. The document
+    is laid out as :func:`extract_citations` lays it out; each ``data-source`` element and
+    each bracket marker counts its keys, editorial markers (``[sic]``) none."""
+    body = LexborHTMLParser(doc_html).body
+    if body is None:
+        return 0
+    text, cited = _walk(body)
+    count = sum(_key_count(keys) for _, _, keys in cited)
+    if "[" in text:
+        count += sum(
+            _key_count(match[1]) for match in _BRACKET.finditer(text) if not _is_editorial(match[1])
+        )
+    return count
+
+
 def _vocabulary(text: str) -> set[str]:
     return {w for w in _WORD.findall(text.lower()) if len(w) >= 3 and w not in _STOPWORDS}
 

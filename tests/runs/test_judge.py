@@ -8,12 +8,15 @@ that was ever judged wrong gets a row.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runs.exceptions import JudgeError
 from runs.judge import (
     MAX_CLAIM_CHARS,
     OverlapJudge,
     Source,
+    count_citations,
     extract_citations,
     judge_document,
     summarize,
@@ -250,3 +253,54 @@ def test_adversarial_documents_are_extracted_whole(html):
     citations = extract_citations(html)
 
     assert citations and all(len(c.claim) <= MAX_CLAIM_CHARS for c in citations)
+
+
+_FRAGMENTS = st.sampled_from(
+    [
+        "Water boils. ",
+        "e.g. this ",
+        "[s1]",
+        "[s1, s2]",
+        "[s1;s2 ; s3]",
+        "[sic]",
+        "[SIC]",
+        "[ s1]",
+        "[]",
+        "[bad key]",
+        "[a" + "b" * 70 + "]",
+        "[",
+        "]",
+        "<p>",
+        "</p>",
+        "<br>",
+        "<li>",
+        "<div>",
+        "</div>",
+        '<span data-source="s1">',
+        '<span data-source="s1, s2">',
+        '<span data-source=" ">',
+        '<span data-source="sic">',
+        "</span>",
+        '<img data-source="s1">',
+        "<script>[s9]</script>",
+        "<style>p{}</style>",
+        "<!-- [s8] -->",
+        "<textarea>[s7]</textarea>",
+        "\u00a0",
+        "\x00",
+        "&#91;s5&#93;",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_FRAGMENTS, max_size=30).map("".join))
+def test_the_admissions_count_is_the_number_of_citations_extracted(html):
+    """Admission refuses by count_citations (none, or too many); the analysis judges what
+    extract_citations finds: on any document they agree."""
+    assert count_citations(html) == len(extract_citations(html))
+
+
+@pytest.mark.parametrize(("html", "expected"), CASES.values(), ids=CASES.keys())
+def test_the_count_agrees_on_every_table_document(html, expected):
+    assert count_citations(html) == len(extract_citations(html)) == len(expected)
