@@ -25,6 +25,7 @@ import json
 import os
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 from django.db import connection, transaction
@@ -170,7 +171,9 @@ def _floor(ctx: Context) -> dict[str, float]:
     time in Python and psycopg), ``under_lock`` (= server, an upper estimate),
     ``commit`` (server - statement) and ``budget_row`` (= server: the tenant's budget row
     is held for part of it, from its UPSERT in the statement to the end of the
-    COMMIT's flush)."""
+    COMMIT's flush). Where the server's process can be read (``/proc``: a local server),
+    the CPU it spends per admit and per plain defer (``server_cpu``,
+    ``defer_server_cpu``: mean over ``storm`` calls each, on this thread's connection)."""
     k = ctx.sizes.storm
     names = (
         "admit",
@@ -211,10 +214,14 @@ def _floor(ctx: Context) -> dict[str, float]:
         return time.process_time() - started
 
     tenant = bench_tenant("floor")
-    SerialQueue._run_pipelined = timed_pipeline  # type: ignore[method-assign]
     try:
-        users = funded_users(tenant, 2 * k, credits=1)
-        for user, other in zip(users[:k], users[k:], strict=True):
+        users = funded_users(tenant, 3 * k, credits=1)
+        server_cpu = _server_cpu_per_call(
+            [lambda user=user: admit(user) for user in users[2 * k :]]
+        )
+        defer_server_cpu = _server_cpu_per_call([lambda: _defer("floor")] * k)
+        SerialQueue._run_pipelined = timed_pipeline  # type: ignore[method-assign]
+        for user, other in zip(users[:k], users[k : 2 * k], strict=True):
             samples["admit"].append(timed(lambda user=user: admit(user)))
             samples["admit_cpu"].append(cpu(lambda other=other: admit(other)))
             samples["network"].append(timed(select_one))
@@ -239,7 +246,39 @@ def _floor(ctx: Context) -> dict[str, float]:
     ms["under_lock"] = ms["server"]
     ms["commit"] = ms["server"] - ms["statement"]
     ms["budget_row"] = ms["server"]
+    if server_cpu is not None and defer_server_cpu is not None:
+        ms["server_cpu"] = server_cpu * 1000
+        ms["defer_server_cpu"] = defer_server_cpu * 1000
     return {name: round(value, 3) for name, value in ms.items()}
+
+
+def _backend_cpu_seconds(pid: int) -> float | None:
+    """The CPU time of server process ``pid`` (``/proc/PID/schedstat``, nanoseconds: the
+    server runs on this machine), or None where it cannot be read (a remote server)."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _server_cpu_per_call(calls: list[Any]) -> float | None:
+    """The CPU the server's process for this thread's connection spends per call, in
+    seconds (each call runs on that connection); None when it cannot be read."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    before = _backend_cpu_seconds(pid)
+    if before is None or not calls:
+        return None
+    for call in calls:
+        call()
+    after = _backend_cpu_seconds(pid)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (same,) = cursor.fetchone()
+    if after is None or same != pid:
+        return None
+    return (after - before) / len(calls)
 
 
 def _executed(lock: tuple[str, dict[str, Any]], statement: str, params: dict[str, Any]) -> float:
@@ -582,7 +621,26 @@ def _throughput_floor(floor: dict[str, float], *, needed: float, threads: int) -
         f"plain defer {floor['defer_cpu']:.2f} ms; the harness's {threads} threads share "
         f"one interpreter lock, and the machine's {os.cpu_count()} CPU(s) with the server: "
         f"at most about {cpu_ceiling:,.0f} admits/s from the harness alone; the target "
-        f"needs {needed:,.0f}/s"
+        f"needs {needed:,.0f}/s{_cpu_floor(floor, needed=needed)}"
+    )
+
+
+def _cpu_floor(floor: dict[str, float], *, needed: float) -> str:
+    """What the machine's CPUs allow both sides, from each call's CPU in the harness and
+    in the server's process (measured: ``server_cpu``, ``defer_server_cpu``)."""
+    if "server_cpu" not in floor:
+        return ""
+    admit_total = floor["admit_cpu"] + floor["server_cpu"]
+    defer_total = floor["defer_cpu"] + floor["defer_server_cpu"]
+    cpus = os.cpu_count() or 1
+    return (
+        f". In CPU, an admit costs {admit_total:.2f} ms ({floor['admit_cpu']:.2f} in the "
+        f"harness, {floor['server_cpu']:.2f} in the server's process, read from /proc), a "
+        f"plain defer {defer_total:.2f} ms ({floor['defer_cpu']:.2f} + "
+        f"{floor['defer_server_cpu']:.2f}); the harness and the server share the machine's "
+        f"{cpus} CPU(s), so with every CPU busy and no wait at all admits reach at most "
+        f"about {cpus * 1000 / admit_total:,.0f}/s (plain defers "
+        f"{cpus * 1000 / defer_total:,.0f}/s); the target needs {needed:,.0f}/s"
     )
 
 
