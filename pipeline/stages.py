@@ -685,11 +685,12 @@ def pipeline_stage_run(*, anfrage_id: int, stage: Stage | str) -> StageOutcome:
             # ends with it, and a poll takes over. A poll is no attempt.
             raise PollLater(f"{stage.value} of inquiry {anfrage.id} is running elsewhere")
     except LeaseLost as exc:
-        # This run's job was taken back before it claimed: its next run does the stage.
+        # This run's job was taken back before it claimed (or its worker registered again
+        # under a new id): a poll, never a success. Its save is fenced: the job's live run
+        # does the stage; a job this worker holds again is put back and runs once more.
         if catalog:
             catalog.close()
-        logger.warning("%s of inquiry %s: %s", stage, anfrage.id, exc)
-        return StageOutcome.LEASE_LOST
+        raise PollLater(f"{stage.value} of inquiry {anfrage.id}: {exc}") from exc
     except BaseException:
         if catalog:
             catalog.close()

@@ -15,7 +15,7 @@ claim
     was taken back by stalled recovery: queueing's ledger tests and
     tests/queueing/faults/test_dead_holder.py
   - this run's job was taken back before it claimed (its fetch lost with the server,
-    another worker runs it now): nothing claimed or written, LEASE_LOST
+    another worker runs it now): nothing claimed or written, a poll (never a success)
     (test_a_run_whose_job_was_taken_back_before_its_claim_does_nothing)
 compute
   - the stage raises: the run is ``failed``, the retry takes over
@@ -528,17 +528,16 @@ def test_readers_see_the_old_positions_while_a_retry_extracts(
 @pytest.mark.django_db(transaction=True)
 def test_a_run_whose_job_was_taken_back_before_its_claim_does_nothing(clean_queue, tenant):
     """The extract job's run lost its job before it claimed (a fetch lost with a crashed
-    server; another worker runs the job now): it claims nothing, writes nothing and says
-    LEASE_LOST; the job's live run then does the stage."""
+    server; another worker runs the job now): it claims nothing, writes nothing and polls
+    (a success saved for it would end a job whose stage never ran); the job's live run
+    then does the stage."""
     anfrage = submit(tenant)
     run_stages(anfrage.id, stages=(Stage.INTAKE,))
     job = jobs(task_name="pipeline.extract")[0]["id"]
     old = make_doing(job, heartbeat_age_s=0)
     live = make_doing(job, heartbeat_age_s=0)
-    with current.running(job, run=_run(job, old)):
-        assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT) == (
-            StageOutcome.LEASE_LOST
-        )
+    with current.running(job, run=_run(job, old)), pytest.raises(PollLater):
+        pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT)
     assert "extract" not in runs(anfrage) and positions(anfrage) == []
     with current.running(job, run=_run(job, live)):
         assert pipeline_stage_run(anfrage_id=anfrage.id, stage=Stage.EXTRACT) == (
