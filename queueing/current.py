@@ -18,19 +18,27 @@ from dataclasses import dataclass
 @dataclass(frozen=True, kw_only=True)
 class JobRun:
     """One run of a job on a pgstage worker: what saving its outcome is fenced on (the
-    job is still ``doing`` under ``worker_id`` at ``attempts``), whether a success
+    job is still ``doing`` under the worker's id at ``attempts``), whether a success
     deletes it, how soon a transaction that saved it must commit, and the worker's note
     that the run's code saved its success itself (in a transaction that committed), so
     the worker saves nothing after it."""
 
     job_id: int
     attempts: int
-    worker_id: int | None
+    #: The worker's id *now*: it changes when the worker registers again after its row
+    #: was pruned (and takes its running jobs back under the new id), so a run reads it
+    #: each time it fences a write, never once at its start.
+    worker: Callable[[], int | None]
     delete_on_success: bool
     #: How long a transaction that saved the job's success may still idle before its
     #: COMMIT (the job's row is locked meanwhile): the worker's stall threshold.
     commit_within_seconds: float
     saved: Callable[[], None]
+
+    @property
+    def worker_id(self) -> int | None:
+        """The worker's current id (see :attr:`worker`)."""
+        return self.worker()
 
 
 _job_id: ContextVar[int | None] = ContextVar("pgstage_current_job_id", default=None)

@@ -261,8 +261,11 @@ class Ledger:
         Inside a job, the claim records the job as its holder (see the module
         docstring). A pgstage worker's run claims only while its job is still that run
         (``doing`` under its worker, at its attempt): a run whose job was taken back
-        (stalled recovery, a timeout, a fetch lost with a crashed server) raises
-        :class:`LeaseLost` and claims nothing, so it never works beside the job's next run.
+        (stalled recovery, a timeout, a fetch lost with a crashed server) before the
+        claim's snapshot raises :class:`LeaseLost` and claims nothing. One taken back
+        after it (while the claim runs, or while its work runs) holds a claim that the
+        job's next run takes over at once; its ``complete`` then raises
+        :class:`LeaseLost` and saves nothing.
 
         ``also`` sends statements that follow the claim in its round trip (a psycopg
         pipeline; one statement per execute, on cursors it keeps): what the work reads
@@ -301,7 +304,7 @@ class Ledger:
         if outcome == "gone":
             assert run is not None
             raise LeaseLost(
-                f"job {run.job_id}: this run (attempt {run.attempts}) is no longer its job's "
+                f"job {run.job_id}: this run (attempt {run.attempts + 1}) is no longer its job's "
                 "run (taken back by recovery, or its fetch lost with the database): it claims "
                 "nothing, and the job's next run does the work"
             )

@@ -412,12 +412,17 @@ class PgstageWorker(procrastinate_worker.Worker):
         return current.JobRun(
             job_id=job.id,
             attempts=job.attempts,
-            worker_id=self.worker_id,
+            worker=self._current_worker_id,
             delete_on_success=self.delete_jobs
             in (jobs.DeleteJobCondition.ALWAYS, jobs.DeleteJobCondition.SUCCESSFUL),
             commit_within_seconds=stalled_seconds(),
             saved=functools.partial(self._note_saved_by_task, (job.id, job.attempts)),
         )
+
+    def _current_worker_id(self) -> int | None:
+        """This worker's id now (it moves on in :meth:`_register_again`); read from a
+        job's thread, an int attribute read is atomic."""
+        return self.worker_id
 
     def _note_saved_by_task(self, run: tuple[int, int]) -> None:
         """In the job's thread, once the transaction that saved the run's success

@@ -156,8 +156,10 @@ SELECT id,
 -- A claimer that is a pgstage worker's run (%(run_worker_id)s, %(run_attempts)s; NULL:
 -- not one) claims only while its job is 'doing' as that run: a run whose job was taken
 -- back (recovered, timed out, or its fetch lost with a server that crashed before the
--- fetch reached the disk, claims_first) claims nothing and hears 'gone', so it never
--- runs beside the job's next run.
+-- fetch reached the disk, claims_first) as of this statement's snapshot claims nothing
+-- and hears 'gone'. One taken back later holds a claim whose holder job is no longer
+-- its run: the next run takes it over (holder_job_id = its own job), and the old run's
+-- complete is stale.
 WITH run AS (
     SELECT %(run_worker_id)s::bigint IS NULL
            OR EXISTS (SELECT 1

@@ -550,7 +550,7 @@ def _run(job_id: int, worker_id: int) -> current.JobRun:
     return current.JobRun(
         job_id=job_id,
         attempts=0,
-        worker_id=worker_id,
+        worker=lambda: worker_id,
         delete_on_success=False,
         commit_within_seconds=30,
         saved=lambda: None,

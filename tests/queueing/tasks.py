@@ -147,6 +147,19 @@ def stage_hop(unit: str) -> None:
         )
 
 
+@task(name="tests.late_stage")
+def late_stage(unit: str, release_file: str) -> None:
+    """A stage that claims only once ``release_file`` exists (or 60 s), then completes
+    and saves its job's success in one statement; a refused claim polls."""
+    record(f"{unit}:started")
+    _wait_for(release_file, 60)
+    claim = STEPS.claim(unit=unit, stage="late")
+    if not claim.claimed:
+        raise PollLater(f"stage {unit} is held elsewhere")
+    STEPS.complete(claim, finish_job=True)
+    record(f"{unit}:completed")
+
+
 @task(name="tests.stage_saved", retry=JitteredBackoff(max_attempts=3))
 def stage_saved(unit: str, raise_after: bool = False) -> None:
     """A stage that saves its job's success with its complete, then (``raise_after``)

@@ -409,7 +409,7 @@ def test_a_claim_outside_a_job_is_held_by_its_lease_alone(clean_queue):
 def test_a_run_whose_job_was_taken_back_claims_nothing(clean_queue, taken_back):
     """A worker's run claims only while its job is that run: after a fetch lost with a
     crashed server (claims_first), a recovery, or a timeout's next attempt, the old run
-    raises LeaseLost and writes nothing, so it never works beside the job's next run."""
+    raises LeaseLost and writes nothing, so it starts no work beside the job's next run."""
     job = enqueue("tests.record", args={"label": "gone"}).job_id
     worker = make_doing(job, heartbeat_age_s=0)
     with connection.cursor() as cursor:
@@ -422,6 +422,47 @@ def test_a_run_whose_job_was_taken_back_claims_nothing(clean_queue, taken_back):
     other = make_doing(job, heartbeat_age_s=0)
     with current.running(job, run=_run_of(job, other, [])):
         assert LEDGER.claim(unit="gone", stage="s").claimed
+
+
+def test_a_run_whose_worker_row_was_pruned_still_claims(clean_queue):
+    """A worker cut off long enough to be pruned leaves its jobs ``doing`` with no worker
+    (the foreign key's ON DELETE SET NULL) until it registers again and takes them back:
+    its runs still own their jobs meanwhile, and claim."""
+    job = enqueue("tests.record", args={"label": "pruned"}).job_id
+    worker = make_doing(job, heartbeat_age_s=0)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM procrastinate_workers WHERE id = %s", [worker])
+        cursor.execute("SELECT worker_id, status FROM procrastinate_jobs WHERE id = %s", [job])
+        assert cursor.fetchone() == (None, "doing")
+    with current.running(job, run=_run_of(job, worker, [])):
+        assert LEDGER.claim(unit="pruned", stage="s").claimed
+
+
+def test_a_run_reads_its_workers_id_when_it_claims(clean_queue):
+    """A worker that registered again took its running jobs back under its new id: its
+    runs claim under the id the worker has now, not the one it had when they started."""
+    job = enqueue("tests.record", args={"label": "again"}).job_id
+    old = make_doing(job, heartbeat_age_s=0)
+    ids = {"now": old}
+    run = current.JobRun(
+        job_id=job,
+        attempts=0,
+        worker=lambda: ids["now"],
+        delete_on_success=False,
+        commit_within_seconds=30,
+        saved=lambda: None,
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id",
+        )
+        (new,) = cursor.fetchone()
+        cursor.execute("UPDATE procrastinate_jobs SET worker_id = %s WHERE id = %s", [new, job])
+    with current.running(job, run=run), pytest.raises(LeaseLost, match=r"\(attempt 1\)"):
+        LEDGER.claim(unit="again", stage="s")
+    ids["now"] = new
+    with current.running(job, run=run):
+        assert LEDGER.claim(unit="again", stage="s").claimed
 
 
 def test_a_run_of_another_worker_claims_nothing_on_a_live_job(clean_queue):
@@ -445,7 +486,7 @@ def _run_of(
     return current.JobRun(
         job_id=job_id,
         attempts=0,
-        worker_id=worker_id,
+        worker=lambda: worker_id,
         delete_on_success=False,
         commit_within_seconds=commit_within,
         saved=lambda: saved.append(job_id),

@@ -16,6 +16,7 @@ import tests.queueing.tasks  # registers the test tasks in this process
 from queueing.enqueue import Policy, enqueue, queueing_lock_for
 from queueing.sweeps import run_sweep
 from tests.conftest import jobs, make_doing, recovery_ran, wait_for
+from tests.queueing.models import Step
 from tests.queueing.tasks import given_up
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -209,6 +210,32 @@ def test_a_worker_whose_row_was_pruned_registers_again_and_keeps_its_job(
     release.touch()
     wait_for(lambda: statuses() == {"tests.block": ["succeeded"]}, message="job end")
     assert effects() == ["p:started", "p:finished"]
+
+
+def test_a_run_of_a_worker_that_registered_again_claims_and_saves_under_its_new_id(
+    effects, task_worker, tmp_path, settings
+):
+    """The job's run claims its stage after its worker was pruned and registered again
+    (its job taken back under the new id): the claim and the fenced save read the
+    worker's id as it is now, so the one run does the work and saves its success; no
+    poll, no second run."""
+    settings.QUEUEING_STALLED_WORKER_SECONDS = 3
+    worker = task_worker(env=FAST_BEATS)
+    release = tmp_path / "release"
+    enqueue("tests.late_stage", args={"unit": "again", "release_file": str(release)})
+    wait_for(lambda: "again:started" in effects(), message="job start")
+    [running] = jobs(task_name="tests.late_stage")
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM procrastinate_workers WHERE id = %s", [running["worker_id"]])
+    wait_for(lambda: "registered again" in worker.log(), message=f"re-registration\n{worker.log()}")
+    release.touch()
+    wait_for(
+        lambda: statuses() == {"tests.late_stage": ["succeeded"]},
+        message=f"job end\n{worker.log()}",
+    )
+    assert effects() == ["again:started", "again:completed"]
+    assert Step.objects.get(unit="again", stage="late").attempts == 1
+    assert "PollLater" not in worker.log() and "no longer its job" not in worker.log()
 
 
 #: One failed fetch, as a connection cut mid-fetch would cause: the first todo -> doing of
