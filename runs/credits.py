@@ -8,8 +8,9 @@ refund twice; grants are plain inserts.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from queueing.rows import insert_or_get
@@ -38,6 +39,37 @@ NOTE_MAX = CreditEntry._meta.get_field("note").max_length
 #: reads the mark and at most about this many entries (more while a long transaction
 #: holds the horizon back).
 FOLD_AFTER = 100
+
+
+@dataclass(frozen=True)
+class Rebased:
+    entries: int
+    marks: int
+
+
+#: The ledger locked against every reader and writer (an admission waits, and reads the
+#: ledger afresh after), its marks dropped, and each entry given the id every mark folds.
+_REBASE = (
+    "LOCK TABLE credit_ledger IN ACCESS EXCLUSIVE MODE",
+    "DELETE FROM credit_balance_marks",
+    "UPDATE credit_ledger SET created_xid = '1' WHERE created_xid <> '1'",
+)
+
+
+def credit_marks_rebase() -> Rebased:
+    """After a dump was restored into another cluster: the entries keep the old
+    cluster's transaction ids (``pg_restore`` creates the ledger's triggers after its
+    data), which may lie ahead of this server's counter; read in each admission's tail
+    until the counter passes them, they make every admission sum the user's whole
+    history. In one transaction, under a lock that makes admissions wait: drop every
+    mark and give every entry the id every mark folds. The next admission of each user
+    sums their ledger once and folds it."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_REBASE[0])
+        cursor.execute(_REBASE[1])
+        marks = cursor.rowcount
+        cursor.execute(_REBASE[2])
+        return Rebased(entries=cursor.rowcount, marks=marks)
 
 
 def credit_grant(*, user_id: int, amount: int, note: str = "") -> int:

@@ -57,7 +57,8 @@ ALWAYS = {
                  FROM (SELECT 1) one
                  LEFT JOIN credit_balance_marks m
                    ON m.user_id = l.user_id
-                  AND m.cluster = (SELECT system_identifier FROM pg_control_system())) b
+                  AND m.cluster = (SELECT system_identifier FROM pg_control_system())
+                  AND m.horizon <= pg_snapshot_xmax(pg_current_snapshot())) b
          WHERE l.total <> b.read""",
     "6a. at most one run per run id (one row per job's run)": """
         SELECT job_id, count(*) FROM analysis_runs WHERE job_id IS NOT NULL

@@ -118,7 +118,8 @@ UPDATE core_runs
 -- indexed probe of the limit-th, however long the queue), and the user is still active
 -- (a deactivation committed while this admission waited for the lock refuses it).
 -- The balance is the user's mark (credit_balance_marks, when it was folded on this
--- cluster) plus the entries from its horizon on (balance_tail: one index range, however
+-- cluster and its horizon is not in this server's future: a clone whose counter is
+-- behind the mark's) plus the entries from its horizon on (balance_tail: one index range, however
 -- long the history); balance_tail also sums the entries this statement may fold into a
 -- new mark (admit_fold): those of transactions below its own snapshot's xmin, all ended.
 balance_mark AS (
@@ -126,6 +127,7 @@ balance_mark AS (
       FROM credit_balance_marks m
      WHERE m.user_id = %(user_id)s
        AND m.cluster = (SELECT system_identifier FROM pg_control_system())
+       AND m.horizon <= pg_snapshot_xmax(pg_current_snapshot())
 ), balance_tail AS (
     SELECT coalesce(sum(c.amount), 0) AS amount,
            coalesce(sum(c.amount) FILTER (WHERE c.created_xid < x.horizon), 0) AS settled_amount,
@@ -213,8 +215,8 @@ charged AS (
 -- once it holds %(fold_after)s entries or more: the new mark's horizon is this
 -- statement's snapshot xmin, and its balance the old mark's plus every tail entry below
 -- it (balance_tail). Only admissions write marks, each under the user's lock; the
--- compare-and-set on the horizon read (or on a mark of another cluster, which is
--- replaced) keeps a mark from ever moving back. The charge above is this transaction's,
+-- compare-and-set on the horizon read (or on a mark of another cluster, or one above
+-- this server's transaction counter, which is replaced) keeps a mark from ever moving back. The charge above is this transaction's,
 -- at or above the new horizon: it stays in the tail.
 balance_fold AS (
     INSERT INTO credit_balance_marks AS m (user_id, balance, horizon, cluster, entries, folded_at)
@@ -228,6 +230,7 @@ balance_fold AS (
        SET balance = excluded.balance, horizon = excluded.horizon, cluster = excluded.cluster,
            entries = excluded.entries, folded_at = excluded.folded_at
      WHERE m.cluster IS DISTINCT FROM excluded.cluster
+        OR m.horizon > pg_snapshot_xmax(pg_current_snapshot())
         OR m.horizon = (SELECT b.horizon FROM balance_mark b)
     RETURNING 1
 )
@@ -478,13 +481,14 @@ SELECT j.id
 
 -- credit_balance --
 -- User %(user_id)s's balance, read as the admission reads it (admit_checks): their mark
--- (when it was folded on this cluster) plus the entries from its horizon on, both in one
+-- (when it was folded on this cluster, and not above its transaction counter) plus the entries from its horizon on, both in one
 -- snapshot.
 WITH balance_mark AS (
     SELECT m.balance, m.horizon
       FROM credit_balance_marks m
      WHERE m.user_id = %(user_id)s
        AND m.cluster = (SELECT system_identifier FROM pg_control_system())
+       AND m.horizon <= pg_snapshot_xmax(pg_current_snapshot())
 )
 SELECT coalesce((SELECT m.balance FROM balance_mark m), 0)
        + coalesce((SELECT sum(c.amount) FROM credit_ledger c

@@ -18,7 +18,8 @@ import time
 
 import psycopg
 import pytest
-from django.db import connection, connections
+from django.core.management import call_command
+from django.db import IntegrityError, connection, connections, transaction
 from django.db.migrations.executor import MigrationExecutor
 
 from runs import admission
@@ -161,6 +162,7 @@ def test_a_mark_of_another_cluster_is_never_read_and_is_replaced():
             [user.pk],
         )
     assert credit_balance(user_id=user.pk) == 3
+    assert_invariants()  # 5d reads the balance as the admission does: without the mark
     settle()
 
     admit(user)
@@ -268,4 +270,142 @@ def test_the_migration_gives_existing_entries_an_id_every_mark_folds():
 
     assert mark(user.pk).entries == 2
     assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 5
+    assert_invariants()
+
+
+def test_a_mark_above_this_servers_transaction_counter_is_never_read_and_is_replaced():
+    """A clone keeps the cluster's identifier, but its transaction counter may be behind a
+    mark that a later dump brought in: read, that mark would hide every entry this
+    server writes until its counter caught up."""
+    user = funded_user(credits=3)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO credit_balance_marks (user_id, balance, horizon, cluster, entries,"
+            " folded_at) SELECT %s, 1000000,"
+            " (pg_snapshot_xmax(pg_current_snapshot())::text::numeric + 1000000)::text::xid8,"
+            " system_identifier, 1, now() FROM pg_control_system()",
+            [user.pk],
+        )
+    assert credit_balance(user_id=user.pk) == 3
+    assert_invariants()
+    settle()
+
+    admit(user)
+
+    replaced = mark(user.pk)
+    assert (replaced.balance, replaced.entries) == (3, 1)
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 2
+    assert_invariants()
+
+
+def test_an_admission_after_a_grant_in_its_own_transaction_counts_the_grant_once():
+    """The grant's transaction is the admission's own, open while it folds: the horizon
+    (the snapshot's xmin) is at most its id, and the grant stays in the tail."""
+    user = funded_user(credits=1)
+    settle()
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            grant_sql(cursor, user.pk, amount=5)
+        admit(user)
+        assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 5
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 5
+    settle()
+    admit(user)
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 4
+    assert_invariants()
+
+
+def test_an_entry_written_with_an_old_transaction_id_gets_its_own():
+    """``COPY``, ``pg_restore --data-only`` or a replica's apply may bring a row with an
+    id below the mark's horizon: it is stamped with the inserting transaction's, so the
+    balance counts it."""
+    user = funded_user(credits=1)
+    settle()
+    admit(user)  # a mark now
+    assert mark(user.pk) is not None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO credit_ledger (user_id, kind, amount, note, created_at, created_xid)"
+            " VALUES (%s, 'grant', 7, 'restored', now(), '1') RETURNING created_xid::text",
+            [user.pk],
+        )
+        (stamped,) = cursor.fetchone()
+    assert stamped != "1"
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 7
+    assert_invariants()
+
+
+def test_the_ledger_is_append_only():
+    user = funded_user(credits=2)
+    settle()
+    admit(user)
+    entry = CreditEntry.objects.filter(user=user, kind="grant").get()
+    with connection.cursor() as cursor:
+        for change in (
+            "UPDATE credit_ledger SET amount = 100 WHERE id = %s",
+            "UPDATE credit_ledger SET created_xid = '1' WHERE id = %s",
+            "DELETE FROM credit_ledger WHERE id = %s",
+        ):
+            with transaction.atomic(), pytest.raises(IntegrityError, match="append-only") as raised:
+                cursor.execute(change, [entry.pk])
+            assert isinstance(raised.value.__cause__, psycopg.errors.RestrictViolation)
+        # A note is not what the balance reads: it may be corrected.
+        cursor.execute("UPDATE credit_ledger SET note = 'corrected' WHERE id = %s", [entry.pk])
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 1
+    # An erase: the mark first, then the entries, in one transaction.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("DELETE FROM credit_balance_marks WHERE user_id = %s", [user.pk])
+        cursor.execute("DELETE FROM credit_ledger WHERE user_id = %s", [user.pk])
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 0
+
+
+def test_truncating_the_ledger_empties_the_marks():
+    user = funded_user(credits=2)
+    settle()
+    admit(user)
+    assert mark(user.pk) is not None
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE credit_ledger")
+    assert mark(user.pk) is None
+    assert credit_balance(user_id=user.pk) == 0
+
+
+def test_rebase_after_a_restore_folds_entries_that_kept_another_clusters_ids(capsys):
+    """A restore keeps the entries' old ids (its triggers come after its data): those
+    ahead of this server's counter stay in every admission's tail until the rebase
+    gives them the id every mark folds."""
+    user = funded_user(credits=2)
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE credit_ledger DISABLE TRIGGER credit_ledger_stamp")
+        try:
+            cursor.execute(
+                "INSERT INTO credit_ledger (user_id, kind, amount, note, created_at,"
+                " created_xid) SELECT %s, 'grant', 1, 'restored', now(),"
+                " (pg_snapshot_xmax(pg_current_snapshot())::text::numeric + 1000000)"
+                "::text::xid8 FROM generate_series(1, 3)",
+                [user.pk],
+            )
+        finally:
+            cursor.execute("ALTER TABLE credit_ledger ENABLE ALWAYS TRIGGER credit_ledger_stamp")
+    settle()
+    admit(user)
+    assert mark(user.pk).entries == 1  # the funding grant; the restored three stay out
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 4
+
+    call_command("rebase_credit_marks")
+
+    out = capsys.readouterr().out
+    assert "entries rebased" in out and "marks dropped" in out
+    assert mark(user.pk) is None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM credit_ledger WHERE user_id = %s AND created_xid <> '1'",
+            [user.pk],
+        )
+        assert cursor.fetchone() == (0,)
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 4
+    settle()
+    admit(user)
+    assert mark(user.pk).entries == 5
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 3
     assert_invariants()
