@@ -60,7 +60,10 @@ class Anfrage(models.Model):
     inquiries where it is NULL are the ones in flight: the resume sweep reads only those
     (a partial index), so its cost follows the work in flight, not the history."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="anfragen")
+    # Indexed by anfragen_tenant_created_idx (tenant first), not by a redundant FK index.
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.PROTECT, related_name="anfragen", db_index=False
+    )
     title = models.CharField(max_length=200, blank=True, default="")
     uploads = models.JSONField(default=list, blank=True)
     quote_total = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
@@ -95,7 +98,8 @@ class PipelineRun(LedgerEntry):
     replay; ``gave_up_at`` is set when it stopped doing so (the row is then ``failed``
     with the reason, and waits for an operator's replay, which clears both)."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    # Indexed by pipeline_runs_tenant_anfrage_stage_uq (tenant first), not by a redundant FK index.
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
     anfrage = models.ForeignKey(Anfrage, on_delete=models.CASCADE, related_name="runs")
     stage = models.CharField(max_length=16, choices=Stage.choices)
     resumes = models.PositiveIntegerField(db_default=0)
@@ -162,7 +166,8 @@ class AnfrageFile(models.Model):
 class Position(models.Model):
     """A requested item parsed from a file; feasibility and calculate fill the rest."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    # Indexed by anfrage_positions_tenant_anfrage_index_uq (tenant first), not by an FK index.
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
     anfrage = models.ForeignKey(Anfrage, on_delete=models.CASCADE, related_name="positions")
     position_index = models.PositiveIntegerField()
     source_file = models.ForeignKey(
@@ -241,7 +246,8 @@ class AuditEntry(models.Model):
     """Append-only: who did what to which row. ``entity_id`` names a row that exists
     (a file entry names the row intake inserted or found in the table, never a guess)."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    # Indexed by audit_log_tenant_idx (tenant first), not by a redundant FK index.
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
     entity_type = models.CharField(max_length=32)
     entity_id = models.BigIntegerField()
     action = models.CharField(max_length=64)
@@ -286,7 +292,10 @@ class CatalogItem(models.Model):
     minimum quantity, priced per ``unit`` with quantity breaks
     (``price_breaks = [[min_quantity, unit_price], ...]``, decimals as strings)."""
 
-    catalog = models.ForeignKey(Catalog, on_delete=models.CASCADE, related_name="items")
+    # Indexed by catalog_items_code_uq (catalog first), not by a redundant FK index.
+    catalog = models.ForeignKey(
+        Catalog, on_delete=models.CASCADE, related_name="items", db_index=False
+    )
     code = models.SlugField(max_length=64)
     name = models.CharField(max_length=200)
     keywords = models.JSONField(default=list)

@@ -10,6 +10,9 @@ uses and ``IF NOT EXISTS`` would keep for ever. :func:`drop_invalid_index` makes
         migrations.RunSQL("CREATE INDEX CONCURRENTLY IF NOT EXISTS my_idx ON ...",
                           "DROP INDEX CONCURRENTLY IF EXISTS my_idx"),
     ]
+
+:func:`drop_index` drops an index without blocking writes (a foreign key's index that
+another index covers, say), and builds it again, concurrently, when reversed.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from django.db import migrations
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.backends.utils import CursorWrapper
 
-__all__ = ["drop_invalid_index", "is_invalid"]
+__all__ = ["drop_index", "drop_invalid_index", "is_invalid"]
 
 
 def is_invalid(cursor: CursorWrapper, name: str) -> bool:
@@ -43,3 +46,13 @@ def drop_invalid_index(name: str) -> migrations.RunPython:
                 cursor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
 
     return migrations.RunPython(drop, migrations.RunPython.noop)
+
+
+def drop_index(name: str, *, on: str) -> migrations.RunSQL:
+    """A migration operation that drops index ``name`` (``CONCURRENTLY``, if it exists);
+    reversed, it builds the index again ``on`` a table and its columns, e.g.
+    ``"credit_ledger (job_id)"``. For a non-atomic migration."""
+    return migrations.RunSQL(
+        f"DROP INDEX CONCURRENTLY IF EXISTS {name}",
+        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {on}",
+    )

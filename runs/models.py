@@ -86,7 +86,8 @@ class CoreDailyUsage(models.Model):
     (a budget per tenant, so one tenant cannot exhaust another's) in one conditional
     UPSERT (so concurrent admissions can never overshoot it)."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    # Indexed by core_daily_usage_tenant_day_uq (tenant first), not by a redundant FK index.
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
     day = models.DateField()
     used = models.PositiveIntegerField(default=0)
 
@@ -112,8 +113,14 @@ class AnalysisJob(models.Model):
         User, on_delete=models.PROTECT, related_name="analysis_jobs", db_index=False
     )
     run_id = models.UUIDField(help_text="The run this job produces (shared by its deltas).")
+    # Indexed by analysis_jobs_delta_idx, on the deltas alone (a first pass has none).
     delta_of_job = models.ForeignKey(
-        "self", on_delete=models.PROTECT, null=True, blank=True, related_name="deltas"
+        "self",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="deltas",
+        db_index=False,
     )
     status = models.CharField(max_length=16, choices=JobStatus, default=JobStatus.QUEUED)
     title = models.CharField(max_length=200)
@@ -162,6 +169,11 @@ class AnalysisJob(models.Model):
         indexes = [
             models.Index(fields=["user", "status", "created_at"], name="analysis_jobs_queue_idx"),
             models.Index(fields=["run_id"], name="analysis_jobs_run_idx"),
+            models.Index(
+                fields=["delta_of_job"],
+                condition=Q(delta_of_job__isnull=False),
+                name="analysis_jobs_delta_idx",
+            ),
             # The resume tick's scans (stuck queues, expired releases, lost work) touch
             # only live jobs, a sliver of the table.
             models.Index(
@@ -240,7 +252,10 @@ class RunJudgement(models.Model):
     """The judge/diagnostics result of one recorded run version. Kept beside the run, not
     in it, so judging never adds a tuple write to ``analysis_runs``."""
 
-    run = models.ForeignKey(AnalysisRun, on_delete=models.CASCADE, related_name="judgements")
+    # Indexed by run_judgements_once (run first), not by a redundant FK index.
+    run = models.ForeignKey(
+        AnalysisRun, on_delete=models.CASCADE, related_name="judgements", db_index=False
+    )
     version = models.PositiveIntegerField()
     summary = models.JSONField(default=dict)
     judged_at = models.DateTimeField()
@@ -266,7 +281,10 @@ class Verdict(models.TextChoices):
 class JobCitation(models.Model):
     """One citation of a job's document and the judge's verdict against its source."""
 
-    job = models.ForeignKey(AnalysisJob, on_delete=models.CASCADE, related_name="citations")
+    # Indexed by job_citations_marker_once (job first), not by a redundant FK index.
+    job = models.ForeignKey(
+        AnalysisJob, on_delete=models.CASCADE, related_name="citations", db_index=False
+    )
     marker = models.CharField(max_length=64)
     source_key = models.CharField(max_length=64)
     claim = models.TextField(blank=True, default="")
@@ -301,8 +319,14 @@ class CreditEntry(models.Model):
     user = models.ForeignKey(
         User, on_delete=models.PROTECT, related_name="credit_entries", db_index=False
     )
+    # Indexed by credit_ledger_once_per_job (job first), not by a redundant FK index.
     job = models.ForeignKey(
-        AnalysisJob, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+        AnalysisJob,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_index=False,
     )
     kind = models.CharField(max_length=8, choices=CreditKind)
     amount = models.BigIntegerField()
@@ -378,7 +402,8 @@ class AnalysisAudit(models.Model):
     Append-only; a retry is recorded once per job (the unique index makes a second retry
     of the same job find the first)."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    # Indexed by analysis_audit_tenant_idx (tenant first), not by a redundant FK index.
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
     job = models.ForeignKey(AnalysisJob, on_delete=models.PROTECT, related_name="audit")
     action = models.CharField(max_length=32, choices=AuditAction)
     actor = models.CharField(max_length=150)
