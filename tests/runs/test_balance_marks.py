@@ -392,6 +392,11 @@ def test_rebase_after_a_restore_folds_entries_that_kept_another_clusters_ids(cap
     assert mark(user.pk).entries == 1  # the funding grant; the restored three stay out
     assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 4
 
+    call_command("rebase_credit_marks", "--dry-run")
+    dry = capsys.readouterr().out
+    assert "would be rebased" in dry and "nothing changed" in dry
+    assert mark(user.pk) is not None
+
     call_command("rebase_credit_marks")
 
     out = capsys.readouterr().out

@@ -639,6 +639,9 @@ COMMAND_CASES = [
         "grant-text-amount", ("grant_credits", "--user", "alice", "--amount", "1e3"), "invalid int"
     ),
     CommandCase("queue-undecodable-user", ("queue_status", "--user", "\udcff"), "surrogate"),
+    CommandCase(
+        "rebase-marks-argument", ("rebase_credit_marks", "--user", "alice"), "unrecognized"
+    ),
     CommandCase("sweep-unknown", ("sweep", "\x00"), "unknown sweep|no sweep"),
     CommandCase("sweep-text-batch", ("sweep", "--all", "--batch-size", "nan"), "invalid int"),
     CommandCase("demo-text-workers", ("demo", "--workers", "inf"), "whole number"),

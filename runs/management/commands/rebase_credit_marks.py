@@ -17,9 +17,22 @@ class Command(BaseCommand):
         "ledger while it runs (admissions wait); safe to run again."
     )
 
-    def handle(self, *args, **options):
-        rebased = credit_marks_rebase()
-        self.stdout.write(
-            format_table(["entries rebased", "marks dropped"], [[rebased.entries, rebased.marks]])
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--dry-run", action="store_true", help="count what it would change; change nothing"
         )
-        self.stdout.write("each user's next admission sums their ledger once and folds a new mark")
+
+    def handle(self, *args, dry_run=False, **options):
+        rebased = credit_marks_rebase(dry_run=dry_run)
+        verb = "would be " if dry_run else ""
+        self.stdout.write(
+            format_table(
+                [f"entries {verb}rebased", f"marks {verb}dropped"],
+                [[rebased.entries, rebased.marks]],
+            )
+        )
+        self.stdout.write(
+            "dry run: nothing changed; run it without --dry-run to rebase"
+            if dry_run
+            else "each user's next admission sums their ledger once and folds a new mark"
+        )
