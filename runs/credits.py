@@ -43,15 +43,20 @@ FOLD_AFTER = 100
 
 @dataclass(frozen=True)
 class Rebased:
+    """What :func:`credit_marks_rebase` changed (or, in a dry run, would change)."""
+
     entries: int
     marks: int
 
 
 #: The ledger locked against every reader and writer (an admission waits, and reads the
 #: ledger afresh after), its marks dropped, and each entry given the id every mark folds.
+#: The append-only trigger lets an entry's id become '1' only with no mark of its user
+#: and under this lock, which the transaction says it holds (``pgstage.credit_rebase``).
 _REBASE = (
     "LOCK TABLE credit_ledger IN ACCESS EXCLUSIVE MODE",
     "DELETE FROM credit_balance_marks",
+    "SET LOCAL pgstage.credit_rebase = 'on'",
     "UPDATE credit_ledger SET created_xid = '1' WHERE created_xid <> '1'",
 )
 
@@ -79,6 +84,7 @@ def credit_marks_rebase(*, dry_run: bool = False) -> Rebased:
         cursor.execute(_REBASE[1])
         marks = cursor.rowcount
         cursor.execute(_REBASE[2])
+        cursor.execute(_REBASE[3])
         return Rebased(entries=cursor.rowcount, marks=marks)
 
 

@@ -32,13 +32,16 @@ ALTER TABLE credit_ledger ENABLE ALWAYS TRIGGER credit_ledger_stamp;
 CREATE OR REPLACE FUNCTION credit_ledger_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     -- With no mark of the user, nothing folded this entry: an erase may delete it, and
-    -- manage.py rebase_credit_marks may give it the id every mark folds ('1').
+    -- manage.py rebase_credit_marks, which holds the ledger's ACCESS EXCLUSIVE lock (no
+    -- admission folds meanwhile) and says so (pgstage.credit_rebase), may give it the id
+    -- every mark folds ('1').
     IF NOT EXISTS (SELECT 1 FROM credit_balance_marks m WHERE m.user_id = OLD.user_id) THEN
         IF TG_OP = 'DELETE' THEN
             RETURN OLD;
         END IF;
         IF NEW.created_xid = '1'::xid8 AND NEW.user_id = OLD.user_id
-           AND NEW.amount = OLD.amount THEN
+           AND NEW.amount = OLD.amount
+           AND current_setting('pgstage.credit_rebase', true) = 'on' THEN
             RETURN NEW;
         END IF;
     END IF;

@@ -119,8 +119,8 @@ UPDATE core_runs
 -- (a deactivation committed while this admission waited for the lock refuses it).
 -- The balance is the user's mark (credit_balance_marks, when it was folded on this
 -- cluster and its horizon is not in this server's future: a clone whose counter is
--- behind the mark's) plus the entries from its horizon on (balance_tail: one index range, however
--- long the history); balance_tail also sums the entries this statement may fold into a
+-- behind the mark's) plus the entries from its horizon on (balance_tail: one index
+-- range, however long the history); balance_tail also sums the entries this statement may fold into a
 -- new mark (admit_fold): those of transactions below its own snapshot's xmin, all ended.
 balance_mark AS (
     SELECT m.balance, m.horizon, m.entries
@@ -216,8 +216,9 @@ charged AS (
 -- statement's snapshot xmin, and its balance the old mark's plus every tail entry below
 -- it (balance_tail). Only admissions write marks, each under the user's lock; the
 -- compare-and-set on the horizon read (or on a mark of another cluster, or one above
--- this server's transaction counter, which is replaced) keeps a mark from ever moving back. The charge above is this transaction's,
--- at or above the new horizon: it stays in the tail.
+-- this server's transaction counter, which is replaced) keeps a mark from ever moving
+-- back. The charge above is this transaction's, at or above the new horizon: it stays
+-- in the tail.
 balance_fold AS (
     INSERT INTO credit_balance_marks AS m (user_id, balance, horizon, cluster, entries, folded_at)
     SELECT %(user_id)s, coalesce((SELECT b.balance FROM balance_mark b), 0) + t.settled_amount,
@@ -481,8 +482,8 @@ SELECT j.id
 
 -- credit_balance --
 -- User %(user_id)s's balance, read as the admission reads it (admit_checks): their mark
--- (when it was folded on this cluster, and not above its transaction counter) plus the entries from its horizon on, both in one
--- snapshot.
+-- (when it was folded on this cluster, and not above its transaction counter) plus the
+-- entries from its horizon on, both in one snapshot.
 WITH balance_mark AS (
     SELECT m.balance, m.horizon
       FROM credit_balance_marks m

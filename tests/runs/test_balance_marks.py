@@ -349,6 +349,11 @@ def test_the_ledger_is_append_only():
             with transaction.atomic(), pytest.raises(IntegrityError, match="append-only") as raised:
                 cursor.execute(change, [entry.pk])
             assert isinstance(raised.value.__cause__, psycopg.errors.RestrictViolation)
+        # With no mark, an entry's id may become '1' only in a rebase, which holds the
+        # ledger's lock (an admission folding meanwhile would leave it out of both).
+        cursor.execute("DELETE FROM credit_balance_marks WHERE user_id = %s", [user.pk])
+        with transaction.atomic(), pytest.raises(IntegrityError, match="append-only"):
+            cursor.execute("UPDATE credit_ledger SET created_xid = '1' WHERE id = %s", [entry.pk])
         # A note is not what the balance reads: it may be corrected.
         cursor.execute("UPDATE credit_ledger SET note = 'corrected' WHERE id = %s", [entry.pk])
     assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 1
