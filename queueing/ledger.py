@@ -264,8 +264,9 @@ class Ledger:
         (stalled recovery, a timeout, a fetch lost with a crashed server) before the
         claim's snapshot raises :class:`LeaseLost` and claims nothing. One taken back
         after it (while the claim runs, or while its work runs) holds a claim that the
-        job's next run takes over at once; its ``complete`` then raises
-        :class:`LeaseLost` and saves nothing.
+        job's next run takes over at once: its ``complete`` saves the unit of work only
+        until the next run has claimed it (then it raises :class:`LeaseLost`), and never
+        saves the job's success (``finish_job``), which is the next run's.
 
         ``also`` sends statements that follow the claim in its round trip (a psycopg
         pipeline; one statement per execute, on cursors it keeps): what the work reads
@@ -291,6 +292,11 @@ class Ledger:
         params["job_id"] = current.job_id()
         run = current.run()
         params["run_worker_id"] = run.worker_id if run is not None else None
+        if run is not None and params["run_worker_id"] is None:
+            raise LeaseLost(
+                f"job {run.job_id}: this run's worker has no id (it never registered, or "
+                "stopped): it claims nothing"
+            )
         params["run_attempts"] = run.attempts if run is not None else None
         if also is None:
             with sql.statement_cursor(connections[self.using]) as cursor:
@@ -400,11 +406,12 @@ class Ledger:
     ) -> tuple[dict[str, Any], current.JobRun | None]:
         run = current.run() if finish_job else None
         params: dict[str, Any] = {**_NO_JOB, **(then or {}), "enqueue": then is not None}
-        if run is not None and run.worker_id is not None:
+        worker_id = run.worker_id if run is not None else None
+        if run is not None and worker_id is not None:
             params.update(
                 finish=True,
                 job_id=run.job_id,
-                worker_id=run.worker_id,
+                worker_id=worker_id,
                 attempts=run.attempts,
                 delete_job=run.delete_on_success,
                 idle_ms=str(max(1, round(run.commit_within_seconds * 1000))),

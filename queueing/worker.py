@@ -353,6 +353,8 @@ class PgstageWorker(procrastinate_worker.Worker):
         self._look_forced = False
         #: The worker id its look is hooked to, before each fetch (``_hook_fetches``).
         self._hooked_id: int | None = None
+        #: The id this worker last had, once it stopped (:meth:`_current_worker_id`).
+        self._last_worker_id: int | None = None
         #: The round trip that decides whether a streak of unreachable is an outage.
         self._probe: asyncio.Task[None] | None = None
         self._registering = asyncio.Lock()
@@ -421,8 +423,10 @@ class PgstageWorker(procrastinate_worker.Worker):
 
     def _current_worker_id(self) -> int | None:
         """This worker's id now (it moves on in :meth:`_register_again`); read from a
-        job's thread, an int attribute read is atomic."""
-        return self.worker_id
+        job's thread, an int attribute read is atomic. Once the worker stopped (its id
+        cleared), the last one it had: a sync run that outlived the stop stays fenced on
+        it, never unfenced."""
+        return self.worker_id if self.worker_id is not None else self._last_worker_id
 
     def _note_saved_by_task(self, run: tuple[int, int]) -> None:
         """In the job's thread, once the transaction that saved the run's success
@@ -1248,6 +1252,7 @@ class PgstageWorker(procrastinate_worker.Worker):
                     self.worker_id,
                     describe(exc),
                 )
+        self._last_worker_id = self.worker_id
         self.worker_id = None
         self.logger.info(
             f"Stopped worker on {utils.queues_display(self.queues)}",

@@ -53,20 +53,23 @@ class Rebased:
 #: ledger afresh after), its marks dropped, and each entry given the id every mark folds.
 #: The append-only trigger lets an entry's id become '1' only with no mark of its user
 #: and under this lock, which the transaction says it holds (``pgstage.credit_rebase``).
+#: A restore with ``--disable-triggers`` re-enables the stamp as an ordinary trigger,
+#: which a logical replica's apply skips: ENABLE ALWAYS again.
 _REBASE = (
     "LOCK TABLE credit_ledger IN ACCESS EXCLUSIVE MODE",
     "DELETE FROM credit_balance_marks",
     "SET LOCAL pgstage.credit_rebase = 'on'",
     "UPDATE credit_ledger SET created_xid = '1' WHERE created_xid <> '1'",
+    "ALTER TABLE credit_ledger ENABLE ALWAYS TRIGGER credit_ledger_stamp",
 )
 
 
 def credit_marks_rebase(*, dry_run: bool = False) -> Rebased:
-    """After a dump was restored into another cluster: the entries keep the old
-    cluster's transaction ids (``pg_restore`` creates the ledger's triggers after its
-    data), which may lie ahead of this server's counter; read in each admission's tail
-    until the counter passes them, they make every admission sum the user's whole
-    history. In one transaction, under a lock that makes admissions wait: drop every
+    """After a restore (a dump into another cluster; a data-only restore anywhere): the
+    entries keep the old cluster's transaction ids (``pg_restore`` creates the ledger's
+    triggers after its data), which may lie ahead of this server's counter; read in each
+    admission's tail until the counter passes them, they make every admission sum the
+    user's whole history. In one transaction, under a lock that makes admissions wait: drop every
     mark and give every entry the id every mark folds. The next admission of each user
     sums their ledger once and folds it. ``dry_run``: count what it would change, under
     the same lock, and change nothing."""
@@ -85,7 +88,9 @@ def credit_marks_rebase(*, dry_run: bool = False) -> Rebased:
         marks = cursor.rowcount
         cursor.execute(_REBASE[2])
         cursor.execute(_REBASE[3])
-        return Rebased(entries=cursor.rowcount, marks=marks)
+        entries = cursor.rowcount
+        cursor.execute(_REBASE[4])
+        return Rebased(entries=entries, marks=marks)
 
 
 def credit_grant(*, user_id: int, amount: int, note: str = "") -> int:

@@ -162,6 +162,8 @@ DELETE FROM run_judgements
 DELETE FROM job_citations
  WHERE job_id IN (SELECT id FROM analysis_jobs WHERE tenant_id = %(tenant)s);
 DELETE FROM analysis_runs WHERE tenant_id = %(tenant)s;
+-- An erase of the credit ledger (append-only, runs.0012): deactivated users, marks first.
+UPDATE users SET is_active = false WHERE tenant_id = %(tenant)s;
 DELETE FROM credit_balance_marks
  WHERE user_id IN (SELECT id FROM users WHERE tenant_id = %(tenant)s);
 DELETE FROM credit_ledger

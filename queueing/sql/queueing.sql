@@ -158,8 +158,8 @@ SELECT id,
 -- back (recovered, timed out, or its fetch lost with a server that crashed before the
 -- fetch reached the disk, claims_first) as of this statement's snapshot claims nothing
 -- and hears 'gone'. One taken back later holds a claim whose holder job is no longer
--- its run: the next run takes it over (holder_job_id = its own job), and the old run's
--- complete is stale.
+-- its run: the next run takes it over (holder_job_id = its own job), after which the
+-- old run's complete is stale; before it, that complete saves the stage, never the job.
 WITH run AS (
     SELECT %(run_worker_id)s::bigint IS NULL
            OR EXISTS (SELECT 1

@@ -5,13 +5,14 @@
   fires it too) sets ``created_xid`` to ``pg_current_xact_id()`` whatever the insert
   says. A row copied in with an old id (``COPY``, ``pg_restore --data-only``, a
   replica's apply) would otherwise sit below a mark's horizon without ever having been
-  folded into it, and never count.
+  folded into it, and never count; the user's mark goes with such a row (it may fold the
+  row already), and so does a mark above the inserting transaction's id.
 * ``credit_ledger_append_only`` (BEFORE UPDATE of the columns the balance reads, and
   BEFORE DELETE) refuses to change an entry once written: a folded entry changed would
-  make the balance drift from the ledger's sum. A correction is a new entry. A user's
-  entries may be deleted once their mark is (an erase, in one transaction, of a user
-  whose admissions are refused: deactivate them first), and given the id every mark
-  folds (``manage.py rebase_credit_marks``, after a restore into another cluster).
+  make the balance drift from the ledger's sum. A correction is a new entry. A
+  deactivated user's entries may be deleted once their mark is (an erase, in one
+  transaction), and any entry given the id every mark folds by ``manage.py
+  rebase_credit_marks`` (after a restore).
 * ``credit_ledger_truncated`` (BEFORE TRUNCATE) empties the marks with the ledger.
 
 Each trigger only adds a check or a stamp to what the previous release writes (inserts,
@@ -21,8 +22,18 @@ from django.db import migrations
 
 GUARDS = """
 CREATE OR REPLACE FUNCTION credit_ledger_stamp() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    xid xid8 := pg_current_xact_id();
 BEGIN
-    NEW.created_xid := pg_current_xact_id();
+    -- The user's mark goes (the next admission sums their ledger once and folds anew)
+    -- when the row arrives with another transaction's id, copied in by a restore whose
+    -- marks may already fold it, and when the mark's horizon is above this id (a clone
+    -- given a later dump): counted again once the counter passed it, that mark would
+    -- leave out the entries written meanwhile. Otherwise one probe that finds nothing.
+    DELETE FROM credit_balance_marks m
+     WHERE m.user_id = NEW.user_id
+       AND (NEW.created_xid IS DISTINCT FROM xid OR m.horizon > xid);
+    NEW.created_xid := xid;
     RETURN NEW;
 END $$;
 CREATE TRIGGER credit_ledger_stamp BEFORE INSERT ON credit_ledger
@@ -36,7 +47,10 @@ BEGIN
     -- admission folds meanwhile) and says so (pgstage.credit_rebase), may give it the id
     -- every mark folds ('1').
     IF NOT EXISTS (SELECT 1 FROM credit_balance_marks m WHERE m.user_id = OLD.user_id) THEN
-        IF TG_OP = 'DELETE' THEN
+        -- An erase: of a deactivated user only, whose admissions are refused and fold
+        -- nothing (an active user's admission could fold the entry while it goes).
+        IF TG_OP = 'DELETE' AND EXISTS (SELECT 1 FROM users u
+                                         WHERE u.id = OLD.user_id AND NOT u.is_active) THEN
             RETURN OLD;
         END IF;
         IF NEW.created_xid = '1'::xid8 AND NEW.user_id = OLD.user_id

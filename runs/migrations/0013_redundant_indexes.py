@@ -16,7 +16,6 @@ the tables' writes (``CONCURRENTLY``); a build that failed part-way leaves an in
 of its name, which the next run drops first (as ``runs.0008``). The foreign keys' lookups
 (a protected delete's check) use the covering indexes."""
 
-from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 from django.db.models.deletion import CASCADE, PROTECT
 
@@ -43,13 +42,26 @@ class Migration(migrations.Migration):
 
     operations = [
         drop_invalid_index(DELTA),
-        AddIndexConcurrently(
-            model_name="analysisjob",
-            index=models.Index(
-                condition=models.Q(("delta_of_job__isnull", False)),
-                fields=["delta_of_job"],
-                name=DELTA,
-            ),
+        # IF NOT EXISTS: a run that built the index and failed on a drop after it runs
+        # again from here.
+        migrations.SeparateDatabaseAndState(
+            database_operations=[
+                migrations.RunSQL(
+                    f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {DELTA} ON analysis_jobs "
+                    "(delta_of_job_id) WHERE delta_of_job_id IS NOT NULL",
+                    f"DROP INDEX CONCURRENTLY IF EXISTS {DELTA}",
+                )
+            ],
+            state_operations=[
+                migrations.AddIndex(
+                    model_name="analysisjob",
+                    index=models.Index(
+                        condition=models.Q(("delta_of_job__isnull", False)),
+                        fields=["delta_of_job"],
+                        name=DELTA,
+                    ),
+                )
+            ],
         ),
         migrations.SeparateDatabaseAndState(
             database_operations=[drop_index(name, on=on) for name, on in DROPPED.items()],

@@ -515,6 +515,53 @@ def test_complete_with_finish_job_saves_the_jobs_success_at_its_commit(clean_que
     assert Step.objects.get(pk=claim.entry_id).status == "success"
 
 
+def test_complete_saves_the_job_under_the_workers_id_as_it_is_then(clean_queue):
+    """The worker registered again between the run's claim and its complete (its job
+    taken back under the new id): the complete saves the job's success under the new
+    id, read when it is sent."""
+    job = enqueue("tests.record", args={"label": "moved"}).job_id
+    old = make_doing(job, heartbeat_age_s=0)
+    ids = {"now": old}
+    saved: list[int] = []
+    run = current.JobRun(
+        job_id=job,
+        attempts=0,
+        worker=lambda: ids["now"],
+        delete_on_success=False,
+        commit_within_seconds=30,
+        saved=lambda: saved.append(job),
+    )
+    with current.running(job, run=run):
+        claim = LEDGER.claim(unit="moved", stage="s")
+        with connection.cursor() as cursor:
+            cursor.execute("INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id")
+            (new,) = cursor.fetchone()
+            cursor.execute("UPDATE procrastinate_jobs SET worker_id = %s WHERE id = %s", [new, job])
+        ids["now"] = new
+        with transaction.atomic():
+            LEDGER.complete(claim, finish_job=True)
+    assert saved == [job]
+    assert _job_status(job) == "succeeded"
+
+
+def test_a_run_whose_worker_has_no_id_claims_nothing(clean_queue):
+    """A run that outlived its worker's stop (its id cleared) is fenced, never unfenced:
+    with no id to fence on, it claims nothing."""
+    job = enqueue("tests.record", args={"label": "stopped"}).job_id
+    make_doing(job, heartbeat_age_s=0)
+    run = current.JobRun(
+        job_id=job,
+        attempts=0,
+        worker=lambda: None,
+        delete_on_success=False,
+        commit_within_seconds=30,
+        saved=lambda: None,
+    )
+    with current.running(job, run=run), pytest.raises(LeaseLost, match="no id"):
+        LEDGER.claim(unit="stopped", stage="s")
+    assert not Step.objects.filter(unit="stopped").exists()
+
+
 def test_a_rolled_back_complete_saves_no_job(clean_queue):
     job = enqueue("tests.record", args={"label": "rollback"}).job_id
     worker = make_doing(job, heartbeat_age_s=0)

@@ -218,9 +218,10 @@ def test_a_run_of_a_worker_that_registered_again_claims_and_saves_under_its_new_
     """The job's run claims its stage after its worker was pruned and registered again
     (its job taken back under the new id): the claim and the fenced save read the
     worker's id as it is now, so the one run does the work and saves its success; no
-    poll, no second run."""
-    settings.QUEUEING_STALLED_WORKER_SECONDS = 3
-    worker = task_worker(env=FAST_BEATS)
+    poll, no second run. The stall threshold is long (10 s) so that a loaded machine's
+    slow re-registration never lets recovery take the job meanwhile."""
+    settings.QUEUEING_STALLED_WORKER_SECONDS = 10
+    worker = task_worker(env={**FAST_BEATS, "STALLED_WORKER_SECONDS": "10"})
     release = tmp_path / "release"
     enqueue("tests.late_stage", args={"unit": "again", "release_file": str(release)})
     wait_for(lambda: "again:started" in effects(), message="job start")

@@ -352,12 +352,19 @@ def test_the_ledger_is_append_only():
         # With no mark, an entry's id may become '1' only in a rebase, which holds the
         # ledger's lock (an admission folding meanwhile would leave it out of both).
         cursor.execute("DELETE FROM credit_balance_marks WHERE user_id = %s", [user.pk])
-        with transaction.atomic(), pytest.raises(IntegrityError, match="append-only"):
+        with pytest.raises(IntegrityError, match="append-only"), transaction.atomic():
             cursor.execute("UPDATE credit_ledger SET created_xid = '1' WHERE id = %s", [entry.pk])
         # A note is not what the balance reads: it may be corrected.
         cursor.execute("UPDATE credit_ledger SET note = 'corrected' WHERE id = %s", [entry.pk])
     assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 1
-    # An erase: the mark first, then the entries, in one transaction.
+    # An erase: of an active user, refused even with no mark (an admission could fold
+    # the entry while it goes); of a deactivated one, the mark first, then the entries.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("DELETE FROM credit_balance_marks WHERE user_id = %s", [user.pk])
+        with pytest.raises(IntegrityError, match="append-only"), transaction.atomic():
+            cursor.execute("DELETE FROM credit_ledger WHERE user_id = %s", [user.pk])
+    user.is_active = False
+    user.save(update_fields=["is_active"])
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("DELETE FROM credit_balance_marks WHERE user_id = %s", [user.pk])
         cursor.execute("DELETE FROM credit_ledger WHERE user_id = %s", [user.pk])
@@ -419,3 +426,55 @@ def test_rebase_after_a_restore_folds_entries_that_kept_another_clusters_ids(cap
     assert mark(user.pk).entries == 5
     assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 3
     assert_invariants()
+
+
+def test_a_mark_above_the_counter_goes_with_the_next_entry():
+    """Ignored, a future mark would count again once the counter passed it, leaving out
+    the entries written meanwhile: the next entry's insert removes it."""
+    user = funded_user(credits=3)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO credit_balance_marks (user_id, balance, horizon, cluster, entries,"
+            " folded_at) SELECT %s, 3,"
+            " (pg_snapshot_xmax(pg_current_snapshot())::text::numeric + 200)::text::xid8,"
+            " system_identifier, 1, now() FROM pg_control_system()",
+            [user.pk],
+        )
+        grant_sql(cursor, user.pk, amount=5)
+    assert mark(user.pk) is None
+    with connection.cursor() as cursor:  # the counter passes the old mark's horizon
+        for _ in range(210):
+            cursor.execute("SELECT pg_current_xact_id()")
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 8
+
+
+def test_an_entry_copied_in_with_its_old_id_drops_the_users_mark():
+    """A data-only restore of the same cluster's dump brings marks that fold the entries
+    it copies in: each such entry removes its user's mark, so it is not counted twice."""
+    user = funded_user(credits=2)
+    settle()
+    admit(user)
+    folded = mark(user.pk)
+    assert folded is not None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO credit_ledger (user_id, kind, amount, note, created_at, created_xid)"
+            " VALUES (%s, 'grant', 4, 'restored', now(), %s::xid8)",
+            [user.pk, str(int(str(folded.horizon)) - 1)],
+        )
+    assert mark(user.pk) is None
+    assert credit_balance(user_id=user.pk) == ledger_sum(user.pk) == 5
+
+
+def test_the_stamp_fires_on_a_replica_apply_too():
+    """A logical replica applies rows with session_replication_role = replica, where an
+    ordinary trigger does not fire: the stamp is enabled ALWAYS."""
+    user = funded_user(credits=0)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL session_replication_role = replica")
+        cursor.execute(
+            "INSERT INTO credit_ledger (user_id, kind, amount, note, created_at, created_xid)"
+            " VALUES (%s, 'grant', 1, 'applied', now(), '1') RETURNING created_xid::text",
+            [user.pk],
+        )
+        assert cursor.fetchone()[0] != "1"
