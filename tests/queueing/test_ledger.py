@@ -444,14 +444,7 @@ def test_a_run_reads_its_workers_id_when_it_claims(clean_queue):
     job = enqueue("tests.record", args={"label": "again"}).job_id
     old = make_doing(job, heartbeat_age_s=0)
     ids = {"now": old}
-    run = current.JobRun(
-        job_id=job,
-        attempts=0,
-        worker=lambda: ids["now"],
-        delete_on_success=False,
-        commit_within_seconds=30,
-        saved=lambda: None,
-    )
+    run = _run_of(job, old, [], ids=ids)
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id",
@@ -481,12 +474,19 @@ def test_a_run_of_another_worker_claims_nothing_on_a_live_job(clean_queue):
 
 
 def _run_of(
-    job_id: int, worker_id: int, saved: list, *, commit_within: float = 30
+    job_id: int,
+    worker_id: int | None,
+    saved: list,
+    *,
+    commit_within: float = 30,
+    ids: dict[str, int | None] | None = None,
 ) -> current.JobRun:
+    """A worker's run of the job; with ``ids``, its worker's id is ``ids["now"]`` as the
+    run reads it (a worker that registers again moves it)."""
     return current.JobRun(
         job_id=job_id,
         attempts=0,
-        worker=lambda: worker_id,
+        worker=(lambda: worker_id) if ids is None else (lambda: ids["now"]),
         delete_on_success=False,
         commit_within_seconds=commit_within,
         saved=lambda: saved.append(job_id),
@@ -523,14 +523,7 @@ def test_complete_saves_the_job_under_the_workers_id_as_it_is_then(clean_queue):
     old = make_doing(job, heartbeat_age_s=0)
     ids = {"now": old}
     saved: list[int] = []
-    run = current.JobRun(
-        job_id=job,
-        attempts=0,
-        worker=lambda: ids["now"],
-        delete_on_success=False,
-        commit_within_seconds=30,
-        saved=lambda: saved.append(job),
-    )
+    run = _run_of(job, old, saved, ids=ids)
     with current.running(job, run=run):
         claim = LEDGER.claim(unit="moved", stage="s")
         with connection.cursor() as cursor:
@@ -549,14 +542,7 @@ def test_a_run_whose_worker_has_no_id_claims_nothing(clean_queue):
     with no id to fence on, it claims nothing."""
     job = enqueue("tests.record", args={"label": "stopped"}).job_id
     make_doing(job, heartbeat_age_s=0)
-    run = current.JobRun(
-        job_id=job,
-        attempts=0,
-        worker=lambda: None,
-        delete_on_success=False,
-        commit_within_seconds=30,
-        saved=lambda: None,
-    )
+    run = _run_of(job, None, [])
     with current.running(job, run=run), pytest.raises(LeaseLost, match="no id"):
         LEDGER.claim(unit="stopped", stage="s")
     assert not Step.objects.filter(unit="stopped").exists()

@@ -49,6 +49,18 @@ def grant_sql(cursor, user_id: int, amount: int = 1) -> None:
     )
 
 
+def future_mark(cursor, user_id: int, *, balance: int, ahead: int) -> None:
+    """A mark of this cluster whose horizon is ``ahead`` ids above its counter (a clone
+    given a later dump)."""
+    cursor.execute(
+        "INSERT INTO credit_balance_marks (user_id, balance, horizon, cluster, entries,"
+        " folded_at) SELECT %s, %s,"
+        " (pg_snapshot_xmax(pg_current_snapshot())::text::numeric + %s)::text::xid8,"
+        " system_identifier, 1, now() FROM pg_control_system()",
+        [user_id, balance, ahead],
+    )
+
+
 def mark(user_id: int) -> CreditBalanceMark | None:
     return CreditBalanceMark.objects.filter(user_id=user_id).first()
 
@@ -279,13 +291,7 @@ def test_a_mark_above_this_servers_transaction_counter_is_never_read_and_is_repl
     server writes until its counter caught up."""
     user = funded_user(credits=3)
     with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO credit_balance_marks (user_id, balance, horizon, cluster, entries,"
-            " folded_at) SELECT %s, 1000000,"
-            " (pg_snapshot_xmax(pg_current_snapshot())::text::numeric + 1000000)::text::xid8,"
-            " system_identifier, 1, now() FROM pg_control_system()",
-            [user.pk],
-        )
+        future_mark(cursor, user.pk, balance=1000000, ahead=1000000)
     assert credit_balance(user_id=user.pk) == 3
     assert_invariants()
     settle()
@@ -398,7 +404,8 @@ def test_rebase_after_a_restore_folds_entries_that_kept_another_clusters_ids(cap
                 [user.pk],
             )
         finally:
-            cursor.execute("ALTER TABLE credit_ledger ENABLE ALWAYS TRIGGER credit_ledger_stamp")
+            # As pg_restore --disable-triggers leaves it: an ordinary trigger again.
+            cursor.execute("ALTER TABLE credit_ledger ENABLE TRIGGER credit_ledger_stamp")
     settle()
     admit(user)
     assert mark(user.pk).entries == 1  # the funding grant; the restored three stay out
@@ -413,6 +420,9 @@ def test_rebase_after_a_restore_folds_entries_that_kept_another_clusters_ids(cap
 
     out = capsys.readouterr().out
     assert "entries rebased" in out and "marks dropped" in out
+    with connection.cursor() as cursor:  # a replica's apply stamps again
+        cursor.execute("SELECT tgenabled FROM pg_trigger WHERE tgname = 'credit_ledger_stamp'")
+        assert cursor.fetchone() == ("A",)
     assert mark(user.pk) is None
     with connection.cursor() as cursor:
         cursor.execute(
@@ -433,13 +443,7 @@ def test_a_mark_above_the_counter_goes_with_the_next_entry():
     the entries written meanwhile: the next entry's insert removes it."""
     user = funded_user(credits=3)
     with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO credit_balance_marks (user_id, balance, horizon, cluster, entries,"
-            " folded_at) SELECT %s, 3,"
-            " (pg_snapshot_xmax(pg_current_snapshot())::text::numeric + 200)::text::xid8,"
-            " system_identifier, 1, now() FROM pg_control_system()",
-            [user.pk],
-        )
+        future_mark(cursor, user.pk, balance=3, ahead=200)
         grant_sql(cursor, user.pk, amount=5)
     assert mark(user.pk) is None
     with connection.cursor() as cursor:  # the counter passes the old mark's horizon
