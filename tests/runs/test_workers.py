@@ -83,7 +83,10 @@ def test_sigterm_mid_sweep_finishes_the_row_it_holds_and_leaves_no_run_unjudged(
     try:
         worker = start_worker()
         request_sweep("unsaved_runs")
-        wait_for(lambda: _waiting_on_locks() > 0, timeout=20, message="the sweep to block")
+        # Blocked by *this* blocker: a tick's singleton insert racing the request waits on
+        # a lock for a moment too, and a SIGTERM then would stop the worker before the sweep.
+        pid = blocker.info.backend_pid
+        wait_for(lambda: _blocked_by(pid) > 0, timeout=20, message="the sweep to block")
 
         worker.signal(signal.SIGTERM)
         wait_for(lambda: "Stop requested" in worker.log(), timeout=10, message="drain start")
@@ -104,12 +107,10 @@ def test_sigterm_mid_sweep_finishes_the_row_it_holds_and_leaves_no_run_unjudged(
     assert sorted(RunJudgement.objects.values_list("version", flat=True)) == [1] * 5
 
 
-def _waiting_on_locks() -> int:
-    """Sessions of this test's database waiting for a lock (the server's other databases
-    are other test processes')."""
+def _blocked_by(pid: int) -> int:
+    """Sessions waiting for a lock that session ``pid`` holds."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE NOT l.granted AND a.datname = current_database()"
+            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", [pid]
         )
         return cursor.fetchone()[0]
