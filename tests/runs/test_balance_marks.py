@@ -482,3 +482,58 @@ def test_the_stamp_fires_on_a_replica_apply_too():
             [user.pk],
         )
         assert cursor.fetchone()[0] != "1"
+
+
+def test_rebases_while_admissions_and_grants_run_lose_no_entry():
+    """``rebase_credit_marks`` run again and again while two users' admissions fold and
+    another session commits grants: the rebase's lock orders it against each of them (an
+    admission's statement takes its snapshot after the lock), so every balance is the
+    ledger's sum afterwards, and the marks folded since still hold."""
+    users = [funded_user(credits=500) for _ in range(2)]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    rebased: list[int] = []
+
+    def running(body) -> None:
+        try:
+            body()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def granting() -> None:
+        with psycopg.connect(database_url(), autocommit=True) as other:
+            while not stop.is_set():
+                for user in users:
+                    grant_sql(other.cursor(), user.pk)
+
+    def admitting(user) -> None:
+        for _ in range(30):
+            with contextlib.suppress(QueueFull):
+                admit(user)
+
+    def rebasing() -> None:
+        from runs.credits import credit_marks_rebase
+
+        for _ in range(6):
+            rebased.append(credit_marks_rebase().marks)
+            time.sleep(0.02)
+
+    workers = [threading.Thread(target=running, args=(lambda u=u: admitting(u),)) for u in users]
+    workers.append(threading.Thread(target=running, args=(rebasing,)))
+    background = threading.Thread(target=running, args=(granting,))
+    background.start()
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    stop.set()
+    background.join()
+
+    assert not errors, errors
+    assert len(rebased) == 6
+    assert sum(rebased[1:]) > 0  # admissions folded between rebases: the race was run
+    for user in users:
+        assert credit_balance(user_id=user.pk) == ledger_sum(user.pk)
+    assert_invariants()
