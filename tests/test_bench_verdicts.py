@@ -1,6 +1,7 @@
-"""The sustained-load scenario's latency verdict (``bench.scenarios.sustained``): a target
-only where the figures' bounds allow one. A percentile reached by jobs not started by the
-horizon is a lower bound of the true one (``p50_exact``/``p99_exact`` false)."""
+"""The bench's verdicts: the sustained-load scenario's latency target
+(``bench.scenarios.sustained``), only where the figures' bounds allow one (a percentile
+reached by jobs not started by the horizon is a lower bound of the true one:
+``p50_exact``/``p99_exact`` false); the admission's CPU floor."""
 
 from __future__ import annotations
 
@@ -48,3 +49,17 @@ def test_figures_without_the_exactness_flag_count_as_exact():
 def test_a_plain_figure_of_zero_is_an_infinite_ratio():
     assert _latency_target(figures(5, False), figures(0, True), 99) == TARGET
     assert _latency_target(figures(5, True), figures(0, False), 99) is None
+
+
+def test_the_admission_cpu_floor_says_whether_the_target_is_within_the_cpus_reach(monkeypatch):
+    """The admission's CPU ceiling (every CPU busy, no wait) against the rate the target
+    needs: below it, the page says the target is out of reach on that machine."""
+    from bench.scenarios import admission
+
+    monkeypatch.setattr(admission.os, "cpu_count", lambda: 2)
+    floor = {"admit_cpu": 0.5, "server_cpu": 0.75, "defer_cpu": 0.25, "defer_server_cpu": 0.25}
+    # 2 CPUs / 1.25 ms = 1,600 admits/s at most.
+    assert "out of reach here" in admission._cpu_floor(floor, needed=1700)
+    assert "at most about 1,600/s" in admission._cpu_floor(floor, needed=1700)
+    assert "within what the CPU allows" in admission._cpu_floor(floor, needed=1500)
+    assert admission._cpu_floor({"admit_cpu": 0.5, "defer_cpu": 0.25}, needed=1) == ""

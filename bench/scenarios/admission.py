@@ -633,14 +633,21 @@ def _cpu_floor(floor: dict[str, float], *, needed: float) -> str:
     admit_total = floor["admit_cpu"] + floor["server_cpu"]
     defer_total = floor["defer_cpu"] + floor["defer_server_cpu"]
     cpus = os.cpu_count() or 1
+    ceiling = cpus * 1000 / admit_total
+    verdict = (
+        "more than the admit's CPU allows on this machine: out of reach here unless an "
+        "admit costs less CPU"
+        if ceiling < needed
+        else "within what the CPU allows: the rest of the gap is waiting (above)"
+    )
     return (
         f". In CPU, an admit costs {admit_total:.2f} ms ({floor['admit_cpu']:.2f} in the "
         f"harness, {floor['server_cpu']:.2f} in the server's process, read from /proc), a "
         f"plain defer {defer_total:.2f} ms ({floor['defer_cpu']:.2f} + "
         f"{floor['defer_server_cpu']:.2f}); the harness and the server share the machine's "
         f"{cpus} CPU(s), so with every CPU busy and no wait at all admits reach at most "
-        f"about {cpus * 1000 / admit_total:,.0f}/s (plain defers "
-        f"{cpus * 1000 / defer_total:,.0f}/s); the target needs {needed:,.0f}/s"
+        f"about {ceiling:,.0f}/s (plain defers "
+        f"{cpus * 1000 / defer_total:,.0f}/s); the target needs {needed:,.0f}/s, {verdict}"
     )
 
 
