@@ -65,14 +65,6 @@ def test_long_running_services_restart_and_workers_drain():
         }
 
 
-def test_migrate_fails_on_a_lock_it_cannot_get_in_ten_seconds_as_the_deploy_docs_say():
-    """A migration waiting behind a long transaction would queue every admission behind
-    it: the migrate service gives libpq a lock timeout, the value docs/deploy.md names."""
-    options = compose()["services"]["migrate"]["environment"]["PGOPTIONS"]
-    assert options == "-c lock_timeout=10s"
-    assert f'PGOPTIONS="{options}"' in (ROOT / "docs" / "deploy.md").read_text()
-
-
 def test_pgbouncer_pools_by_transaction():
     config = configparser.ConfigParser(inline_comment_prefixes=(";",))
     config.read(ROOT / "deploy" / "pgbouncer" / "pgbouncer.ini")

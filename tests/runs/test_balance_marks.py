@@ -218,8 +218,9 @@ def test_grants_committing_while_admissions_fold_are_all_counted():
     """One session holds a grant uncommitted over the whole run, another commits grants
     one by one, a thread admits (each admission folds): afterwards the balance as the
     admission reads it is the ledger's sum, the held grant included."""
-    user = funded_user(credits=1)
     grants, admits = 150, 40
+    # Funded for every admission: the admitting thread may outrun the grants.
+    user = funded_user(credits=admits)
     errors: list[BaseException] = []
 
     def granting() -> None:
@@ -485,12 +486,12 @@ def test_the_stamp_fires_on_a_replica_apply_too():
 
 
 def test_rebases_while_admissions_and_grants_run_lose_no_entry():
-    """``rebase_credit_marks`` run again and again while two users' admissions fold and
-    another session commits grants: the rebase's lock orders it against each of them (an
-    admission's statement takes its snapshot after the lock), so every balance is the
-    ledger's sum afterwards, and the marks folded since still hold."""
+    """``rebase_credit_marks`` while two users' admissions fold and another session
+    commits grants, in rounds: the rebase's lock orders it against each of them (an
+    admission's statement takes its snapshot after the lock), so after every round each
+    balance is the ledger's sum. Checked per round, before the next rebase drops the
+    marks (and with them any mark a round folded wrong)."""
     users = [funded_user(credits=500) for _ in range(2)]
-    stop = threading.Event()
     errors: list[BaseException] = []
     rebased: list[int] = []
 
@@ -502,38 +503,40 @@ def test_rebases_while_admissions_and_grants_run_lose_no_entry():
         finally:
             connections.close_all()
 
-    def granting() -> None:
+    def granting(stop: threading.Event) -> None:
         with psycopg.connect(database_url(), autocommit=True) as other:
             while not stop.is_set():
                 for user in users:
                     grant_sql(other.cursor(), user.pk)
 
     def admitting(user) -> None:
-        for _ in range(30):
+        for _ in range(10):
             with contextlib.suppress(QueueFull):
                 admit(user)
 
-    def rebasing() -> None:
+    def rebasing(delay: float) -> None:
         from runs.credits import credit_marks_rebase
 
-        for _ in range(6):
-            rebased.append(credit_marks_rebase().marks)
-            time.sleep(0.02)
+        time.sleep(delay)
+        rebased.append(credit_marks_rebase().marks)
 
-    workers = [threading.Thread(target=running, args=(lambda u=u: admitting(u),)) for u in users]
-    workers.append(threading.Thread(target=running, args=(rebasing,)))
-    background = threading.Thread(target=running, args=(granting,))
-    background.start()
-    for thread in workers:
-        thread.start()
-    for thread in workers:
-        thread.join()
-    stop.set()
-    background.join()
+    for delay in (0.0, 0.005, 0.01, 0.02):
+        stop = threading.Event()
+        background = threading.Thread(target=running, args=(lambda s=stop: granting(s),))
+        workers = [
+            threading.Thread(target=running, args=(lambda u=u: admitting(u),)) for u in users
+        ]
+        workers.append(threading.Thread(target=running, args=(lambda d=delay: rebasing(d),)))
+        background.start()
+        for thread in workers:
+            thread.start()
+        for thread in workers:
+            thread.join()
+        stop.set()
+        background.join()
 
-    assert not errors, errors
-    assert len(rebased) == 6
-    assert sum(rebased[1:]) > 0  # admissions folded between rebases: the race was run
-    for user in users:
-        assert credit_balance(user_id=user.pk) == ledger_sum(user.pk)
-    assert_invariants()
+        assert not errors, errors
+        for user in users:
+            assert credit_balance(user_id=user.pk) == ledger_sum(user.pk)
+        assert_invariants()
+    assert sum(rebased[1:]) > 0  # admissions folded before a rebase: the race was run
