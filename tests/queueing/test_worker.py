@@ -502,6 +502,36 @@ def test_a_job_fetched_again_after_its_first_runs_outcome_was_refused_runs_again
     assert f"job {job.job_id} was held by this worker, which was not running it" in caplog.text
 
 
+def test_a_stopped_worker_keeps_its_last_id_for_the_runs_that_outlive_it():
+    """A sync run outliving its worker's stop (past the graceful timeout) still fences
+    its claims: the id it reads once the worker has stopped (and unregistered) is the
+    last one the worker had, never none (a claim with no id would be unfenced; the
+    ledger refuses one: tests/queueing/test_ledger.py)."""
+    import asyncio
+
+    from procrastinate.contrib.django import app
+
+    worker_app = app.with_connector(app.connector.get_worker_connector())
+
+    async def scenario() -> tuple[int | None, int | None, int | None]:
+        worker = _in_process_worker(worker_app, concurrency=1)
+        async with worker_app.open_async():
+            running = asyncio.create_task(worker.run())
+            for _ in range(400):
+                if worker.worker_id is not None:
+                    break
+                await asyncio.sleep(0.05)
+            registered = worker.worker_id
+            worker.stop()
+            await asyncio.wait_for(running, timeout=30)
+        return registered, worker.worker_id, worker._current_worker_id()
+
+    registered, after_stop, read_by_a_run = asyncio.run(scenario())
+    assert registered is not None
+    assert after_stop is None
+    assert read_by_a_run == registered
+
+
 def _in_process_worker(worker_app, *, concurrency: int):
     """A pgstage worker in this process (the test drives its interleaving), polling fast."""
     from queueing.worker import PgstageWorker
