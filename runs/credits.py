@@ -69,10 +69,11 @@ def credit_marks_rebase(*, dry_run: bool = False) -> Rebased:
     entries keep the old cluster's transaction ids (``pg_restore`` creates the ledger's
     triggers after its data), which may lie ahead of this server's counter; read in each
     admission's tail until the counter passes them, they make every admission sum the
-    user's whole history. In one transaction, under a lock that makes admissions wait: drop every
-    mark and give every entry the id every mark folds. The next admission of each user
-    sums their ledger once and folds it. ``dry_run``: count what it would change, under
-    the same lock, and change nothing."""
+    user's whole history. In one transaction, under a lock that makes admissions wait:
+    drop every mark, give every entry the id every mark folds, and enable the stamp
+    trigger ALWAYS again. The next admission of each user sums their ledger once and
+    folds it. ``dry_run``: count what it would change, under the same lock, and change
+    nothing."""
     if dry_run:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(_REBASE[0])
