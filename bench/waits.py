@@ -29,13 +29,25 @@ SELECT CASE WHEN state = 'active'
 
 
 class WaitSampler:
-    """Every ``interval`` seconds, what each active session of ``application`` does."""
+    """Every ``interval`` seconds, what each active session of ``application`` does; with
+    ``armed=False``, only from :meth:`arm` on (its connection is opened before, so that
+    opening it costs the sampled window nothing)."""
 
-    def __init__(self, params: Mapping[str, Any], *, application: str, interval: float = 0.02):
+    def __init__(
+        self,
+        params: Mapping[str, Any],
+        *,
+        application: str,
+        interval: float = 0.02,
+        armed: bool = True,
+    ):
         self._params = {k: v for k, v in params.items() if v is not None}
         self._application = application
         self._interval = interval
         self._stop = threading.Event()
+        self._armed = threading.Event()
+        if armed:
+            self._armed.set()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.samples = 0
         self.sessions = 0
@@ -48,10 +60,16 @@ class WaitSampler:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        self._armed.set()
         self._thread.join(timeout=10)
+
+    def arm(self) -> None:
+        """Start sampling (a sampler made with ``armed=False``)."""
+        self._armed.set()
 
     def _run(self) -> None:
         with psycopg.connect(**self._params, autocommit=True) as conn:
+            self._armed.wait()
             while not self._stop.wait(self._interval):
                 rows = conn.execute(SAMPLE, {"application": self._application}).fetchall()
                 self.samples += 1

@@ -63,3 +63,37 @@ def test_the_admission_cpu_floor_says_whether_the_target_is_within_the_cpus_reac
     assert "at most about 1,600/s" in admission._cpu_floor(floor, needed=1700)
     assert "within what the CPU allows" in admission._cpu_floor(floor, needed=1500)
     assert admission._cpu_floor({"admit_cpu": 0.5, "defer_cpu": 0.25}, needed=1) == ""
+
+
+def test_the_storm_cause_splits_the_serialisation_from_the_admits_own_work(monkeypatch):
+    """The storm's page text: the baseline's defers serialised under one lock (measured
+    in the same run) against the plain storm, and what the admit adds on top of them."""
+    from bench.harness import Row, series
+    from bench.scenarios import admission
+
+    monkeypatch.setattr(admission.os, "cpu_count", lambda: 2)
+    floor = {
+        "admit": 1.3, "client": 0.56, "admit_cpu": 0.5, "wire": 0.08, "server": 0.67,
+        "statement": 0.2, "planning": 1.4, "prepared": 1.0, "defer": 0.68,
+        "under_lock": 0.67, "commit": 0.47,
+        "server_cpu": 0.75, "defer_cpu": 0.25, "defer_server_cpu": 0.25,
+    }  # fmt: skip
+    row = Row(
+        key="admit_storm_p99",
+        scenario="storm",
+        unit="ms",
+        measures="",
+        parameters={"threads": 50},
+        result=series([100.0]),
+        baseline=series([60.0]),
+        profile={"serialised_defers_p99_ms": 75.0},
+    )
+    text = admission._storm_floor(floor, row)
+    assert "take 75 ms at p99 in this run, 1.25x the plain storm" in text
+    assert "the admit's own work makes the rest (25 ms)" in text
+    # 1.25 ms of CPU an admit, 0.5 a defer: 50 x 0.75 ms more.
+    assert "1.25 ms of CPU an admit against 0.50 ms a defer" in text
+    assert "38 ms more in a storm, on 2 CPU(s)" in text
+    # A row of a run without the serialised storm says nothing of it.
+    row.profile.clear()
+    assert "serialising" not in admission._storm_floor(floor, row)

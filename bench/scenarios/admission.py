@@ -6,7 +6,9 @@
   for the scaling.
 * the storm: S threads released together, each admitting once for the same user, each call
   timed on its own thread; p99 (nearest rank) over every call of the repetition's storms.
-  The baseline: S threads, one plain defer each. Each thread's session has made one call
+  The baseline: S threads, one plain defer each; and, to show what serialising alone
+  costs, the same defers each under one advisory lock (BEGIN, the lock, the defer, COMMIT
+  in one round trip, as an admit sends its own). Each thread's session has made one call
   of its side before the release (an admit for a user of its own; a defer), as a web
   thread's persistent connection (``CONN_MAX_AGE``) has: a session's first statement of a
   kind is parsed and planned, or its SQL function compiled, afresh.
@@ -16,7 +18,8 @@
 
 Every repetition admits for fresh users of a fresh tenant (removed after it), so queues
 start empty. Sessions are opened before the release; ``pg_stat_activity`` is sampled
-meanwhile (``bench.waits``) to show what admits wait on.
+meanwhile (``bench.waits``; in the storms from the release on, not over the warm-up calls)
+to show what admits wait on.
 """
 
 from __future__ import annotations
@@ -64,8 +67,8 @@ class _Waits:
         self.ctx = ctx
         self.summaries: dict[str, list[dict[str, Any]]] = {"pgstage": [], "plain": []}
 
-    def sampler(self) -> WaitSampler:
-        return WaitSampler(self.ctx.params, application=self.ctx.application)
+    def sampler(self, *, armed: bool = True) -> WaitSampler:
+        return WaitSampler(self.ctx.params, application=self.ctx.application, armed=armed)
 
     def add(self, side: str, sampler: WaitSampler) -> None:
         self.summaries[side].append(sampler.summary())
@@ -122,11 +125,12 @@ def _storm_admits(ctx: Context, waits: _Waits) -> list[float]:
     try:
         warm_users = [funded_users(t, storms, credits=1) for t in warm_tenants]
         for storm, user in enumerate(funded_users(tenant, storms, credits=size)):
-            with waits.sampler() as sampler:
+            with waits.sampler(armed=False) as sampler:
                 released = released_together(
                     lambda _i, user=user: admit(user),
                     [[0]] * size,
                     warm_up=lambda t, storm=storm: admit(warm_users[t][storm]),
+                    on_release=sampler.arm,
                 )
             waits.add("pgstage", sampler)
             latencies += released.latencies
@@ -139,11 +143,49 @@ def _storm_admits(ctx: Context, waits: _Waits) -> list[float]:
 def _storm_defers(ctx: Context, waits: _Waits) -> list[float]:
     latencies: list[float] = []
     for _ in range(ctx.sizes.storms):
-        with waits.sampler() as sampler:
+        with waits.sampler(armed=False) as sampler:
             released = released_together(
-                _defer, [[i] for i in range(ctx.sizes.storm)], warm_up=lambda i: _defer(-1 - i)
+                _defer,
+                [[i] for i in range(ctx.sizes.storm)],
+                warm_up=lambda i: _defer(-1 - i),
+                on_release=sampler.arm,
             )
         waits.add("plain", sampler)
+        latencies += released.latencies
+    database.delete_bench_jobs()
+    return latencies
+
+
+#: The plain defer's own SQL (procrastinate's ``defer``), under one advisory lock.
+_SERIAL_DEFER = (
+    "SELECT unnest(procrastinate_defer_jobs_v1(ARRAY[ROW(%(queue)s, %(task)s, 0, NULL, NULL, "
+    "%(args)s::jsonb, NULL)]::procrastinate_job_to_defer_v1[]))"
+)
+
+
+def _serial_defer(unit: object) -> None:
+    """A plain defer serialised as one user's admits are: ``BEGIN``, one advisory lock for
+    every caller, the defer, ``COMMIT``, in one round trip (as the admit sends its own)."""
+    raw = connection.connection
+    with sql.committed(raw):
+        cursor = raw.cursor()
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended('bench:storm', 0))")
+        cursor.execute(
+            _SERIAL_DEFER,
+            {"queue": QUEUE, "task": noop.name, "args": json.dumps({"unit": str(unit)})},
+        )
+
+
+def _storm_serial_defers(ctx: Context, waits: _Waits) -> list[float]:
+    """The storm's floor of serialisation: the baseline's defers, one after the other
+    under one lock (:func:`_serial_defer`); only the admit's own work differs from it."""
+    latencies: list[float] = []
+    for _ in range(ctx.sizes.storms):
+        released = released_together(
+            _serial_defer,
+            [[i] for i in range(ctx.sizes.storm)],
+            warm_up=lambda i: _serial_defer(-1 - i),
+        )
         latencies += released.latencies
     database.delete_bench_jobs()
     return latencies
@@ -383,8 +425,8 @@ def run(ctx: Context) -> list[Row]:
     waits = _Waits(ctx)
     storm_waits = _Waits(ctx)
     rates: dict[str, list[float]] = {"plain_t": [], "pg_t": [], "plain_1": [], "pg_1": []}
-    p99s: dict[str, list[float]] = {"plain": [], "pgstage": []}
-    p50s: dict[str, list[float]] = {"plain": [], "pgstage": []}
+    p99s: dict[str, list[float]] = {"plain": [], "pgstage": [], "serial": []}
+    p50s: dict[str, list[float]] = {"plain": [], "pgstage": [], "serial": []}
     counts: dict[str, list[dict[str, Any]]] = {"free": [], "queued": [], "defer": []}
     django: dict[str, list[float]] = {"free": [], "queued": [], "defer": []}
     single_waits = _Waits(ctx)
@@ -398,7 +440,11 @@ def run(ctx: Context) -> list[Row]:
         rates["plain_1"].append(_defer_rate(single_waits, threads=1, total=single))
         rates["pg_1"].append(_admit_rate(ctx, single_waits, threads=1, total=single, seed=rep))
         say(f"admission: repetition {rep + 1}/{sizes.repetitions}, storms of {sizes.storm}")
-        for side, storm in (("plain", _storm_defers), ("pgstage", _storm_admits)):
+        for side, storm in (
+            ("plain", _storm_defers),
+            ("pgstage", _storm_admits),
+            ("serial", _storm_serial_defers),
+        ):
             latencies = storm(ctx, storm_waits)
             p99s[side].append(percentile(latencies, 99) * 1000)
             p50s[side].append(percentile(latencies, 50) * 1000)
@@ -467,7 +513,9 @@ def run(ctx: Context) -> list[Row]:
             measures=(
                 f"{sizes.storm} threads released together, one admit each for the same user; "
                 f"each call timed on its thread; p99 (nearest rank) over {sizes.storms} "
-                "storm(s) per repetition"
+                "storm(s) per repetition; beside them, the baseline's defers sent one after "
+                "the other under one lock, as one user's admits are (profile: "
+                "serialised_defers_p99_ms)"
             ),
             parameters={"threads": sizes.storm, "storms_per_repetition": sizes.storms},
             result=series(p99s["pgstage"]),
@@ -476,6 +524,7 @@ def run(ctx: Context) -> list[Row]:
             target=Target(on="ratio", op="<=", value=1.5),
             profile={
                 "p50_ms": {side: Series(tuple(v)).median for side, v in p50s.items()},
+                "serialised_defers_p99_ms": Series(tuple(p99s["serial"])).median,
                 "waits": storm_waits.merged("pgstage"),
                 "baseline_waits": storm_waits.merged("plain"),
             },
@@ -653,11 +702,13 @@ def _cpu_floor(floor: dict[str, float], *, needed: float) -> str:
 
 def _storm_floor(floor: dict[str, float], row: Row) -> str:
     """The storm's last admit waits for every other one's time under the user's lock:
-    its statement, and the COMMIT with its WAL flush."""
+    its statement, and the COMMIT with its WAL flush; measured beside it, the baseline's
+    defers serialised the same way, which leave only the admit's own work as the rest."""
     size = int(row.parameters["threads"])
     chain = (row.figure or 0.0) / size
-    target = 1.5 * (row.baseline.median if row.baseline else 0.0)
-    return (
+    plain = row.baseline.median if row.baseline else 0.0
+    target = 1.5 * plain
+    text = (
         f"{_split(floor)}. Each admit holds the user's lock up to about "
         f"{floor['under_lock']:.2f} ms uncontended ({floor['statement']:.2f} ms running its "
         f"statement, {floor['commit']:.2f} ms for the rest: the lock, the COMMIT and its "
@@ -670,6 +721,24 @@ def _storm_floor(floor: dict[str, float], row: Row) -> str:
         f"the {size} client threads share the machine's CPUs); the target is "
         f"{target:,.0f} ms"
     )
+    serial = row.profile.get("serialised_defers_p99_ms")
+    if serial and plain > 0:
+        text += (
+            f". The baseline's own defers, sent one after the other under one lock as the "
+            "admits of one user are (BEGIN, the lock, the defer and COMMIT in one round "
+            f"trip), take {serial:,.0f} ms at p99 in this run, {serial / plain:.2f}x the "
+            "plain storm: what serialising them costs by itself; the admit's own work "
+            f"makes the rest ({(row.figure or 0.0) - serial:,.0f} ms)"
+        )
+        if "server_cpu" in floor:
+            admit_cpu = floor["admit_cpu"] + floor["server_cpu"]
+            defer_cpu = floor["defer_cpu"] + floor["defer_server_cpu"]
+            text += (
+                f": {admit_cpu:.2f} ms of CPU an admit against {defer_cpu:.2f} ms a defer "
+                f"(harness and server), {size * (admit_cpu - defer_cpu):,.0f} ms more in a "
+                f"storm, on {os.cpu_count()} CPU(s)"
+            )
+    return text
 
 
 def _explain(rows: list[Row], trips: dict[str, dict[str, Any]]) -> None:

@@ -87,11 +87,13 @@ def released_together(
     plans: Sequence[Sequence[Any]],
     *,
     warm_up: Callable[[int], object] | None = None,
+    on_release: Callable[[], object] | None = None,
 ) -> Released:
     """One thread per plan, each with its own database session opened beforehand (and,
     with ``warm_up``, used once by ``warm_up(thread index)``, as a web thread's persistent
     connection has been); all start at one barrier and call ``work(item)`` for each item
-    of their plan."""
+    of their plan. ``on_release()`` runs as they start (e.g. a sampler's ``arm``, so that
+    it sees the release, not the warm-up)."""
     barrier = threading.Barrier(len(plans) + 1)
     latencies: list[list[float]] = [[] for _ in plans]
     ends = [0.0] * len(plans)
@@ -120,6 +122,8 @@ def released_together(
     with contextlib.suppress(threading.BrokenBarrierError):
         barrier.wait(timeout=120)
     released = time.perf_counter()
+    if on_release is not None:
+        on_release()
     for thread in threads:
         thread.join()
     if errors:
