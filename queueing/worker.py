@@ -55,6 +55,12 @@ What it adds to procrastinate's worker (3.10):
   the worker puts such jobs back, one by one (superseded or aborted ones end); it looks
   again before a fetch a stall threshold after its last look (a backlog included), and
   before the next fetch once a run it had fetched again has ended.
+* **It fetches only with a recent beat.** A worker cut off (a partition, a dropped link)
+  may get a fetch through its pool before its heartbeat beats again; the job would sit
+  under a heartbeat past the stall threshold, and recovery would put it back while it
+  runs, for a second worker to run it too. So a fetch waits until the last beat is
+  recent enough (``fetch_beat_seconds``: the stall threshold less a heartbeat and the
+  liveness bound), and the worker says so once.
 * **Its row survives an outage.** Only workers silent far longer than any live one can be
   are pruned, and a worker whose row went missing registers again and takes its running
   jobs back, in one statement.
@@ -120,7 +126,7 @@ from queueing import current, flush, giveup, sweeps, timeouts
 from queueing.connector import ReplanningCursor, ended_by_server, worker_connector
 from queueing.exceptions import JobTimedOut, PollLater
 from queueing.logs import takes_job_records
-from queueing.outage import RECONNECT_SECONDS, Failures, describe
+from queueing.outage import RECONNECT_SECONDS, Failures, beat_resume_seconds, describe
 from queueing.planner import rows_walking_async
 from queueing.sql import array_literal, load
 from queueing.sql import queries as queueing_queries
@@ -192,6 +198,19 @@ def prune_after_seconds() -> float:
     """A worker silent this long is dead for certain: it would have exited after its
     outage window. Its row may go; its jobs are recovered long before."""
     return outage_seconds() + 4 * stalled_seconds()
+
+
+#: How often a fetch waiting for this worker's beat looks again (:func:`fetch_beat_seconds`).
+BEAT_WAIT_POLL_SECONDS = 0.05
+
+
+def fetch_beat_seconds() -> float:
+    """A worker fetches only while its last beat is younger than this: a job fetched then
+    stays clear of stalled recovery (which takes the jobs of a worker silent for the stall
+    threshold) until the next beat lands, one heartbeat later, with the liveness bound to
+    spare. Never below one heartbeat (a threshold that short is ``queueing.W001``'s)."""
+    heartbeat = heartbeat_seconds()
+    return max(heartbeat, stalled_seconds() - heartbeat - beat_resume_seconds(heartbeat))
 
 
 def _is_missing_worker(exc: BaseException) -> bool:
@@ -267,8 +286,9 @@ class TaskNameJobManager(manager.JobManager):
         super().__init__(connector=connector)
         self._tasks = tasks
         #: Per worker id, what that worker does before each of its fetches, none of its
-        #: fetches in flight then (:meth:`PgstageWorker._look_if_due`).
-        self.before_fetch: dict[int, Callable[[], Awaitable[None]]] = {}
+        #: fetches in flight then (:meth:`PgstageWorker._before_fetch`); false: fetch
+        #: nothing (the worker stops).
+        self.before_fetch: dict[int, Callable[[], Awaitable[bool]]] = {}
 
     def task_names(self) -> list[str]:
         """Every name a job of this app's tasks may carry (aliases included)."""
@@ -276,8 +296,8 @@ class TaskNameJobManager(manager.JobManager):
 
     async def fetch_job(self, queues: Iterable[str] | None, worker_id: int) -> jobs.Job | None:
         hook = self.before_fetch.get(worker_id)
-        if hook is not None:
-            await hook()
+        if hook is not None and not await hook():
+            return None  # the worker stops: nothing more to fetch
         # One short statement: the function (pgstage_fetch_job_v1) runs under the index
         # walk's planner settings and keeps its generic plan per server session
         # (queueing.planner).
@@ -565,6 +585,7 @@ class PgstageWorker(procrastinate_worker.Worker):
             # TaskNameJobManager's registration also records the worker's queues
             functools.partial(self.app.job_manager.register_worker, self.queues),  # type: ignore[call-arg]
         )
+        self._last_beat = time.monotonic()  # its row was born with a beat (now())
         # Fail fast when the pool has no live connection to give (its default is 30 s):
         # each loop then backs off and says so, instead of hanging silently. And never
         # let the pool retry a lost connection on its own doubling schedule (up to 128 s
@@ -634,6 +655,7 @@ class PgstageWorker(procrastinate_worker.Worker):
                 hooks=giveup.hooked_tasks(),
             )
             self.worker_id = row["worker_id"]
+            self._last_beat = time.monotonic()  # the new row was born with a beat
         lost = sorted(set(running) - set(row["adopted"]))
         logger.warning(
             "worker %s was pruned while cut off from the database; registered again as %s "
@@ -669,14 +691,49 @@ class PgstageWorker(procrastinate_worker.Worker):
             return
 
     def _hook_fetches(self) -> None:
-        """Before each fetch of this worker (its id may change: ``_register_again``), the
-        look for jobs it holds but does not run, when due (:meth:`_look_if_due`)."""
+        """Before each fetch of this worker (its id may change: ``_register_again``), a
+        recent beat and the look for jobs it holds but does not run, when due
+        (:meth:`_before_fetch`)."""
         assert self.worker_id is not None
         hooks = self.job_manager.before_fetch
         if self._hooked_id is not None and self._hooked_id != self.worker_id:
             hooks.pop(self._hooked_id, None)
-        hooks[self.worker_id] = self._look_if_due
+        hooks[self.worker_id] = self._before_fetch
         self._hooked_id = self.worker_id
+
+    async def _before_fetch(self) -> bool:
+        """Before a fetch: a recent beat (:meth:`_beat_before_fetch`), then the look for
+        jobs held but not run, when due. False when the worker stops meanwhile."""
+        if not await self._beat_before_fetch():
+            return False
+        await self._look_if_due()
+        return True
+
+    async def _beat_before_fetch(self) -> bool:
+        """Wait until this worker's last beat is recent enough for a job fetched now to
+        keep looking alive until the next beat lands (:func:`fetch_beat_seconds`). Once
+        the worker was cut off (a partition, a dropped link), its pool may get a fetch
+        through before its heartbeat's own connection beats again: the job would be
+        ``doing`` under a worker whose heartbeat is long past the stall threshold, and any
+        worker's stalled recovery (this one's too) would put it back while it runs, for
+        another worker to run it at the same time. False when the worker stops meanwhile
+        (nothing to fetch then)."""
+        bound = fetch_beat_seconds()
+        said = False
+        while time.monotonic() - self._last_beat >= bound:
+            if self._stop_event.is_set():
+                return False
+            if not said:
+                logger.info(
+                    "worker %s fetches again once its heartbeat lands (its last beat was "
+                    "%.0f s ago)",
+                    self.worker_id,
+                    time.monotonic() - self._last_beat,
+                )
+                said = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_event.wait(), timeout=BEAT_WAIT_POLL_SECONDS)
+        return not self._stop_event.is_set()
 
     async def _look_if_due(self) -> None:
         """Before a fetch: look for jobs held but not run when a run this worker was

@@ -3,6 +3,7 @@ task, drain on SIGTERM, and recovery of a SIGKILLed worker's job."""
 
 from __future__ import annotations
 
+import datetime
 import logging
 import signal
 import time
@@ -517,10 +518,7 @@ def test_a_stopped_worker_keeps_its_last_id_for_the_runs_that_outlive_it():
         worker = _in_process_worker(worker_app, concurrency=1)
         async with worker_app.open_async():
             running = asyncio.create_task(worker.run())
-            for _ in range(400):
-                if worker.worker_id is not None:
-                    break
-                await asyncio.sleep(0.05)
+            await _until_registered(worker)
             registered = worker.worker_id
             worker.stop()
             await asyncio.wait_for(running, timeout=30)
@@ -530,6 +528,80 @@ def test_a_stopped_worker_keeps_its_last_id_for_the_runs_that_outlive_it():
     assert registered is not None
     assert after_stop is None
     assert read_by_a_run == registered
+
+
+def test_a_worker_whose_last_beat_is_old_fetches_only_once_it_beats_again(effects, caplog):
+    """Found by the nemesis (a worker cut off for a minute): once its link came back, its
+    pool fetched a job before its heartbeat had beaten again, and stalled recovery (its
+    own) put the job back while it ran, for another worker to run it at the same time. A
+    worker whose last beat is older than ``fetch_beat_seconds`` fetches nothing until a
+    beat lands: here its heartbeat is held (its link still cut, as far as the heartbeat's
+    own connection knows), its clock and its row a minute old; a ready job stays
+    'todo' while the worker polls, and runs once the beat has landed."""
+    import asyncio
+
+    from procrastinate.contrib.django import app
+
+    from queueing.worker import fetch_beat_seconds
+
+    job = enqueue("tests.record", args={"label": "j"}, schedule_in=datetime.timedelta(hours=1))
+    worker_app = app.with_connector(app.connector.get_worker_connector())
+    connector = worker_app.connector
+    assert fetch_beat_seconds() < 60
+
+    async def status() -> str:
+        row = await connector.execute_query_one_async(
+            "SELECT status::text FROM procrastinate_jobs WHERE id = %(id)s", id=job.job_id
+        )
+        return row["status"]
+
+    async def scenario() -> tuple[list[str], str]:
+        worker = _in_process_worker(worker_app, concurrency=1)
+
+        async def held() -> None:
+            await asyncio.Event().wait()  # the heartbeat's connection gets nowhere
+
+        worker._update_heartbeat = held
+        seen = []
+        async with worker_app.open_async():
+            running = asyncio.create_task(worker.run())
+            await _until_registered(worker)
+            # A minute without a beat, as after a partition; the job becomes ready.
+            worker._last_beat = time.monotonic() - 60
+            await connector.execute_query_async(
+                "UPDATE procrastinate_workers SET last_heartbeat = now() - interval '60 s' "
+                "WHERE id = %(id)s",
+                id=worker.worker_id,
+            )
+            await connector.execute_query_async(
+                "UPDATE procrastinate_jobs SET scheduled_at = now() WHERE id = %(id)s",
+                id=job.job_id,
+            )
+            for _ in range(20):  # the worker polls every 0.05 s meanwhile
+                await asyncio.sleep(0.05)
+                seen.append(await status())
+            # The beat lands (as the heartbeat's next attempt would).
+            await connector.execute_query_async(
+                "UPDATE procrastinate_workers SET last_heartbeat = now() WHERE id = %(id)s",
+                id=worker.worker_id,
+            )
+            worker._last_beat = time.monotonic()
+            final = "todo"
+            for _ in range(200):
+                final = await status()
+                if final == "succeeded":
+                    break
+                await asyncio.sleep(0.05)
+            worker.stop()
+            await asyncio.wait_for(running, timeout=30)
+        return seen, final
+
+    with caplog.at_level(logging.INFO, logger="queueing.worker"):
+        seen, final = asyncio.run(scenario())
+    assert set(seen) == {"todo"}, seen
+    assert "fetches again once its heartbeat lands (its last beat was 60 s ago)" in caplog.text
+    assert final == "succeeded"
+    assert effects() == ["j"]
 
 
 def _in_process_worker(worker_app, *, concurrency: int):
@@ -544,6 +616,17 @@ def _in_process_worker(worker_app, *, concurrency: int):
         fetch_job_polling_interval=0.05,
         install_signal_handlers=False,
     )
+
+
+async def _until_registered(worker) -> None:
+    """Until the in-process ``worker`` has registered (its id set)."""
+    import asyncio
+
+    for _ in range(400):
+        if worker.worker_id is not None:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the worker did not register within 20 s")
 
 
 async def _until_fetched_by(worker, job_id: int) -> None:
