@@ -19,7 +19,8 @@ Generic jobs (their effects are lines outside the database, :mod:`tests.nemesis.
   once had, between its earlier completion's start and its next run's start, a fault that
   could keep the outcome from being saved: a database restart, crash or refusal, a storm of
   terminated sessions, a lock on ``procrastinate_jobs`` (statement timeout), or a kill,
-  drain, deploy, reset or partition of the earlier run's worker. An operator's sweep or
+  drain, deploy, settings change (``reconfigure``), reset or partition of the earlier run's
+  worker. An operator's sweep or
   retry is no such fault.
 - **G3 nothing lost**: every job without a hook that was enqueued (the enqueue answered)
   and is over ended ``succeeded``, with at least one completed run; and no job ends
@@ -47,7 +48,8 @@ Liveness, timed from the end of the last fault (every fault heals what it did):
   every inquiry has four successes or a stage given up, every analysis is terminal and
   saved, every run judged, no hook owed. The time it took is measured.
 - **L2 jobs start again after the database's return** within :data:`RESTART_BOUND_SECONDS`
-  of it, after every outage shorter than the workers' outage window (a restart, a refusal):
+  of it, after every outage shorter than the outage window of some worker then running
+  (a restart, a refusal; each worker's window is on its ``start`` line):
   measured for every return (``restart_seconds``, the worst ``restart_seconds_max``); a
   violation when jobs waited for the return, unless a fault that keeps every worker from
   starting a job (another outage, a storm of terminated sessions, a lock on
@@ -62,9 +64,12 @@ Liveness, timed from the end of the last fault (every fault heals what it did):
   excused late start is listed
   (``late_restarts_excused``).
 - **L3 a worker never exits on its own while the database is reachable** (an exit seen
-  within 2 s of the database's or its link's return counts as one while it was away). How
-  long the database had been away when a worker gave up is measured: the framework
-  promises an exit only after ``QUEUEING_DATABASE_OUTAGE_SECONDS``.
+  within 2 s of the database's or its link's return counts as one while it was away),
+  **nor gives up sooner than its outage window** (``QUEUEING_DATABASE_OUTAGE_SECONDS``, on
+  its ``start`` line) after the database or its link went away. How long that was when a
+  worker gave up is measured. A worker pruned while it was cut off (its row deleted by one
+  of a shorter window, after a ``reconfigure``) registers again: counted from the
+  workers' logs (``registered_again``), as are the prunes (``pruned_workers``).
 - **L4 a live worker fetches again within the bound** once no fault stands in its way:
   a worker whose fetches keep failing (its log's "database error while fetching jobs",
   :mod:`tests.nemesis.worker_logs`) for :data:`RESTART_BOUND_SECONDS` after the last
@@ -111,7 +116,12 @@ STALL_RECOVERIES = 3
 #: Each worker's slots (``--concurrency``), when the history does not say.
 DEFAULT_CONCURRENCY = 2
 #: Fault kinds that can keep the outcome of a job of *their* worker from being saved.
-WORKER_FAULTS = {"kill", "term", "reset", "partition", "deploy"}
+WORKER_FAULTS = {"kill", "term", "reset", "partition", "deploy", "reconfigure"}
+#: Worker faults that drain every worker in turn (a rolling restart).
+ROLLING_FAULTS = {"deploy", "reconfigure"}
+#: A worker may give up this much before its outage window (the checker's clocks against
+#: the worker's).
+WINDOW_SLACK_SECONDS = 1.0
 
 
 @dataclass
@@ -181,6 +191,30 @@ def _pids(history: list[dict]) -> tuple[dict[int, int], dict[int, float]]:
     return worker_of, exited
 
 
+def outage_windows(history: list[dict]) -> dict[int, float]:
+    """pid → the outage window its worker ran with (:data:`OUTAGE_WINDOW_SECONDS` for a
+    history whose start lines do not say)."""
+    return {
+        line["pid"]: float(line.get("outage_window") or OUTAGE_WINDOW_SECONDS)
+        for line in history
+        if line["type"] == "worker" and line["event"] == "start" and line.get("pid")
+    }
+
+
+def _running_windows(history: list[dict], at: float) -> list[float]:
+    """The outage windows of the worker processes running at ``at``."""
+    windows = outage_windows(history)
+    running: dict[int, int] = {}  # worker index → pid
+    for line in history:
+        if line["type"] != "worker" or line["mono"] > at or not line.get("pid"):
+            continue
+        if line["event"] == "start":
+            running[line["worker"]] = line["pid"]
+        elif line["event"] == "exit" and running.get(line["worker"]) == line["pid"]:
+            del running[line["worker"]]
+    return [windows[pid] for pid in running.values()]
+
+
 def runs_of(history: list[dict]) -> dict[int, list[Run]]:
     """Each job's runs from its effect lines (a start, then its end or error, per pid)."""
     runs: dict[int, list[Run]] = defaultdict(list)
@@ -227,7 +261,7 @@ def check(history: list[dict]) -> Report:
                 return True
             if w.kind == "statement_timeout" and w.detail.get("table") == "procrastinate_jobs":
                 return True
-            if w.kind in WORKER_FAULTS and (w.kind == "deploy" or w.worker == worker):
+            if w.kind in WORKER_FAULTS and (w.kind in ROLLING_FAULTS or w.worker == worker):
                 return True
         return False
 
@@ -456,8 +490,10 @@ def _check_liveness(report, history, final, windows, runs) -> None:
         measured.append(None if seconds is None else round(seconds, 2))
         if seconds is None or seconds <= RESTART_BOUND_SECONDS or not restart.get("jobs"):
             continue
-        if line.get("after", 0.0) >= OUTAGE_WINDOW_SECONDS:
-            continue
+        if line.get("after", 0.0) >= max(
+            _running_windows(history, line["mono"]), default=OUTAGE_WINDOW_SECONDS
+        ):
+            continue  # every worker then running had given up: started afresh
         returned = line["mono"]
         # Only a fault that held every worker back within the bound excuses a late start: one
         # that began after the bound had passed came too late to be the reason.
@@ -490,6 +526,7 @@ def _check_liveness(report, history, final, windows, runs) -> None:
         (m for m in measured if m is not None), default=None
     )
     down = [(w.start, w.end) for w in windows if w.kind in DATABASE_FAULTS]
+    window_of = outage_windows(history)
     unreachable_exits = []
     for line in history:
         if line["type"] != "worker" or line["event"] != "exit" or line.get("expected"):
@@ -506,6 +543,16 @@ def _check_liveness(report, history, final, windows, runs) -> None:
                 start for start, end in cut_off if start <= when <= end + EXIT_GRACE_SECONDS
             )
             unreachable_exits.append(round(when - since, 1))
+            window = window_of.get(line["pid"], OUTAGE_WINDOW_SECONDS)
+            if when - since < window - WINDOW_SLACK_SECONDS:
+                report.violate(
+                    "L3 a worker gave up sooner than its outage window",
+                    worker=line["worker"],
+                    pid=line["pid"],
+                    code=line["code"],
+                    away_seconds=round(when - since, 1),
+                    outage_window=window,
+                )
             continue
         report.violate(
             "L3 a worker exited on its own while the database was reachable",
@@ -514,6 +561,13 @@ def _check_liveness(report, history, final, windows, runs) -> None:
             code=line["code"],
         )
     report.measures["exits_while_unreachable_after_seconds"] = unreachable_exits
+    logged = [line for line in history if line["type"] == "worker_log"]
+    report.measures["pruned_workers"] = sum(
+        len(line["ids"]) for line in logged if line["event"] == "pruned"
+    )
+    report.measures["registered_again"] = sum(
+        1 for line in logged if line["event"] == "registered_again"
+    )
 
 
 def _explains_failed_fetches(window: Window, worker: int) -> tuple[float, float] | None:

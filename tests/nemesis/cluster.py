@@ -2,9 +2,11 @@
 each behind a proxy of its own (:mod:`tests.nemesis.proxy`).
 
 A release is a set of task modules (``PGSTAGE_TASK_MODULES``): ``old`` has the project's
-tasks and the generic nemesis tasks; ``new`` adds :mod:`tests.nemesis.tasks_new`. A
-worker's exits are watched: one the nemesis did not cause is recorded, and the worker is
-started again as its supervisor would.
+tasks and the generic nemesis tasks; ``new`` adds :mod:`tests.nemesis.tasks_new`. A worker
+may also run settings of its own (``Worker.settings``: a settings change rolled out one
+worker at a time, :data:`OUTAGE_WINDOW_SETTING`). A worker's exits are watched: one the
+nemesis did not cause is recorded, and the worker is started again as its supervisor
+would.
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ WORKER_SETTINGS = {
     "MAX_QUEUED_ANALYSES_PER_USER": "1000",
     "CORE_DAILY_BUDGET": "100000",
 }
+#: The environment variable of ``QUEUEING_DATABASE_OUTAGE_SECONDS`` (config/settings.py), and
+#: its default: how long a worker rides out the database's absence before it exits; a
+#: worker prunes, at its start, the rows of workers silent for that plus four stall
+#: thresholds (``queueing.worker.prune_after_seconds``).
+OUTAGE_WINDOW_SETTING = "DATABASE_OUTAGE_SECONDS"
+DEFAULT_OUTAGE_WINDOW = 300.0
 #: Every worker session runs with a statement timeout (docs/reliability.md recommends one).
 STATEMENT_TIMEOUT_MS = 2000
 CONCURRENCY = 2
@@ -66,6 +74,8 @@ class Worker:
     index: int
     release: str
     proxy: Proxy
+    #: Settings of its own, over :data:`WORKER_SETTINGS` (environment variables).
+    settings: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = None
     generation: int = 0
     #: Set while the nemesis stops it on purpose (its exit is expected).
@@ -75,6 +85,10 @@ class Worker:
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
+
+    @property
+    def outage_window(self) -> float:
+        return float(self.settings.get(OUTAGE_WINDOW_SETTING, DEFAULT_OUTAGE_WINDOW))
 
     @property
     def alive(self) -> bool:
@@ -110,6 +124,7 @@ class Cluster:
         return {
             **os.environ,
             **WORKER_SETTINGS,
+            **worker.settings,
             "DATABASE_URL": f"postgresql://postgres@127.0.0.1:{worker.proxy.port}/pgstage",
             "PGAPPNAME": WORKER_APP,
             "PGOPTIONS": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
@@ -154,6 +169,7 @@ class Cluster:
             worker=worker.index,
             pid=worker.pid,
             release=worker.release,
+            outage_window=worker.outage_window,
             log=str(log),
         )
 

@@ -12,6 +12,14 @@ Kinds (:data:`KINDS`):
   type of a column the workers' prepared fetch returns), then, :data:`MIGRATION_LEAD`
   later, one worker after the other is drained (SIGTERM) and started in the other
   release (old → new; once all are new, back to the old one);
+- ``reconfigure``: a settings change rolled out as a deploy is (each worker drained and
+  started again in turn, no migration): the workers' outage window
+  (``QUEUEING_DATABASE_OUTAGE_SECONDS``) goes from the default 300 s to a short one
+  (:func:`short_outage_window`), and back on the next. While the roll-out is under way, or
+  once a fault restarts a worker of the old window, the windows differ: a worker of the
+  short one prunes, at its start, the rows of workers silent for its window plus four
+  stall thresholds, which a worker of the long window, cut off that long, outlives; it
+  must register again and keep its running jobs fenced;
 - ``pg_restart``: a fast restart of PostgreSQL;
 - ``pg_crash``: an immediate shutdown of PostgreSQL (a crash: no checkpoint, the
   unflushed tail of the log lost, with it a claims-first fetch not yet flushed) and its
@@ -45,13 +53,14 @@ import psycopg
 from django.core.management import call_command
 
 from tests.acceptance.private_pg import PrivateServer
-from tests.nemesis.cluster import WORKER_APP, Cluster, Worker
+from tests.nemesis.cluster import OUTAGE_WINDOW_SETTING, WORKER_APP, Cluster, Worker
 from tests.nemesis.history import History
 
 KINDS = (
     "kill",
     "term",
     "deploy",
+    "reconfigure",
     "pg_restart",
     "pg_down",
     "terminate",
@@ -73,6 +82,15 @@ MIGRATIONS = {
 #: Seconds between a deploy's migration and its first drained worker (no draw: a replay
 #: of an older seed meets the same faults).
 MIGRATION_LEAD = 3.0
+
+
+def short_outage_window(scale: float) -> float:
+    """The short outage window of a ``reconfigure``: longer than every fault that leaves
+    the database reachable yet failing (a table locked up to 8 s, a storm of terminated
+    sessions up to 30 s times ``scale``), where a worker of that window would rightly give
+    up; shorter than the long partitions and refusals (up to 120 and 150 s times
+    ``scale``), which a worker of the default window outlives."""
+    return max(12.0, round(35 * scale, 1))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,6 +131,8 @@ class Nemesis:
         self._threads: list[threading.Thread] = []
         self._thread = threading.Thread(target=self._run, daemon=True, name="nemesis")
         self.target_release = "new"
+        #: The outage window the next ``reconfigure`` rolls out (None: the default).
+        self.target_window: float | None = short_outage_window(config.scale)
 
     def start(self) -> None:
         self._thread.start()
@@ -233,6 +253,18 @@ class Nemesis:
             pauses = [round(self.rng.uniform(0.5, 3), 2) for _ in workers]
             fields = {"to": target}
             action = lambda: self._deploy(target, pauses)  # noqa: E731
+        elif kind == "reconfigure":
+            resources = {f"worker-{w.index}" for w in workers}
+            if all(_window_of(w) == self.target_window for w in workers):
+                self.target_window = (
+                    None
+                    if self.target_window is not None
+                    else short_outage_window(self.config.scale)
+                )
+            window = self.target_window
+            pauses = [round(self.rng.uniform(0.5, 3), 2) for _ in workers]
+            fields = {"outage_window": window}
+            action = lambda: self._reconfigure(window, pauses)  # noqa: E731
         elif kind in DATABASE_KINDS:
             resources = {"database"}
             seconds = 0.0 if kind in ("pg_restart", "pg_crash") else self._duration(1, 150)
@@ -287,20 +319,49 @@ class Nemesis:
         migration = self._migrate(release)
         migration_seconds = round(time.monotonic() - began, 3)
         time.sleep(MIGRATION_LEAD)
+
+        def to_release(worker: Worker) -> Callable[[], None] | None:
+            if worker.release == release:
+                return None
+            return lambda: setattr(worker, "release", release)
+
+        rolled = self._roll(to_release, pauses)
+        return {"migration": migration, "migration_seconds": migration_seconds, "rolled": rolled}
+
+    def _reconfigure(self, window: float | None, pauses: list[float]) -> dict[str, Any]:
+        """Roll the outage window ``window`` (None: the default) out to each worker in turn,
+        as a settings change is deployed."""
+
+        def to_window(worker: Worker) -> Callable[[], None] | None:
+            if _window_of(worker) == window:
+                return None
+            if window is None:
+                return lambda: worker.settings.pop(OUTAGE_WINDOW_SETTING, None)
+            return lambda: worker.settings.update({OUTAGE_WINDOW_SETTING: f"{window:g}"})
+
+        return {"rolled": self._roll(to_window, pauses)}
+
+    def _roll(
+        self, change: Callable[[Worker], Callable[[], object] | None], pauses: list[float]
+    ) -> list[dict[str, Any]]:
+        """One worker after the other, each that ``change`` changes: drained (SIGTERM),
+        changed (what ``change`` returned, called once it stopped) and started again;
+        pausing after each as ``pauses`` says."""
         rolled = []
         for worker, pause in zip(self.cluster.workers, pauses, strict=True):
-            if worker.release == release:
+            apply = change(worker)
+            if apply is None:
                 continue
             with worker.lock:
                 stopped = worker.pid
                 code = self.cluster.stop(worker, signal.SIGTERM)
-                worker.release = release
+                apply()
                 self.cluster.start(worker)
             rolled.append(
                 {"worker": worker.index, "code": code, "stopped": stopped, "started": worker.pid}
             )
             time.sleep(pause)
-        return {"migration": migration, "migration_seconds": migration_seconds, "rolled": rolled}
+        return rolled
 
     def _migrate(self, release: str) -> str:
         """``release``'s migration (:data:`MIGRATIONS`), as its deploy runs it: done, or why
@@ -430,6 +491,12 @@ class Nemesis:
         if job_id is None:
             return {"skipped": "no queued analysis"}
         return {"analysis": job_id, "cancelled": analysis_job_cancel(job_id=job_id)}
+
+
+def _window_of(worker: Worker) -> float | None:
+    """The outage window ``worker`` runs with, None for the default."""
+    value = worker.settings.get(OUTAGE_WINDOW_SETTING)
+    return None if value is None else float(value)
 
 
 def _pick_row(pick: float, sql: str, params: list[Any] | None = None) -> tuple | None:

@@ -194,10 +194,12 @@ def run(args: argparse.Namespace) -> tuple[Report, Path]:
 
         for effect in read_effects(cluster.effects_dir):
             history.record_line(effect)
-        from tests.nemesis.worker_logs import fetch_failing_lines
+        from tests.nemesis.worker_logs import fetch_failing_lines, pruning_lines
 
-        for failed in fetch_failing_lines(read_history(history.path)):
-            history.record_line(failed)
+        for logged in fetch_failing_lines(read_history(history.path)):
+            history.record_line(logged)
+        for logged in pruning_lines(read_history(history.path)):
+            history.record_line(logged)
         history.record("final", **final)
     history.close()
     report = check(read_history(history.path))

@@ -141,7 +141,9 @@ def test_a_job_that_failed_without_running_or_never_completed_is_lost():
 
 def test_not_quiet_a_late_restart_and_an_exit_with_the_database_up_are_violations():
     history = [
-        *WORKERS,
+        # Worker 0 runs a window of 5 s: its exit 5 s into the outage is its due.
+        {**WORKERS[0], "outage_window": 5.0},
+        WORKERS[1],
         *fault("pg_down", 4.0, 10.0, 3),
         {"type": "database", "event": "up", "mono": 10.0},
         # Exits while the database was away are measured, not violations.
@@ -153,6 +155,81 @@ def test_not_quiet_a_late_restart_and_an_exit_with_the_database_up_are_violation
     assert properties(history) == ["L1", "L2", "L3"]
     ordered = sorted(history, key=lambda line: line["mono"])
     assert check(ordered).measures["exits_while_unreachable_after_seconds"] == [5.0]
+
+
+def test_a_worker_that_gives_up_sooner_than_its_outage_window_is_a_violation():
+    def gave_up(at: float, window: float | None) -> list[dict]:
+        start = {**WORKERS[0], "outage_window": window} if window else WORKERS[0]
+        return [
+            start,
+            WORKERS[1],
+            *fault("pg_down", 4.0, 30.0, 3),
+            {"type": "database", "event": "up", "mono": 30.0, "after": 26.0},
+            {"type": "worker", "event": "exit", "worker": 0, "pid": 100, "code": 1, "mono": at},
+            *final(generic_jobs=[]),
+        ]
+
+    # 6 s into the outage, with a window of 12 s (or the default 300 s): too soon.
+    assert properties(gave_up(10.0, 12.0)) == ["L3"]
+    assert properties(gave_up(10.0, None)) == ["L3"]
+    # 13 s in, past its 12 s window: its due (measured, not a violation).
+    assert properties(gave_up(17.0, 12.0)) == []
+    ordered = sorted(gave_up(17.0, 12.0), key=lambda line: line["mono"])
+    assert check(ordered).measures["exits_while_unreachable_after_seconds"] == [13.0]
+
+
+def test_a_late_start_after_an_outage_every_running_worker_gave_up_on_is_excused():
+    """L2 holds after an outage shorter than some running worker's window: past every
+    one's, each had exited and started afresh."""
+
+    def late(windows: tuple[float, float], *, restarted: float | None = None) -> list[dict]:
+        starts = [
+            {**WORKERS[0], "outage_window": windows[0]},
+            {**WORKERS[1], "outage_window": windows[1]},
+        ]
+        if restarted is not None:
+            # Worker 1 was reconfigured to the default window before the outage.
+            starts += [
+                {"type": "worker", "event": "exit", "worker": 1, "pid": 200, "mono": 1.0,
+                 "expected": True},
+                {"type": "worker", "event": "start", "worker": 1, "pid": 201, "mono": 1.5,
+                 "outage_window": restarted},
+            ]  # fmt: skip
+        return [
+            *starts,
+            *fault("pg_down", 4.0, 24.0, 3),
+            {"type": "database", "event": "up", "mono": 24.0, "after": 20.0},
+            *final(restarts=[{"wall": 0, "seconds": 7.5, "jobs": 3}], generic_jobs=[]),
+        ]
+
+    assert properties(late((12.0, 12.0))) == []
+    assert properties(late((12.0, 300.0))) == ["L2"]
+    assert properties(late((12.0, 12.0), restarted=300.0)) == ["L2"]
+    assert properties(late((12.0, 300.0), restarted=12.0)) == []
+
+
+def test_the_workers_log_lines_of_prunes_and_registrations_are_counted(tmp_path):
+    from tests.nemesis.worker_logs import pruning_lines
+
+    log = tmp_path / "worker-0.1.log"
+    log.write_text(
+        "2026-12-02 14:30:07,202 INFO queueing.worker: pruned dead workers: 3, 7\n"
+        "2026-12-02 14:30:09,500 WARNING queueing.worker: worker 4 was pruned while cut off"
+        " from the database; registered again as 9 and took back 2 running job(s)\n"
+        "2026-12-02 14:30:10,000 INFO procrastinate.worker: job succeeded id=92\n"
+    )
+    start = {**WORKERS[0], "log": str(log), "wall": 0.0}
+    lines = pruning_lines([start])
+    assert [(line["event"], line["worker"], line["pid"]) for line in lines] == [
+        ("pruned", 0, 100),
+        ("registered_again", 0, 100),
+    ]
+    assert lines[0]["ids"] == [3, 7]
+    assert (lines[1]["old"], lines[1]["new"], lines[1]["adopted"]) == (4, 9, 2)
+    assert round(lines[1]["mono"] - lines[0]["mono"], 3) == 2.298
+    history = [*WORKERS, *lines, *final()]
+    measures = check(sorted(history, key=lambda line: line["mono"])).measures
+    assert (measures["pruned_workers"], measures["registered_again"]) == (2, 1)
 
 
 def test_domain_invariants_from_the_final_read_are_violations():

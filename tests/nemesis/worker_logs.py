@@ -6,6 +6,11 @@ when it cannot connect). The database's faults explain such failures; a worker t
 keeps failing with the database up (a plan gone stale, a pool that lends dead
 connections) is stuck while it looks alive. The runner adds these lines to the history
 after the run (``fetch_failing``); the checker's L4 judges them.
+
+The logs also say when a starting worker pruned the rows of workers silent past its
+window ("pruned dead workers: …"), and when a worker found its own row pruned and
+registered again ("… registered again as …"): ``worker_log`` lines, which the checker
+counts.
 """
 
 from __future__ import annotations
@@ -22,6 +27,18 @@ FAILED_FETCH = re.compile(
 )
 
 
+_STAMP = r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) \w+ queueing\.worker: "
+PRUNED = re.compile(_STAMP + r"pruned dead workers: (?P<ids>[\d, ]+)$")
+REGISTERED_AGAIN = re.compile(
+    _STAMP + r"worker (?P<old>\d+) was pruned while cut off from the database; registered "
+    r"again as (?P<new>\d+) and took back (?P<adopted>\d+) running job"
+)
+
+
+def _wall(match: re.Match[str]) -> float:
+    return time.mktime(time.strptime(match["at"], "%Y-%m-%d %H:%M:%S")) + int(match["ms"]) / 1000
+
+
 def failed_fetches(text: str) -> list[tuple[float, int, float, str]]:
     """``(wall time, attempt, seconds failing, error)`` of each failed fetch in a worker's
     plain-format log (the cluster pins ``LOG_FORMAT=plain``). Its timestamps are local
@@ -32,10 +49,54 @@ def failed_fetches(text: str) -> list[tuple[float, int, float, str]]:
         match = FAILED_FETCH.match(line)
         if match is None:
             continue
-        wall = time.mktime(time.strptime(match["at"], "%Y-%m-%d %H:%M:%S"))
-        wall += int(match["ms"]) / 1000
-        found.append((wall, int(match["attempt"]), float(match["failing"]), match["error"]))
+        found.append((_wall(match), int(match["attempt"]), float(match["failing"]), match["error"]))
     return found
+
+
+def pruning_lines(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A ``worker_log`` line for each prune (``pruned``, the ids) and each registration
+    after a prune (``registered_again``) in the logs of the workers the history started."""
+    if not history:
+        return []
+    offset = history[0]["wall"] - history[0]["mono"]
+    lines = []
+    for start in _starts(history):
+        for text_line in Path(start["log"]).read_text(errors="replace").splitlines():
+            if match := PRUNED.match(text_line):
+                fields = {"event": "pruned", "ids": [int(i) for i in match["ids"].split(",")]}
+            elif match := REGISTERED_AGAIN.match(text_line):
+                fields = {
+                    "event": "registered_again",
+                    "old": int(match["old"]),
+                    "new": int(match["new"]),
+                    "adopted": int(match["adopted"]),
+                }
+            else:
+                continue
+            wall = _wall(match)
+            lines.append(
+                {
+                    "type": "worker_log",
+                    "mono": wall - offset,
+                    "wall": wall,
+                    "worker": start["worker"],
+                    "pid": start["pid"],
+                    **fields,
+                }
+            )
+    return sorted(lines, key=lambda line: line["mono"])
+
+
+def _starts(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history's worker start lines whose log exists."""
+    return [
+        line
+        for line in history
+        if line["type"] == "worker"
+        and line["event"] == "start"
+        and line.get("log")
+        and Path(line["log"]).exists()
+    ]
 
 
 def fetch_failing_lines(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -45,12 +106,8 @@ def fetch_failing_lines(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return []
     offset = history[0]["wall"] - history[0]["mono"]
     lines = []
-    for start in history:
-        if start["type"] != "worker" or start["event"] != "start" or not start.get("log"):
-            continue
+    for start in _starts(history):
         log = Path(start["log"])
-        if not log.exists():
-            continue
         for wall, attempt, failing, error in failed_fetches(log.read_text(errors="replace")):
             lines.append(
                 {
