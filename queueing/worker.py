@@ -361,6 +361,10 @@ class PgstageWorker(procrastinate_worker.Worker):
         self._side_task_failed: str | None = None
         #: When the heartbeat last beat, on its own connection (monotonic clock).
         self._last_beat = float("-inf")
+        #: When the last beat that landed was sent (monotonic clock): the server's
+        #: ``last_heartbeat`` is no older (its ``now()`` is the beat's start). What a fetch
+        #: weighs (:meth:`_beat_before_fetch`); registering counts as a beat.
+        self._beat_sent = float("-inf")
         #: How many hung runs held every slot when last said (0: not all slots).
         self._hung_reported = 0
         self.failures = Failures(
@@ -580,12 +584,14 @@ class PgstageWorker(procrastinate_worker.Worker):
         self._stop_event.clear()
         connector = self.app.connector
         await self._with_retries("pruning dead workers", self._prune_dead_workers)
+        registering = time.monotonic()
         self.worker_id = await self._with_retries(
             "registering the worker",
             # TaskNameJobManager's registration also records the worker's queues
             functools.partial(self.app.job_manager.register_worker, self.queues),  # type: ignore[call-arg]
         )
-        self._last_beat = time.monotonic()  # its row was born with a beat (now())
+        self._last_beat = time.monotonic()
+        self._beat_sent = registering  # its row was born with a beat (now())
         # Fail fast when the pool has no live connection to give (its default is 30 s):
         # each loop then backs off and says so, instead of hanging silently. And never
         # let the pool retry a lost connection on its own doubling schedule (up to 128 s
@@ -646,6 +652,7 @@ class PgstageWorker(procrastinate_worker.Worker):
             if self.worker_id != old:
                 return
             running = [c.job.id for c in self._running_jobs.values() if c.job.id]
+            registering = time.monotonic()
             row = await self.app.connector.execute_query_one_async(
                 queries["register_and_adopt"],
                 old_worker_id=old,
@@ -655,7 +662,8 @@ class PgstageWorker(procrastinate_worker.Worker):
                 hooks=giveup.hooked_tasks(),
             )
             self.worker_id = row["worker_id"]
-            self._last_beat = time.monotonic()  # the new row was born with a beat
+            self._last_beat = time.monotonic()
+            self._beat_sent = registering  # the new row was born with a beat
         lost = sorted(set(running) - set(row["adopted"]))
         logger.warning(
             "worker %s was pruned while cut off from the database; registered again as %s "
@@ -720,7 +728,7 @@ class PgstageWorker(procrastinate_worker.Worker):
         (nothing to fetch then)."""
         bound = fetch_beat_seconds()
         said = False
-        while time.monotonic() - self._last_beat >= bound:
+        while time.monotonic() - self._beat_sent >= bound:
             if self._stop_event.is_set():
                 return False
             if not said:
@@ -728,7 +736,7 @@ class PgstageWorker(procrastinate_worker.Worker):
                     "worker %s fetches again once its heartbeat lands (its last beat was "
                     "%.0f s ago)",
                     self.worker_id,
-                    time.monotonic() - self._last_beat,
+                    time.monotonic() - self._beat_sent,
                 )
                 said = True
             with contextlib.suppress(TimeoutError):
@@ -857,6 +865,7 @@ class PgstageWorker(procrastinate_worker.Worker):
                                 autocommit=True,
                                 cursor_factory=ReplanningCursor,
                             )
+                    sent = time.monotonic()
                     rows = await _within(
                         connection, _beat_on(connection, self._beat_params()), deadline=deadline
                     )
@@ -875,6 +884,8 @@ class PgstageWorker(procrastinate_worker.Worker):
                     pause = min(interval, self.failures.failed("beating", exc))
                     continue
                 self._last_beat = time.monotonic()
+                if rows:
+                    self._beat_sent = sent
                 self.failures.answered()
                 if rows:
                     self._note_hung(rows[0][1])

@@ -12,14 +12,14 @@ Kinds (:data:`KINDS`):
   type of a column the workers' prepared fetch returns), then, :data:`MIGRATION_LEAD`
   later, one worker after the other is drained (SIGTERM) and started in the other
   release (old → new; once all are new, back to the old one);
-- ``reconfigure``: a settings change rolled out as a deploy is (each worker drained and
-  started again in turn, no migration): the workers' outage window
-  (``QUEUEING_DATABASE_OUTAGE_SECONDS``) goes from the default 300 s to a short one
-  (:func:`short_outage_window`), and back on the next. While the roll-out is under way, or
-  once a fault restarts a worker of the old window, the windows differ: a worker of the
-  short one prunes, at its start, the rows of workers silent for its window plus four
-  stall thresholds, which a worker of the long window, cut off that long, outlives; it
-  must register again and keep its running jobs fenced;
+- ``reconfigure``: a settings change rolled out as a deploy is (each worker it changes
+  drained and started again in turn, no migration): each worker's outage window
+  (``QUEUEING_DATABASE_OUTAGE_SECONDS``) drawn, the default 300 s or a short one
+  (:func:`short_outage_window`), as a canary or a roll-out stopped half-way leaves them
+  until the next change. While the windows differ, a worker of the short one prunes, at
+  its start, the rows of workers silent for its window plus four stall thresholds, which
+  a worker of the long window, cut off that long, outlives: it must register again and
+  keep its running jobs fenced;
 - ``pg_restart``: a fast restart of PostgreSQL;
 - ``pg_crash``: an immediate shutdown of PostgreSQL (a crash: no checkpoint, the
   unflushed tail of the log lost, with it a claims-first fetch not yet flushed) and its
@@ -131,8 +131,6 @@ class Nemesis:
         self._threads: list[threading.Thread] = []
         self._thread = threading.Thread(target=self._run, daemon=True, name="nemesis")
         self.target_release = "new"
-        #: The outage window the next ``reconfigure`` rolls out (None: the default).
-        self.target_window: float | None = short_outage_window(config.scale)
 
     def start(self) -> None:
         self._thread.start()
@@ -255,16 +253,13 @@ class Nemesis:
             action = lambda: self._deploy(target, pauses)  # noqa: E731
         elif kind == "reconfigure":
             resources = {f"worker-{w.index}" for w in workers}
-            if all(_window_of(w) == self.target_window for w in workers):
-                self.target_window = (
-                    None
-                    if self.target_window is not None
-                    else short_outage_window(self.config.scale)
-                )
-            window = self.target_window
+            short = short_outage_window(self.config.scale)
+            # Each worker's window drawn: a canary, or a roll-out stopped half-way, leaves
+            # the workers on different windows until the next change.
+            windows = [short if self.rng.random() < 0.5 else None for _ in workers]
             pauses = [round(self.rng.uniform(0.5, 3), 2) for _ in workers]
-            fields = {"outage_window": window}
-            action = lambda: self._reconfigure(window, pauses)  # noqa: E731
+            fields = {"outage_windows": windows}
+            action = lambda: self._reconfigure(windows, pauses)  # noqa: E731
         elif kind in DATABASE_KINDS:
             resources = {"database"}
             seconds = 0.0 if kind in ("pg_restart", "pg_crash") else self._duration(1, 150)
@@ -328,11 +323,16 @@ class Nemesis:
         rolled = self._roll(to_release, pauses)
         return {"migration": migration, "migration_seconds": migration_seconds, "rolled": rolled}
 
-    def _reconfigure(self, window: float | None, pauses: list[float]) -> dict[str, Any]:
-        """Roll the outage window ``window`` (None: the default) out to each worker in turn,
-        as a settings change is deployed."""
+    def _reconfigure(self, windows: list[float | None], pauses: list[float]) -> dict[str, Any]:
+        """Roll each worker's outage window of ``windows`` (None: the default) out to it,
+        one worker after the other, as a settings change is deployed."""
+        wanted = {
+            worker.index: window
+            for worker, window in zip(self.cluster.workers, windows, strict=True)
+        }
 
         def to_window(worker: Worker) -> Callable[[], None] | None:
+            window = wanted[worker.index]
             if _window_of(worker) == window:
                 return None
             if window is None:

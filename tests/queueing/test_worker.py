@@ -567,7 +567,7 @@ def test_a_worker_whose_last_beat_is_old_fetches_only_once_it_beats_again(effect
             running = asyncio.create_task(worker.run())
             await _until_registered(worker)
             # A minute without a beat, as after a partition; the job becomes ready.
-            worker._last_beat = time.monotonic() - 60
+            worker._beat_sent = time.monotonic() - 60
             await connector.execute_query_async(
                 "UPDATE procrastinate_workers SET last_heartbeat = now() - interval '60 s' "
                 "WHERE id = %(id)s",
@@ -585,7 +585,7 @@ def test_a_worker_whose_last_beat_is_old_fetches_only_once_it_beats_again(effect
                 "UPDATE procrastinate_workers SET last_heartbeat = now() WHERE id = %(id)s",
                 id=worker.worker_id,
             )
-            worker._last_beat = time.monotonic()
+            worker._beat_sent = time.monotonic()
             final = "todo"
             for _ in range(200):
                 final = await status()
