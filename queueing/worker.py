@@ -647,7 +647,9 @@ class PgstageWorker(procrastinate_worker.Worker):
     async def _register_again(self, old: int | None) -> None:
         """Our row ``old`` is gone (pruned while we were cut off): register anew and take
         back our running jobs, in one statement. Serialised, and a no-op when the id has
-        already moved on: the fetch loop and the heartbeat may both notice."""
+        already moved on (the fetch loop and the heartbeat may both notice) or when the
+        row ``old`` is there after all (a fetch sent with the id this worker had before
+        it registered again: the statement registers only when the old row is gone)."""
         async with self._registering:
             if self.worker_id != old:
                 return
@@ -661,9 +663,13 @@ class PgstageWorker(procrastinate_worker.Worker):
                 queues=list(self.queues) if self.queues is not None else None,
                 hooks=giveup.hooked_tasks(),
             )
+            if not row["registered"]:
+                return
             self.worker_id = row["worker_id"]
             self._last_beat = time.monotonic()
             self._beat_sent = registering  # the new row was born with a beat
+            if self._hooked_id is not None:
+                self._hook_fetches()  # the fetches under the new id look and wait as before
         lost = sorted(set(running) - set(row["adopted"]))
         logger.warning(
             "worker %s was pruned while cut off from the database; registered again as %s "

@@ -105,9 +105,14 @@ SELECT beat.id, hung.slots AS hung FROM beat, hung;
 -- statement, take back the running jobs that are still ours: left 'doing' with our old
 -- id, or with none after the old row was pruned, and their runs' deadlines. A job that recovery already put back to
 -- 'todo' (or another worker took) is not ours any more. One statement: never a new id
--- without its jobs.
+-- without its jobs. Only when the old row is gone: a caller that saw a stale id (a fetch
+-- sent with the id the worker had before it registered again) changes nothing, and gets
+-- the old id back with registered false.
 WITH registered AS (
-    INSERT INTO procrastinate_workers DEFAULT VALUES RETURNING id
+    INSERT INTO procrastinate_workers (last_heartbeat)
+    SELECT now()
+     WHERE NOT EXISTS (SELECT 1 FROM procrastinate_workers WHERE id = %(old_worker_id)s)
+    RETURNING id
 ), tasks AS (
     INSERT INTO pgstage_worker_tasks (worker_id, task_names, queues, hooks)
     SELECT id, %(task_names)s::text[], %(queues)s::text[], %(hooks)s::text[]
@@ -118,13 +123,15 @@ WITH registered AS (
      WHERE id = ANY(%(job_ids)s)
        AND status = 'doing'
        AND (worker_id IS NULL OR worker_id = %(old_worker_id)s)
+       AND EXISTS (SELECT 1 FROM registered)
     RETURNING id
 ), deadlines AS (
     UPDATE pgstage_job_deadlines
        SET worker_id = (SELECT id FROM registered)
      WHERE job_id IN (SELECT id FROM adopted) AND worker_id = %(old_worker_id)s
 )
-SELECT (SELECT id FROM registered) AS worker_id,
+SELECT coalesce((SELECT id FROM registered), %(old_worker_id)s) AS worker_id,
+       EXISTS (SELECT 1 FROM registered) AS registered,
        coalesce((SELECT array_agg(id) FROM adopted), '{}') AS adopted;
 
 -- prune_dead_workers --

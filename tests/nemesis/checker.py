@@ -70,6 +70,9 @@ Liveness, timed from the end of the last fault (every fault heals what it did):
   worker gave up is measured. A worker pruned while it was cut off (its row deleted by one
   of a shorter window, after a ``reconfigure``) registers again: counted from the
   workers' logs (``registered_again``), as are the prunes (``pruned_workers``).
+- **L5 a worker registers again only once its row was pruned** (a prune some worker
+  logged before): one that registers again with its row still there leaves that row
+  behind, a worker nobody runs.
 - **L4 a live worker fetches again within the bound** once no fault stands in its way:
   a worker whose fetches keep failing (its log's "database error while fetching jobs",
   :mod:`tests.nemesis.worker_logs`) for :data:`RESTART_BOUND_SECONDS` after the last
@@ -568,6 +571,25 @@ def _check_liveness(report, history, final, windows, runs) -> None:
     report.measures["registered_again"] = sum(
         1 for line in logged if line["event"] == "registered_again"
     )
+    _check_registrations(report, logged)
+
+
+def _check_registrations(report: Report, logged: list[dict[str, Any]]) -> None:
+    """L5: a worker registers again only once its row was pruned (a prune some worker
+    logged before); one that registers again with its row still there leaves that row
+    behind, a worker nobody runs."""
+    pruned: set[int] = set()
+    for line in sorted(logged, key=lambda line: line["mono"]):
+        if line["event"] == "pruned":
+            pruned.update(line["ids"])
+        elif line["event"] == "registered_again" and line["old"] not in pruned:
+            report.violate(
+                "L5 a worker registered again although its row was not pruned",
+                worker=line["worker"],
+                pid=line["pid"],
+                old=line["old"],
+                new=line["new"],
+            )
 
 
 def _explains_failed_fetches(window: Window, worker: int) -> tuple[float, float] | None:

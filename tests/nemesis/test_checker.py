@@ -230,6 +230,10 @@ def test_the_workers_log_lines_of_prunes_and_registrations_are_counted(tmp_path)
     history = [*WORKERS, *lines, *final()]
     measures = check(sorted(history, key=lambda line: line["mono"])).measures
     assert (measures["pruned_workers"], measures["registered_again"]) == (2, 1)
+    # Worker 4's row was not among the pruned (3, 7): it registered again for nothing.
+    assert properties(history) == ["L5"]
+    lines[0]["ids"].append(4)
+    assert properties(history) == []
 
 
 def test_domain_invariants_from_the_final_read_are_violations():

@@ -528,6 +528,7 @@ def test_a_run_adopted_by_its_worker_registering_again_keeps_its_deadline(clean_
     job = enqueue("tests.hang", args={"label": "h", "release_file": "-"}).job_id
     assert async_to_sync(manager.fetch_job)(queues=None, worker_id=worker).id == job
     with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM procrastinate_workers WHERE id = %s", [worker])  # pruned
         cursor.execute(
             queries["register_and_adopt"],
             {
@@ -538,10 +539,11 @@ def test_a_run_adopted_by_its_worker_registering_again_keeps_its_deadline(clean_
                 "hooks": [],
             },
         )
-        (new, adopted) = cursor.fetchone()
+        (new, registered, adopted) = cursor.fetchone()
         cursor.execute(
             "UPDATE procrastinate_workers SET last_heartbeat = now() WHERE id = %s", [new]
         )
+    assert registered and new != worker
     assert adopted == [job]
     recovery_ran(last_run_ago=0, resumed_ago=3600)
     _deadline(job, attempts=0, ago=3600)

@@ -604,6 +604,45 @@ def test_a_worker_whose_last_beat_is_old_fetches_only_once_it_beats_again(effect
     assert effects() == ["j"]
 
 
+def test_registering_again_with_an_id_whose_row_is_there_changes_nothing(caplog):
+    """Found by the nemesis (seed 16): a worker cut off for 100 s came back; its heartbeat
+    found its row pruned and registered again (13 → 18) while a fetch of its, waiting for
+    the beat, still carried the old id; that fetch failed on the missing row, and the
+    fetch loop registered again from the id it had now (18 → 19), leaving row 18 behind.
+    Registering again happens only when the old row is gone: with the row there, the
+    worker keeps its id and writes nothing."""
+    import asyncio
+
+    from procrastinate.contrib.django import app
+
+    worker_app = app.with_connector(app.connector.get_worker_connector())
+    connector = worker_app.connector
+
+    async def rows() -> int:
+        row = await connector.execute_query_one_async(
+            "SELECT count(*) AS n FROM procrastinate_workers"
+        )
+        return row["n"]
+
+    async def scenario() -> tuple[int | None, int | None, int, int]:
+        worker = _in_process_worker(worker_app, concurrency=1)
+        async with worker_app.open_async():
+            running = asyncio.create_task(worker.run())
+            await _until_registered(worker)
+            registered, before = worker.worker_id, await rows()
+            await worker._register_again(registered)
+            after_id, after = worker.worker_id, await rows()
+            worker.stop()
+            await asyncio.wait_for(running, timeout=30)
+        return registered, after_id, before, after
+
+    with caplog.at_level(logging.WARNING, logger="queueing.worker"):
+        registered, after_id, before, after = asyncio.run(scenario())
+    assert after_id == registered
+    assert after == before
+    assert "registered again" not in caplog.text
+
+
 def _in_process_worker(worker_app, *, concurrency: int):
     """A pgstage worker in this process (the test drives its interleaving), polling fast."""
     from queueing.worker import PgstageWorker
