@@ -60,7 +60,9 @@ What it adds to procrastinate's worker (3.10):
   under a heartbeat past the stall threshold, and recovery would put it back while it
   runs, for a second worker to run it too. So a fetch waits until the last beat is
   recent enough (``fetch_beat_seconds``: the stall threshold less a heartbeat and the
-  liveness bound), and the worker says so once.
+  liveness bound), and the worker says so once; and the fetch statement judges the same
+  on the server when it runs (a fetch held on the way arrives late), taking nothing past
+  it.
 * **Its row survives an outage.** Only workers silent far longer than any live one can be
   are pruned, and a worker whose row went missing registers again and takes its running
   jobs back, in one statement.
@@ -204,12 +206,15 @@ def prune_after_seconds() -> float:
 BEAT_WAIT_POLL_SECONDS = 0.05
 
 
-def fetch_beat_seconds() -> float:
-    """A worker fetches only while its last beat is younger than this: a job fetched then
-    stays clear of stalled recovery (which takes the jobs of a worker silent for the stall
-    threshold) until the next beat lands, one heartbeat later, with the liveness bound to
-    spare. Never below one heartbeat (a threshold that short is ``queueing.W001``'s)."""
-    heartbeat = heartbeat_seconds()
+def fetch_beat_seconds(heartbeat: float | None = None) -> float:
+    """A worker fetches only while its last beat is younger than this (``heartbeat``: its
+    interval, the setting's by default): a job fetched then stays clear of stalled
+    recovery (which takes the jobs of a worker silent for the stall threshold) until the
+    next beat lands, one heartbeat later, with the liveness bound to spare. Never below
+    one heartbeat (a threshold that short is ``queueing.W001``'s). The fetch statement
+    judges it on the server too, when it runs (``fetch_job`` in ``sql/worker.sql``)."""
+    if heartbeat is None:
+        heartbeat = heartbeat_seconds()
     return max(heartbeat, stalled_seconds() - heartbeat - beat_resume_seconds(heartbeat))
 
 
@@ -289,6 +294,10 @@ class TaskNameJobManager(manager.JobManager):
         #: fetches in flight then (:meth:`PgstageWorker._before_fetch`); false: fetch
         #: nothing (the worker stops).
         self.before_fetch: dict[int, Callable[[], Awaitable[bool]]] = {}
+        #: How recent the fetching worker's last beat must be, judged by the fetch
+        #: statement (:func:`fetch_beat_seconds` of the worker's own heartbeat; the
+        #: setting's when no worker set it).
+        self.beat_seconds: float | None = None
 
     def task_names(self) -> list[str]:
         """Every name a job of this app's tasks may carry (aliases included)."""
@@ -318,6 +327,7 @@ class TaskNameJobManager(manager.JobManager):
             "timeout_tasks": array_literal(tuple(timeout_tasks)),
             "timeout_seconds": array_literal(tuple(timeout_seconds)),
             "unflushed": array_literal(flush.for_tasks(self._tasks())),
+            "beat_seconds": self.beat_seconds or fetch_beat_seconds(),
         }
 
     async def register_worker(self, queues: Iterable[str] | None = None) -> int:
@@ -355,6 +365,8 @@ class PgstageWorker(procrastinate_worker.Worker):
         ]
         super().__init__(*args, **kwargs)
         self._warn_without_sweep_queue()
+        # The fetch statement judges this worker's last beat by this worker's interval.
+        self.job_manager.beat_seconds = fetch_beat_seconds(self.update_heartbeat_interval)
         # Every Django connection of this process is built from this one settings dict.
         connections.settings[DEFAULT_DB_ALIAS]["CONN_HEALTH_CHECKS"] = False
         self._gave_up: str | None = None
@@ -585,11 +597,14 @@ class PgstageWorker(procrastinate_worker.Worker):
         connector = self.app.connector
         await self._with_retries("pruning dead workers", self._prune_dead_workers)
         registering = time.monotonic()
-        self.worker_id = await self._with_retries(
-            "registering the worker",
+
+        async def register() -> int:
+            nonlocal registering
+            registering = time.monotonic()  # each attempt's own: a retry's row is younger
             # TaskNameJobManager's registration also records the worker's queues
-            functools.partial(self.app.job_manager.register_worker, self.queues),  # type: ignore[call-arg]
-        )
+            return await self.app.job_manager.register_worker(self.queues)  # type: ignore[call-arg]
+
+        self.worker_id = await self._with_retries("registering the worker", register)
         self._last_beat = time.monotonic()
         self._beat_sent = registering  # its row was born with a beat (now())
         # Fail fast when the pool has no live connection to give (its default is 30 s):
@@ -732,12 +747,15 @@ class PgstageWorker(procrastinate_worker.Worker):
         worker's stalled recovery (this one's too) would put it back while it runs, for
         another worker to run it at the same time. False when the worker stops meanwhile
         (nothing to fetch then)."""
-        bound = fetch_beat_seconds()
+        interval = self.update_heartbeat_interval
+        bound = fetch_beat_seconds(interval)
         said = False
         while time.monotonic() - self._beat_sent >= bound:
             if self._stop_event.is_set():
                 return False
-            if not said:
+            # Said once a beat was missed (cut off), not for the moment a routine beat
+            # lands a little after the bound.
+            if not said and time.monotonic() - self._beat_sent >= bound + interval:
                 logger.info(
                     "worker %s fetches again once its heartbeat lands (its last beat was "
                     "%.0f s ago)",

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import psycopg
 
+from config.embedded import ensure_system_user
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -107,6 +109,7 @@ class PrivatePostgres:
         self.data = self.root / "pg"
         # initdb (as the 'pgserver' user when root) and a first start on a socket only;
         # restarted below on TCP so the test can stop and start it at will.
+        ensure_system_user()
         server = pgserver.get_server(str(self.data), cleanup_mode=None)
         self.user = server.system_user
         self.stop()

@@ -21,6 +21,24 @@ from django.core.exceptions import ImproperlyConfigured
 DATABASE_NAME = "pgstage"
 
 
+def ensure_system_user() -> None:
+    """As root, pgserver runs PostgreSQL as a system user ``pgserver`` that it creates
+    (``useradd``) on first use. Servers started at once on a fresh machine (a test run's
+    parallel workers) race there: one looks up a user id another's ``useradd`` replaced,
+    and initdb fails ("could not look up effective user ID"). Created here, one process
+    at a time (a file lock), before any ``pgserver.get_server``."""
+    if os.name != "posix" or os.geteuid() != 0:
+        return
+    import fcntl
+    import tempfile
+
+    from pgserver.utils import ensure_user_exists
+
+    with open(Path(tempfile.gettempdir()) / "pgstage-pgserver-user.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ensure_user_exists("pgserver")
+
+
 def embedded_database_url(data_dir: Path) -> str:
     """Start or reuse the embedded server and return a URL for pgstage's database.
 
@@ -36,6 +54,7 @@ def embedded_database_url(data_dir: Path) -> str:
         data_dir.mkdir(parents=True, exist_ok=True)
         import pgserver
 
+        ensure_system_user()
         server = pgserver.get_server(str(data_dir), cleanup_mode=None)
         exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE_NAME}';")
         if "(1 row)" not in exists:

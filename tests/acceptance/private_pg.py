@@ -19,25 +19,10 @@ from pathlib import Path
 
 import psycopg
 
+from config.embedded import ensure_system_user
 from tests.conftest import ROOT
 
 DATABASE = "pgstage"
-
-
-def _ensure_system_user() -> None:
-    """pgserver, run as root, runs PostgreSQL as a system user it creates (``useradd``) on
-    first use. Servers started at once on a fresh machine (the suite's parallel workers)
-    race there: one looked up a user id another's ``useradd`` had replaced, and initdb
-    failed ("could not look up effective user ID"). One at a time, under a file lock."""
-    if os.name != "posix" or os.geteuid() != 0:
-        return
-    import fcntl
-
-    from pgserver.utils import ensure_user_exists
-
-    with open(Path(tempfile.gettempdir()) / "pgstage-pgserver-user.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        ensure_user_exists("pgserver")
 
 
 class PrivateServer:
@@ -48,7 +33,7 @@ class PrivateServer:
             os.environ["XDG_RUNTIME_DIR"] = str(runtime)
         import pgserver
 
-        _ensure_system_user()
+        ensure_system_user()
         self._server = pgserver.get_server(str(data_dir), cleanup_mode="delete")
         self.data_dir = Path(self._server.pgdata)
         self._server.psql(f"CREATE DATABASE {DATABASE};")

@@ -122,9 +122,9 @@ DEFAULT_CONCURRENCY = 2
 WORKER_FAULTS = {"kill", "term", "reset", "partition", "deploy", "reconfigure"}
 #: Worker faults that drain every worker in turn (a rolling restart).
 ROLLING_FAULTS = {"deploy", "reconfigure"}
-#: A worker may give up this much before its outage window (the checker's clocks against
-#: the worker's).
-WINDOW_SLACK_SECONDS = 1.0
+#: A worker may give up this much before its outage window, counted from the fault's
+#: start: its last answer may have come up to a heartbeat (1 s) and a round trip before.
+WINDOW_SLACK_SECONDS = 2.0
 
 
 @dataclass
@@ -264,7 +264,9 @@ def check(history: list[dict]) -> Report:
                 return True
             if w.kind == "statement_timeout" and w.detail.get("table") == "procrastinate_jobs":
                 return True
-            if w.kind in WORKER_FAULTS and (w.kind in ROLLING_FAULTS or w.worker == worker):
+            if w.kind in ROLLING_FAULTS and _rolled(w, worker):
+                return True
+            if w.kind in WORKER_FAULTS and w.worker == worker:
                 return True
         return False
 
@@ -540,11 +542,15 @@ def _check_liveness(report, history, final, windows, runs) -> None:
             for w in windows
             if w.kind == "partition" and w.worker == line["worker"]
         ]
-        if any(start <= when <= end + EXIT_GRACE_SECONDS for start, end in cut_off):
-            # Within the outage window a worker may give up; how soon it did is measured.
-            since = min(
-                start for start, end in cut_off if start <= when <= end + EXIT_GRACE_SECONDS
-            )
+        away = [
+            (start, end)
+            for start, end in _merged(cut_off, gap=EXIT_GRACE_SECONDS)
+            if start <= when <= end + EXIT_GRACE_SECONDS
+        ]
+        if away:
+            # Within the outage window a worker may give up; how soon it did is measured,
+            # from when it was cut off without a break (a partition, then an outage).
+            since = away[0][0]
             unreachable_exits.append(round(when - since, 1))
             window = window_of.get(line["pid"], OUTAGE_WINDOW_SECONDS)
             if when - since < window - WINDOW_SLACK_SECONDS:
@@ -590,6 +596,30 @@ def _check_registrations(report: Report, logged: list[dict[str, Any]]) -> None:
                 old=line["old"],
                 new=line["new"],
             )
+
+
+def _rolled(window: Window, worker: int | None) -> bool:
+    """Whether the rolling fault ``window`` (a deploy, a settings change) drained
+    ``worker``: its outcome lists the workers it rolled; one still open at the end (or
+    without that list) may have drained any."""
+    outcome = window.detail.get("outcome")
+    rolled = outcome.get("rolled") if isinstance(outcome, dict) else None
+    if rolled is None:
+        return True
+    return any(entry.get("worker") == worker for entry in rolled)
+
+
+def _merged(spans: list[tuple[float, float]], *, gap: float) -> list[tuple[float, float]]:
+    """``spans`` (start, end) merged where one begins within ``gap`` of the last's end: a
+    worker cut off by one fault and then another, with no time to get an answer between,
+    was cut off for both."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1] + gap:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def _explains_failed_fetches(window: Window, worker: int) -> tuple[float, float] | None:

@@ -124,6 +124,8 @@ class Cluster:
         return {
             **os.environ,
             **WORKER_SETTINGS,
+            # Always the window the start line records (not one the shell or .env sets).
+            OUTAGE_WINDOW_SETTING: f"{DEFAULT_OUTAGE_WINDOW:g}",
             **worker.settings,
             "DATABASE_URL": f"postgresql://postgres@127.0.0.1:{worker.proxy.port}/pgstage",
             "PGAPPNAME": WORKER_APP,

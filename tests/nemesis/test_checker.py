@@ -105,6 +105,15 @@ def test_a_repeated_completion_needs_a_fault_that_could_lose_the_outcome():
     storm = fault("terminate", 1.5, 3.0, 9)
     assert properties([*repeated, *storm, *final()]) == []
 
+    # A settings change (or a deploy) excuses it only on a worker it drained.
+    def reconfigured(rolled: list[int]) -> list[dict]:
+        lines = fault("reconfigure", 1.5, 3.0, 10, outage_windows=[None, 35.0])
+        lines[1]["value"] = {"rolled": [{"worker": w} for w in rolled]}
+        return lines
+
+    assert properties([*repeated, *reconfigured([1]), *final()]) == ["G2"]
+    assert properties([*repeated, *reconfigured([0]), *final()]) == []
+
 
 def test_a_hook_runs_once_for_a_job_that_gave_up_and_never_for_one_that_succeeded():
     jobs = [[1, "nemesis.settled", "failed", "a", 2], [2, "nemesis.settled", "succeeded", "b", 1]]
@@ -174,6 +183,18 @@ def test_a_worker_that_gives_up_sooner_than_its_outage_window_is_a_violation():
     assert properties(gave_up(10.0, None)) == ["L3"]
     # 13 s in, past its 12 s window: its due (measured, not a violation).
     assert properties(gave_up(17.0, 12.0)) == []
+    # Partitioned from 10 s to 40 s, the database away from 30 s to 80 s: cut off without
+    # a break from 10 s on, so its exit at 45 s is its 35 s window's due, not 20 s early.
+    overlapping = [
+        {**WORKERS[0], "outage_window": 35.0},
+        WORKERS[1],
+        *fault("partition", 10.0, 40.0, 4, worker=0),
+        *fault("pg_down", 30.0, 80.0, 5),
+        {"type": "database", "event": "up", "mono": 80.0, "after": 50.0},
+        {"type": "worker", "event": "exit", "worker": 0, "pid": 100, "code": 1, "mono": 45.0},
+        *final(generic_jobs=[]),
+    ]
+    assert properties(overlapping) == []
     ordered = sorted(gave_up(17.0, 12.0), key=lambda line: line["mono"])
     assert check(ordered).measures["exits_while_unreachable_after_seconds"] == [13.0]
 

@@ -549,49 +549,19 @@ def test_a_worker_whose_last_beat_is_old_fetches_only_once_it_beats_again(effect
     connector = worker_app.connector
     assert fetch_beat_seconds() < 60
 
-    async def status() -> str:
-        row = await connector.execute_query_one_async(
-            "SELECT status::text FROM procrastinate_jobs WHERE id = %(id)s", id=job.job_id
-        )
-        return row["status"]
+    status = _job_status(connector, job.job_id)
 
     async def scenario() -> tuple[list[str], str]:
         worker = _in_process_worker(worker_app, concurrency=1)
 
-        async def held() -> None:
-            await asyncio.Event().wait()  # the heartbeat's connection gets nowhere
-
-        worker._update_heartbeat = held
-        seen = []
+        _hold_heartbeat(worker)
         async with worker_app.open_async():
             running = asyncio.create_task(worker.run())
             await _until_registered(worker)
             # A minute without a beat, as after a partition; the job becomes ready.
-            worker._beat_sent = time.monotonic() - 60
-            await connector.execute_query_async(
-                "UPDATE procrastinate_workers SET last_heartbeat = now() - interval '60 s' "
-                "WHERE id = %(id)s",
-                id=worker.worker_id,
-            )
-            await connector.execute_query_async(
-                "UPDATE procrastinate_jobs SET scheduled_at = now() WHERE id = %(id)s",
-                id=job.job_id,
-            )
-            for _ in range(20):  # the worker polls every 0.05 s meanwhile
-                await asyncio.sleep(0.05)
-                seen.append(await status())
-            # The beat lands (as the heartbeat's next attempt would).
-            await connector.execute_query_async(
-                "UPDATE procrastinate_workers SET last_heartbeat = now() WHERE id = %(id)s",
-                id=worker.worker_id,
-            )
-            worker._beat_sent = time.monotonic()
-            final = "todo"
-            for _ in range(200):
-                final = await status()
-                if final == "succeeded":
-                    break
-                await asyncio.sleep(0.05)
+            await _a_minute_without_a_beat(worker, job.job_id)
+            seen = await _statuses(status)  # the worker polls every 0.05 s meanwhile
+            final = await _beat_lands(worker, status)
             worker.stop()
             await asyncio.wait_for(running, timeout=30)
         return seen, final
@@ -600,6 +570,67 @@ def test_a_worker_whose_last_beat_is_old_fetches_only_once_it_beats_again(effect
         seen, final = asyncio.run(scenario())
     assert set(seen) == {"todo"}, seen
     assert "fetches again once its heartbeat lands (its last beat was 60 s ago)" in caplog.text
+    assert final == "succeeded"
+    assert effects() == ["j"]
+
+
+@pytest.mark.parametrize("held", ["fetch", "look"])
+def test_a_fetch_that_reaches_the_server_after_a_minute_of_silence_takes_nothing(effects, held):
+    """The wait for a recent beat is the worker's view when it sends the fetch; a link
+    that heals (a partition's held bytes, a retransmission) delivers the fetch, or the
+    look for held jobs that precedes it, long after. Here that statement is held while the
+    worker's beat and row turn a minute old and the job becomes ready, then released: the
+    fetch statement judges the beat on the server (the expression stalled recovery
+    judges by) and takes nothing; once the beat lands, the job runs."""
+    import asyncio
+
+    from procrastinate.contrib.django import app
+
+    from queueing.worker import queries as worker_queries
+
+    job = enqueue("tests.record", args={"label": "j"}, schedule_in=datetime.timedelta(hours=1))
+    worker_app = app.with_connector(app.connector.get_worker_connector())
+    connector = worker_app.connector
+
+    status = _job_status(connector, job.job_id)
+
+    async def scenario() -> tuple[list[str], str]:
+        worker = _in_process_worker(worker_app, concurrency=1)
+
+        _hold_heartbeat(worker)
+        holding, sent, heal = False, asyncio.Event(), asyncio.Event()
+        method = "execute_query_one_async" if held == "fetch" else "execute_query_all_async"
+        real = getattr(connector, method)
+
+        async def through_the_link(query, **arguments):
+            nonlocal holding
+            if holding and (
+                "pgstage_fetch_job_v1" in query
+                if held == "fetch"
+                else query == worker_queries["orphans"]
+            ):
+                holding = False
+                sent.set()
+                await heal.wait()  # the bytes wait in the cut link
+            return await real(query, **arguments)
+
+        setattr(connector, method, through_the_link)
+        async with worker_app.open_async():
+            running = asyncio.create_task(worker.run())
+            await _until_registered(worker)
+            holding = True
+            worker._look_forced = held == "look"  # the next fetch looks first
+            await asyncio.wait_for(sent.wait(), timeout=10)
+            await _a_minute_without_a_beat(worker, job.job_id)
+            heal.set()
+            seen = await _statuses(status)
+            final = await _beat_lands(worker, status)
+            worker.stop()
+            await asyncio.wait_for(running, timeout=30)
+        return seen, final
+
+    seen, final = asyncio.run(scenario())
+    assert set(seen) == {"todo"}, seen
     assert final == "succeeded"
     assert effects() == ["j"]
 
@@ -655,6 +686,74 @@ def _in_process_worker(worker_app, *, concurrency: int):
         fetch_job_polling_interval=0.05,
         install_signal_handlers=False,
     )
+
+
+def _job_status(connector, job_id: int):
+    """An async callable: the job's status now."""
+
+    async def status() -> str:
+        row = await connector.execute_query_one_async(
+            "SELECT status::text FROM procrastinate_jobs WHERE id = %(id)s", id=job_id
+        )
+        return row["status"]
+
+    return status
+
+
+def _hold_heartbeat(worker) -> None:
+    """The in-process ``worker``'s heartbeat gets nowhere (its link cut, as far as the
+    heartbeat's own connection knows); the test lands its beats."""
+    import asyncio
+
+    async def held() -> None:
+        await asyncio.Event().wait()
+
+    worker._update_heartbeat = held
+
+
+async def _a_minute_without_a_beat(worker, job_id: int) -> None:
+    """The worker's last beat and its row a minute old (as after a partition, its
+    heartbeat held); the job, scheduled for later, ready now."""
+    connector = worker.app.connector
+    worker._beat_sent = time.monotonic() - 60
+    await connector.execute_query_async(
+        "UPDATE procrastinate_workers SET last_heartbeat = now() - interval '60 s' "
+        "WHERE id = %(id)s",
+        id=worker.worker_id,
+    )
+    await connector.execute_query_async(
+        "UPDATE procrastinate_jobs SET scheduled_at = now() WHERE id = %(id)s", id=job_id
+    )
+
+
+async def _statuses(status, times: int = 20) -> list[str]:
+    """The job's status every 0.05 s, ``times`` times (the worker polls as often)."""
+    import asyncio
+
+    seen = []
+    for _ in range(times):
+        await asyncio.sleep(0.05)
+        seen.append(await status())
+    return seen
+
+
+async def _beat_lands(worker, status) -> str:
+    """The worker's beat lands (as its heartbeat's next attempt would); the job's status
+    once it succeeded, or after 10 s."""
+    import asyncio
+
+    await worker.app.connector.execute_query_async(
+        "UPDATE procrastinate_workers SET last_heartbeat = now() WHERE id = %(id)s",
+        id=worker.worker_id,
+    )
+    worker._beat_sent = time.monotonic()
+    final = "todo"
+    for _ in range(200):
+        final = await status()
+        if final == "succeeded":
+            break
+        await asyncio.sleep(0.05)
+    return final
 
 
 async def _until_registered(worker) -> None:
