@@ -50,7 +50,7 @@ from bench.tasks import noop
 from bench.waits import WaitSampler
 from bench.wire import Counts, WireCounter
 from bench.workers import BenchError
-from queueing import sql
+from queueing import locks, sql
 from queueing.serial import SerialQueue
 
 QUEUE = "bench_admit"
@@ -163,13 +163,17 @@ _SERIAL_DEFER = (
 )
 
 
+#: The storm's one lock, as a user's admits take theirs (``queueing.locks``).
+_STORM_LOCK = locks.xact_lock_statement(locks.namespace("bench_storm"), "one-user")
+
+
 def _serial_defer(unit: object) -> None:
     """A plain defer serialised as one user's admits are: ``BEGIN``, one advisory lock for
     every caller, the defer, ``COMMIT``, in one round trip (as the admit sends its own)."""
     raw = connection.connection
     with sql.committed(raw):
         cursor = raw.cursor()
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended('bench:storm', 0))")
+        cursor.execute(*_STORM_LOCK)
         cursor.execute(
             _SERIAL_DEFER,
             {"queue": QUEUE, "task": noop.name, "args": json.dumps({"unit": str(unit)})},

@@ -49,7 +49,7 @@ from queueing.enqueue import enqueue
 from queueing.jobs import unrunnable_tasks
 from queueing.planner import FETCH_SETTINGS, WALK_SETTINGS
 from queueing.sql import queries as queueing_queries
-from queueing.worker import TaskNameJobManager, fetch_by_task_name, queries
+from queueing.worker import TaskNameJobManager, fetch_beat_seconds, fetch_by_task_name, queries
 from tests.conftest import database_url, jobs, recovery_ran, registered_worker
 from tests.plans import SESSION_ROWS_READ, fetch_statement, rows_read
 
@@ -125,7 +125,9 @@ def test_the_fetch_judges_each_job_by_procrastinates_conditions():
     call = queries["fetch_job"]
     assert "pgstage_fetch_job_v1(" in call
     handed = call[call.index("SELECT") : call.index("set_config(")].rstrip(", \n")
-    assert _normalized(columns) == _normalized(handed)
+    assert _normalized(columns) == _normalized(re.sub(r"\bf\.", "", handed))
+    # Called only for a worker whose last beat is recent enough, judged when it runs.
+    assert "WHERE beat.alive" in call
 
 
 def _register() -> int:
@@ -382,6 +384,7 @@ def _fetch_params(worker_id: int, queues: list[str] | None = None) -> dict:
         "timeout_tasks": [],
         "timeout_seconds": [],
         "unflushed": [],
+        "beat_seconds": fetch_beat_seconds(),
     }
 
 

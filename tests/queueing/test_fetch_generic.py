@@ -32,7 +32,7 @@ from procrastinate.contrib.django.utils import connector_params
 import tests.queueing.tasks  # noqa: F401  (registers the test tasks in this process)
 from queueing.planner import FETCH_SETTINGS
 from queueing.sql import array_literal, statement_cursor
-from queueing.worker import queries
+from queueing.worker import fetch_beat_seconds, queries
 from tests.plans import SESSION_ROWS_READ, fetch_statement, rows_read
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -65,6 +65,7 @@ def _cached_fetch_rows_read(conn: psycopg.AsyncConnection, worker_id: int) -> in
             "timeout_tasks": array_literal(()),
             "timeout_seconds": array_literal(()),
             "unflushed": array_literal(()),
+            "beat_seconds": fetch_beat_seconds(),
         }
         async with conn.transaction(force_rollback=True):
             before = await (await conn.execute(SESSION_ROWS_READ)).fetchone()
