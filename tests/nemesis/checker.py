@@ -26,8 +26,9 @@ Generic jobs (their effects are lines outside the database, :mod:`tests.nemesis.
   and is over ended ``succeeded``, with at least one completed run; and no job ends
   ``failed`` without a single run (a worker that lacks its task must leave it waiting).
   One that ran more than :data:`STALL_RECOVERIES` times, each time on a worker that died
-  or was cut off under it, may end ``failed``: stalled recovery's poison-pill bound
-  (listed as ``failed_after_stalls``). A
+  or was cut off under it (a run that reached its end on a worker cut off during it
+  counts: its outcome could not be saved), may end ``failed``: stalled recovery's
+  poison-pill bound (listed as ``failed_after_stalls``). A
   job still waiting or running at the end is unfinished: L1 says so.
 - **G4 every owed hook runs once**: a job with a give-up hook that ends ``failed`` or
   ``cancelled`` has its hook committed exactly once (``hook_committed``: the hook's
@@ -368,13 +369,16 @@ def _check_generic(report, history, final, runs, partitioned, outcome_at_risk, e
 
 
 def _worker_died_each_time(job_runs: list[Run], exited, partitioned) -> bool:
-    """Whether the job ran more than :data:`STALL_RECOVERIES` times, none of them to its
-    end, each on a worker process that died (or was cut off) during it: stalled recovery
-    then fails it by design, as it would a job that kills its worker."""
-    if len(job_runs) <= STALL_RECOVERIES or any(run.ok for run in job_runs):
+    """Whether the job ran more than :data:`STALL_RECOVERIES` times, each on a worker
+    process that died during it (before its end) or was cut off during it: stalled
+    recovery then fails it by design, as it would a job that kills its worker. A run that
+    reached its end counts only when its worker was cut off during it: its outcome could
+    not be saved (seed 12: three kills, then a partition under the fourth run, which ended
+    after the heal, its job already failed)."""
+    if len(job_runs) <= STALL_RECOVERIES:
         return False
     return all(
-        (run.pid in exited and exited[run.pid] >= run.start)
+        (not run.ok and run.pid in exited and exited[run.pid] >= run.start)
         or partitioned(run.pid, run.start, run.end if run.end is not None else float("inf"))
         for run in job_runs
     )

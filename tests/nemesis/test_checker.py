@@ -556,3 +556,10 @@ def test_a_job_whose_worker_died_under_it_past_the_stall_bound_may_fail():
     assert properties([*lives, *deaths, *enqueue, *starts, *failed]) == []
     assert properties([*lives, *deaths[:3], *enqueue, *starts, *failed]) == ["G3"]
     assert properties([*lives, *deaths, *enqueue, *starts[:3], *failed]) == ["G3"]
+    # Seed 12: the fourth run reached its end after a partition under it (its job already
+    # failed by recovery): its outcome could not be saved, so it counts; the same end on a
+    # worker that was never cut off makes it lost.
+    ended = effect("end", 1, 103, 38.0)
+    cut = fault("partition", 32.0, 37.0, 9, worker=0)
+    assert properties([*lives, *deaths[:3], *enqueue, *starts, ended, *cut, *failed]) == []
+    assert properties([*lives, *deaths[:3], *enqueue, *starts, ended, *failed]) == ["G3"]
