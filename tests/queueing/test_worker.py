@@ -635,6 +635,44 @@ def test_a_fetch_that_reaches_the_server_after_a_minute_of_silence_takes_nothing
     assert effects() == ["j"]
 
 
+def test_a_registration_that_was_retried_counts_as_a_beat_from_its_last_attempt():
+    """Registering is the worker's first beat (its row is born with ``now()``), and a fetch
+    weighs it: when the database was away at start, the beat is the attempt that got
+    through, not the first one, or the first fetch would wait for a heartbeat."""
+    import asyncio
+
+    from procrastinate import exceptions as procrastinate_exceptions
+    from procrastinate.contrib.django import app
+
+    worker_app = app.with_connector(app.connector.get_worker_connector())
+
+    async def scenario() -> tuple[list[float], float]:
+        worker = _in_process_worker(worker_app, concurrency=1)
+        real = worker.job_manager.register_worker
+        attempts: list[float] = []
+
+        async def register(*args, **kwargs):
+            attempts.append(time.monotonic())
+            if len(attempts) == 1:
+                raise procrastinate_exceptions.ConnectorException("the database is away")
+            return await real(*args, **kwargs)
+
+        worker.job_manager.register_worker = register
+        async with worker_app.open_async():
+            running = asyncio.create_task(worker.run())
+            await _until_registered(worker)
+            beat_sent = worker._beat_sent
+            worker.stop()
+            await asyncio.wait_for(running, timeout=30)
+        worker.job_manager.register_worker = real
+        return attempts, beat_sent
+
+    attempts, beat_sent = asyncio.run(scenario())
+    assert len(attempts) == 2
+    # Taken just before the attempt that got through (the server's now() is no earlier).
+    assert attempts[0] < beat_sent <= attempts[1]
+
+
 def test_registering_again_with_an_id_whose_row_is_there_changes_nothing(caplog):
     """Found by the nemesis (seed 16): a worker cut off for 100 s came back; its heartbeat
     found its row pruned and registered again (13 → 18) while a fetch of its, waiting for
