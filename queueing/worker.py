@@ -748,7 +748,7 @@ class PgstageWorker(procrastinate_worker.Worker):
         another worker to run it at the same time. False when the worker stops meanwhile
         (nothing to fetch then)."""
         interval = self.update_heartbeat_interval
-        bound = fetch_beat_seconds(interval)
+        bound = self.job_manager.beat_seconds or fetch_beat_seconds(interval)
         said = False
         while time.monotonic() - self._beat_sent >= bound:
             if self._stop_event.is_set():
@@ -908,10 +908,9 @@ class PgstageWorker(procrastinate_worker.Worker):
                     pause = min(interval, self.failures.failed("beating", exc))
                     continue
                 self._last_beat = time.monotonic()
-                if rows:
-                    self._beat_sent = sent
                 self.failures.answered()
                 if rows:
+                    self._beat_sent = sent
                     self._note_hung(rows[0][1])
                 if self.failures.failing("beating"):
                     self.failures.recovered("beating")

@@ -53,7 +53,13 @@ import psycopg
 from django.core.management import call_command
 
 from tests.acceptance.private_pg import PrivateServer
-from tests.nemesis.cluster import OUTAGE_WINDOW_SETTING, WORKER_APP, Cluster, Worker
+from tests.nemesis.cluster import (
+    DEFAULT_OUTAGE_WINDOW,
+    OUTAGE_WINDOW_SETTING,
+    WORKER_APP,
+    Cluster,
+    Worker,
+)
 from tests.nemesis.history import History
 
 KINDS = (
@@ -333,7 +339,7 @@ class Nemesis:
 
         def to_window(worker: Worker) -> Callable[[], None] | None:
             window = wanted[worker.index]
-            if _window_of(worker) == window:
+            if worker.outage_window == (window or DEFAULT_OUTAGE_WINDOW):
                 return None
             if window is None:
                 return lambda: worker.settings.pop(OUTAGE_WINDOW_SETTING, None)
@@ -491,12 +497,6 @@ class Nemesis:
         if job_id is None:
             return {"skipped": "no queued analysis"}
         return {"analysis": job_id, "cancelled": analysis_job_cancel(job_id=job_id)}
-
-
-def _window_of(worker: Worker) -> float | None:
-    """The outage window ``worker`` runs with, None for the default."""
-    value = worker.settings.get(OUTAGE_WINDOW_SETTING)
-    return None if value is None else float(value)
 
 
 def _pick_row(pick: float, sql: str, params: list[Any] | None = None) -> tuple | None:
