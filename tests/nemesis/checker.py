@@ -72,7 +72,7 @@ Liveness, timed from the end of the last fault (every fault heals what it did):
   of a shorter window, after a ``reconfigure``) registers again: counted from the
   workers' logs (``registered_again``), as are the prunes (``pruned_workers``).
 - **L5 a worker registers again only once its row was pruned** (a prune some worker
-  logged before): one that registers again with its row still there leaves that row
+  logged): one that registers again with its row still there leaves that row
   behind, a worker nobody runs.
 - **L4 a live worker fetches again within the bound** once no fault stands in its way:
   a worker whose fetches keep failing (its log's "database error while fetching jobs",
@@ -586,13 +586,12 @@ def _check_liveness(report, history, final, windows, runs) -> None:
 
 def _check_registrations(report: Report, logged: list[dict[str, Any]]) -> None:
     """L5: a worker registers again only once its row was pruned (a prune some worker
-    logged before); one that registers again with its row still there leaves that row
-    behind, a worker nobody runs."""
-    pruned: set[int] = set()
-    for line in sorted(logged, key=lambda line: line["mono"]):
-        if line["event"] == "pruned":
-            pruned.update(line["ids"])
-        elif line["event"] == "registered_again" and line["old"] not in pruned:
+    logged); one that registers again with its row still there leaves that row behind, a
+    worker nobody runs. The logs' order is not weighed: the pruning worker logs after its
+    commit, and the pruned one may notice, register and log first."""
+    pruned = {i for line in logged if line["event"] == "pruned" for i in line["ids"]}
+    for line in logged:
+        if line["event"] == "registered_again" and line["old"] not in pruned:
             report.violate(
                 "L5 a worker registered again although its row was not pruned",
                 worker=line["worker"],
